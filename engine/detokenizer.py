@@ -1,0 +1,73 @@
+"""Incremental detokenization with stop strings, shared by the engine and the orchestrator.
+
+Text is emitted only when it is final: never half a UTF-8 character, never the first characters of
+what may turn out to be a stop string. When a stop string appears, the text is cut where it starts
+(the stop string itself is not part of the answer, as in the OpenAI API).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+
+class Decoder(Protocol):
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str: ...
+
+
+class TextStream:
+    def __init__(self, tokenizer: Decoder, stop: tuple[str, ...] = ()):
+        self._tok = tokenizer
+        self._stop = stop
+        self._ids: list[int] = []
+        self._prefix = 0  # ids[_prefix:_read] is context decoded again so word boundaries stay right
+        self._read = 0
+        self.text = ""
+        self._emitted = 0
+        self._searched = 0  # text before this offset holds no stop string
+        self.stopped = False
+
+    def add(self, token_id: int) -> str:
+        """Feed one output token; return the text that became final (may be empty)."""
+        if self.stopped:
+            return ""
+        self._ids.append(token_id)
+        before = self._tok.decode(self._ids[self._prefix:self._read])
+        after = self._tok.decode(self._ids[self._prefix:])
+        if len(after) > len(before) and not after.endswith("\ufffd"):
+            self.text += after[len(before):]
+            self._prefix, self._read = self._read, len(self._ids)
+        self._find_stop()
+        return self._take(final=False)
+
+    def flush(self) -> str:
+        """At the end of generation: whatever text was held back."""
+        return self._take(final=True)
+
+    def _find_stop(self) -> None:
+        if not self._stop:
+            return
+        longest = max(len(s) for s in self._stop)
+        start = max(0, self._searched - longest + 1)
+        hits = [i for i in (self.text.find(s, start) for s in self._stop) if i >= 0]
+        if hits:
+            self.text = self.text[:min(hits)]
+            self.stopped = True
+        self._searched = len(self.text)
+
+    def _take(self, final: bool) -> str:
+        end = len(self.text)
+        if not (final or self.stopped):
+            end -= self._pending_stop_prefix()
+        out = self.text[self._emitted:end]
+        self._emitted = max(self._emitted, end)
+        return out
+
+    def _pending_stop_prefix(self) -> int:
+        """Length of the longest tail of the text that is the beginning of some stop string."""
+        best = 0
+        for s in self._stop:
+            for n in range(min(len(s) - 1, len(self.text)), best, -1):
+                if self.text.endswith(s[:n]):
+                    best = n
+                    break
+        return best

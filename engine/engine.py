@@ -1,0 +1,164 @@
+"""The engine: a model, its KV pool and tokenizer, and the two entry points the roles run.
+
+- `prefill(seqs)`: one packed pass over several fresh prompts of different lengths. Each prompt's
+  K/V go to its pages in the local pool, or to the `KVWriter` given for it (a transport into another
+  worker's pool). Returns the first token of each.
+- `decode_step(seqs)`: one token for every running sequence, reading their pages. Sequences may join
+  and leave between steps (continuous batching); the engine keeps no per-batch state.
+- `extend(seqs, counts)`: the general pass behind `decode_step`: any number of uncached tokens per
+  sequence against its pages (prompt chunks for chunked prefill, mixed with decode tokens).
+
+A caller owns the order of operations: `admit` (validate + reserve pages), then `prefill`, then
+`decode_step` until finished, then `release`. Pages are reserved for the whole budget (prompt +
+max_tokens) up front, so an admitted request never runs out of pages mid-answer.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from engine.attention import KVWriter, PagedAttention, PoolWriter, PrefillAttention
+from engine.config import ModelConfig
+from engine.errors import InvalidRequest
+from engine.kv_pool import TORCH_DTYPES, KVCache, PageAllocator
+from engine.model import LlamaModel
+from engine.sampling import SamplingParams, sample
+from engine.sequence import FinishReason, Sequence
+from engine.tokenizer import Tokenizer
+from tandem.kv_layout import KVLayout
+
+TokenOut = tuple[int, float | None]  # (token id, logprob if asked)
+
+
+class Engine:
+    def __init__(self, model: LlamaModel, tokenizer: Tokenizer, cache: KVCache | None):
+        self.model = model
+        self.cfg: ModelConfig = model.cfg
+        self.tokenizer = tokenizer
+        self.cache = cache
+        self.allocator = PageAllocator(cache.num_pages) if cache is not None else None
+        self.eos_ids = frozenset(self.cfg.eos_token_ids) | (
+            {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set())
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+    @property
+    def max_context(self) -> int:
+        return self.cfg.max_position
+
+    def kv_layout(self, tokens_per_page: int | None = None) -> KVLayout:
+        tpp = tokens_per_page or (self.cache.layout.tokens_per_page if self.cache else 16)
+        dtype = {v: k for k, v in TORCH_DTYPES.items()}[self.model.dtype]
+        return KVLayout(self.cfg.num_layers, self.cfg.num_kv_heads, self.cfg.head_dim, dtype, tpp)
+
+    # -- requests -----------------------------------------------------------------------------------
+
+    def new_sequence(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> Sequence:
+        """Validate a request against this model; raise InvalidRequest naming the limit."""
+        if not prompt_ids:
+            raise InvalidRequest("prompt is empty; send at least one token")
+        if len(prompt_ids) >= self.max_context:
+            raise InvalidRequest(f"prompt has {len(prompt_ids)} tokens but the model's context is "
+                                 f"{self.max_context}; shorten it to at most {self.max_context - 1}")
+        if len(prompt_ids) + params.max_tokens > self.max_context:
+            raise InvalidRequest(
+                f"prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the model's context of "
+                f"{self.max_context}; ask for at most {self.max_context - len(prompt_ids)} tokens")
+        bad = [t for t in prompt_ids if not 0 <= t < self.cfg.vocab_size]
+        if bad:
+            raise InvalidRequest(f"prompt token ids must be in [0, {self.cfg.vocab_size}); got {bad[:5]}")
+        seq = Sequence(request_id, list(prompt_ids), params.with_seed(), self.eos_ids | set(params.extra_eos),
+                       self.max_context)
+        seq.attach_text(self.tokenizer)
+        return seq
+
+    def can_admit(self, seq: Sequence) -> bool:
+        return self.allocator.can_allocate(self.cache.layout.pages_for(seq.budget))
+
+    def admit(self, seq: Sequence) -> None:
+        """Reserve pages for the sequence's whole budget. Raises OutOfPages with the pool unchanged."""
+        seq.page_table = self.allocator.allocate(self.cache.layout.pages_for(seq.budget))
+
+    def release(self, seq: Sequence) -> None:
+        """Return the sequence's pages. Safe to call twice."""
+        if seq.page_table:
+            self.allocator.free(seq.page_table)
+            seq.page_table = []
+
+    def abort(self, seq: Sequence) -> None:
+        if not seq.finished:
+            seq.finish_reason = FinishReason.ABORT
+        self.release(seq)
+
+    # -- passes -------------------------------------------------------------------------------------
+
+    def prefill(self, seqs: list[Sequence], writers: list[KVWriter] | None = None) -> list[TokenOut]:
+        """Run every prompt in one packed pass; append and return each first token.
+
+        Without `writers`, K/V go to each sequence's pages in the local pool (which must be reserved).
+        """
+        lens = [len(s.prompt_ids) for s in seqs]
+        dev = self.device
+        tokens = torch.tensor([t for s in seqs for t in s.prompt_ids], device=dev)  # [T]
+        positions = torch.cat([torch.arange(n, device=dev) for n in lens])  # [T]
+        rope_lens = torch.repeat_interleave(torch.tensor(lens, device=dev), torch.tensor(lens, device=dev))  # [T]
+        if writers is None:
+            writers = [PoolWriter(self.cache, self._slots(s, 0, n)) for s, n in zip(seqs, lens)]
+        last = torch.tensor(lens, device=dev).cumsum(0) - 1  # [B]
+        logits = self.model.forward(tokens, positions, rope_lens, PrefillAttention(lens, writers), last)
+        for s, n in zip(seqs, lens):
+            s.num_cached = n
+        return self._sample(seqs, logits)
+
+    def decode_step(self, seqs: list[Sequence]) -> list[TokenOut]:
+        """One new token for each sequence; each must have all but its newest token cached."""
+        return self.extend(seqs, [1] * len(seqs))
+
+    def extend(self, seqs: list[Sequence], counts: list[int]) -> list[TokenOut | None]:
+        """Process the next `counts[i]` uncached tokens of each sequence against its cached pages.
+
+        This is a decode step (count 1: the newest output token), a prompt chunk (chunked prefill), or
+        both in one pass. Sequences left with nothing uncached get their next token; others get None.
+        """
+        dev = self.device
+        starts = [s.num_cached for s in seqs]
+        ctx = [a + n for a, n in zip(starts, counts)]
+        for s, c in zip(seqs, ctx):
+            if c > s.num_tokens:
+                raise ValueError(f"request {s.request_id}: cannot process past token {s.num_tokens}")
+        ids = [t for s, a, c in zip(seqs, starts, ctx) for t in s.all_ids[a:c]]
+        tokens = torch.tensor(ids, device=dev)  # [T]
+        counts_t = torch.tensor(counts, device=dev)
+        positions = torch.cat([torch.arange(a, c, device=dev) for a, c in zip(starts, ctx)])  # [T]
+        rope_lens = torch.repeat_interleave(torch.tensor(ctx, device=dev), counts_t)  # [T]
+        attn = PagedAttention(self.cache, [s.page_table for s in seqs], counts, ctx)
+        logits = self.model.forward(tokens, positions, rope_lens, attn, counts_t.cumsum(0) - 1)  # [B, V]
+        ready = []
+        for i, (s, c) in enumerate(zip(seqs, ctx)):
+            s.num_cached = c
+            if c == s.num_tokens:
+                ready.append(i)
+        outs: list[TokenOut | None] = [None] * len(seqs)
+        if ready:
+            sampled = self._sample([seqs[i] for i in ready], logits[ready] if len(ready) < len(seqs) else logits)
+            for i, out in zip(ready, sampled):
+                outs[i] = out
+        return outs
+
+    def _slots(self, seq: Sequence, start: int, end: int) -> torch.Tensor:
+        tpp = self.cache.layout.tokens_per_page
+        pos = torch.arange(start, end, device=self.device)
+        table = torch.tensor(seq.page_table, device=self.device)
+        return table[pos // tpp] * tpp + pos % tpp  # [end - start]
+
+    def _sample(self, seqs: list[Sequence], logits: torch.Tensor) -> list[TokenOut]:
+        tokens, logprobs = sample(logits, [s.params for s in seqs], [len(s.output_ids) for s in seqs],
+                                  [s.banned_ids() for s in seqs])
+        outs = []
+        for i, (s, t) in enumerate(zip(seqs, tokens)):
+            lp = logprobs[i] if logprobs is not None and s.params.logprobs else None
+            s.append(t, lp)
+            outs.append((t, lp))
+        return outs

@@ -1,0 +1,125 @@
+"""The Llama-family decoder: RMSNorm, RoPE, grouped-query attention, SwiGLU, tied or separate head.
+
+`forward` runs one packed pass (tokens of several sequences back to back, `[T]`); how attention sees
+the KV cache is decided by the attention object it is given (see engine/attention.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from engine.attention import PagedAttention, PrefillAttention
+from engine.config import ModelConfig
+from engine.errors import ModelLoadError
+from engine.linear import Dense
+from engine.rope import Rotary, apply_rotary
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x: [T, D] -> [T, D]; statistics in fp32 whatever the model dtype."""
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
+
+
+@dataclass
+class Layer:
+    attn_norm: torch.Tensor  # [D]
+    qkv: Dense  # [D] -> [(H + 2*Hkv) * hd]: q, k, v projections fused into one matmul
+    o: Dense  # [H*hd] -> [D]
+    mlp_norm: torch.Tensor  # [D]
+    gate_up: Dense  # [D] -> [2 * I]: gate and up projections fused
+    down: Dense  # [I] -> [D]
+
+
+class LlamaModel:
+    def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], device: torch.device | str = "cpu",
+                 dtype: torch.dtype = torch.float32):
+        self.cfg = cfg
+        self.device = torch.device(device)
+        self.dtype = dtype
+        w = _Weights(weights, self.device, dtype)
+        self.embed = w.take("model.embed_tokens.weight", (cfg.vocab_size, cfg.hidden_size))  # [V, D]
+        self.layers = [self._layer(w, i) for i in range(cfg.num_layers)]
+        self.norm = w.take("model.norm.weight", (cfg.hidden_size,))
+        head = self.embed if cfg.tie_word_embeddings else w.take("lm_head.weight", (cfg.vocab_size, cfg.hidden_size))
+        self.lm_head = Dense(head)
+        w.check_all_used()
+        self.rotary = Rotary(cfg, self.device)
+
+    def _layer(self, w: "_Weights", i: int) -> Layer:
+        c, p = self.cfg, f"model.layers.{i}."
+        qd, kvd = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+        qkv_w = torch.cat([w.take(p + f"self_attn.{n}_proj.weight", (d, c.hidden_size))
+                           for n, d in (("q", qd), ("k", kvd), ("v", kvd))])
+        qkv_b = torch.cat([w.take(p + f"self_attn.{n}_proj.bias", (d,))
+                           for n, d in (("q", qd), ("k", kvd), ("v", kvd))]) if c.attention_bias else None
+        gate_up = torch.cat([w.take(p + f"mlp.{n}_proj.weight", (c.intermediate_size, c.hidden_size))
+                             for n in ("gate", "up")])
+        return Layer(
+            attn_norm=w.take(p + "input_layernorm.weight", (c.hidden_size,)),
+            qkv=Dense(qkv_w, qkv_b),
+            o=Dense(w.take(p + "self_attn.o_proj.weight", (c.hidden_size, qd)),
+                    w.take(p + "self_attn.o_proj.bias", (c.hidden_size,)) if c.output_bias else None),
+            mlp_norm=w.take(p + "post_attention_layernorm.weight", (c.hidden_size,)),
+            gate_up=Dense(gate_up),
+            down=Dense(w.take(p + "mlp.down_proj.weight", (c.hidden_size, c.intermediate_size))),
+        )
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes a decode step reads: every layer's matrices, the norms and the output head."""
+        per_layer = sum(d.nbytes for L in self.layers for d in (L.qkv, L.o, L.gate_up, L.down))
+        return per_layer + self.lm_head.nbytes
+
+    @torch.inference_mode()
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, seq_lens_for_rope: torch.Tensor,
+                attn: PrefillAttention | PagedAttention, last_rows: torch.Tensor) -> torch.Tensor:
+        """tokens, positions: [T] -> logits [B, V] at rows `last_rows` [B] (one per sequence)."""
+        c = self.cfg
+        T = tokens.shape[0]
+        x = self.embed[tokens]  # [T, D]
+        cos, sin = self.rotary.cos_sin(positions, seq_lens_for_rope, self.dtype)  # [T, hd] each
+        qd, kvd = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+        for i, L in enumerate(self.layers):
+            h = rms_norm(x, L.attn_norm, c.rms_norm_eps)  # [T, D]
+            q, k, v = L.qkv(h).split((qd, kvd, kvd), dim=-1)  # [T, qd], [T, kvd], [T, kvd]
+            q = apply_rotary(q.view(T, c.num_heads, c.head_dim), cos, sin)  # [T, H, hd]
+            k = apply_rotary(k.view(T, c.num_kv_heads, c.head_dim), cos, sin)  # [T, Hkv, hd]
+            v = v.reshape(T, c.num_kv_heads, c.head_dim)  # [T, Hkv, hd]
+            x = x + L.o(attn.attend(i, q, k, v))  # [T, D]
+            h = rms_norm(x, L.mlp_norm, c.rms_norm_eps)
+            gate, up = L.gate_up(h).chunk(2, dim=-1)  # [T, I] each
+            x = x + L.down(F.silu(gate) * up)  # [T, D]
+        attn.finish()
+        x = rms_norm(x[last_rows], self.norm, c.rms_norm_eps)  # [B, D]
+        return self.lm_head(x)  # [B, V]
+
+
+class _Weights:
+    """Takes named tensors out of a checkpoint, checking shapes, so none is missed or misread."""
+
+    def __init__(self, weights: dict[str, torch.Tensor], device: torch.device, dtype: torch.dtype):
+        self.weights = weights
+        self.device = device
+        self.dtype = dtype
+        self.used: set[str] = set()
+
+    def take(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
+        t = self.weights.get(name)
+        if t is None:
+            raise ModelLoadError(f"checkpoint lacks tensor {name!r}")
+        if tuple(t.shape) != shape:
+            raise ModelLoadError(f"tensor {name!r} has shape {tuple(t.shape)}, config implies {shape}")
+        self.used.add(name)
+        return t.to(device=self.device, dtype=self.dtype).contiguous()
+
+    def check_all_used(self) -> None:
+        # Rotary tables are recomputed, not loaded; anything else left over means a layout we misread.
+        left = sorted(n for n in self.weights if n not in self.used and "rotary_emb" not in n
+                      and not (n == "lm_head.weight"))
+        if left:
+            raise ModelLoadError(f"checkpoint has tensors this architecture does not use: {left[:5]}")

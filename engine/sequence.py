@@ -1,0 +1,74 @@
+"""One request's state inside an engine: its tokens, its KV pages, its sampling and stop rules."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from engine.detokenizer import Decoder, TextStream
+from engine.sampling import SamplingParams
+
+
+class FinishReason(str, enum.Enum):
+    STOP = "stop"  # EOS, a stop token or a stop string
+    LENGTH = "length"  # max_tokens or the model's context
+    ABORT = "abort"  # cancelled by the client or failed
+
+
+@dataclass
+class Sequence:
+    request_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    eos_ids: frozenset[int]
+    max_context: int
+    page_table: list[int] = field(default_factory=list)
+    num_cached: int = 0  # leading tokens whose K/V are already in pages
+    output_ids: list[int] = field(default_factory=list)
+    output_logprobs: list[float] = field(default_factory=list)
+    finish_reason: FinishReason | None = None
+    text: TextStream | None = None  # only when there are stop strings to find
+
+    def attach_text(self, tokenizer: Decoder) -> None:
+        if self.params.stop:
+            self.text = TextStream(tokenizer, self.params.stop)
+
+    @property
+    def all_ids(self) -> list[int]:
+        return self.prompt_ids + self.output_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    @property
+    def budget(self) -> int:
+        """Tokens this request may hold in the KV pool at most: prompt + outputs, within the context."""
+        return min(len(self.prompt_ids) + self.params.max_tokens, self.max_context)
+
+    def banned_ids(self) -> tuple[int, ...]:
+        """Tokens that may not be sampled now: stop tokens before min_tokens outputs exist."""
+        if len(self.output_ids) >= self.params.min_tokens:
+            return ()
+        return tuple(sorted(self.eos_ids | set(self.params.stop_token_ids)))
+
+    def append(self, token: int, logprob: float | None) -> None:
+        """Record one generated token and decide whether the request is finished."""
+        self.output_ids.append(token)
+        if logprob is not None:
+            self.output_logprobs.append(logprob)
+        p = self.params
+        if (token in self.eos_ids and not p.ignore_eos) or token in p.stop_token_ids:
+            self.finish_reason = FinishReason.STOP
+            return
+        if self.text is not None:
+            self.text.add(token)
+            if self.text.stopped:
+                self.finish_reason = FinishReason.STOP
+                return
+        if len(self.output_ids) >= p.max_tokens or self.num_tokens >= self.max_context:
+            self.finish_reason = FinishReason.LENGTH

@@ -1,0 +1,90 @@
+"""Tokenizer: Hugging Face `tokenizers` over `tokenizer.json`, plus the model's chat template.
+
+The chat template is Jinja rendered in a sandbox: templates come with other people's checkpoints.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import Tokenizer as HFTokenizer
+
+from engine.errors import InvalidRequest, ModelLoadError
+
+TOKENIZER_FILE = "tokenizer.json"
+TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
+CHAT_ROLES = ("system", "user", "assistant", "tool")
+
+
+@dataclass(frozen=True)
+class ChatMessage:
+    role: str
+    content: str
+
+
+class Tokenizer:
+    """Encodes text and chat conversations to token ids and decodes them back."""
+
+    def __init__(self, folder: str):
+        path = os.path.join(folder, TOKENIZER_FILE)
+        if not os.path.isfile(path):
+            raise ModelLoadError(f"{folder} has no {TOKENIZER_FILE}; a model folder needs one")
+        try:
+            self._tok = HFTokenizer.from_file(path)
+        except Exception as e:  # the tokenizers library raises bare Exception on malformed files
+            raise ModelLoadError(f"cannot read {path}: {e}") from e
+        cfg_path = os.path.join(folder, TOKENIZER_CONFIG_FILE)
+        cfg = {}
+        if os.path.isfile(cfg_path):
+            with open(cfg_path, encoding="utf-8") as f:
+                cfg = json.load(f)
+        self.chat_template: str | None = cfg.get("chat_template")
+        self.bos_token: str | None = _token_text(cfg.get("bos_token"))
+        self.eos_token: str | None = _token_text(cfg.get("eos_token"))
+        self.eos_token_id = self._tok.token_to_id(self.eos_token) if self.eos_token else None
+        self._env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                                  extensions=["jinja2.ext.loopcontrols"])
+        self._env.globals["raise_exception"] = _raise_template_error
+
+    @property
+    def vocab_size(self) -> int:
+        return self._tok.get_vocab_size(with_added_tokens=True)
+
+    def encode(self, text: str) -> list[int]:
+        # add_special_tokens lets tokenizer.json's post-processor add a BOS where the model wants one.
+        return self._tok.encode(text, add_special_tokens=True).ids
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def render_chat(self, messages: list[ChatMessage], add_generation_prompt: bool = True) -> str:
+        """The prompt text for a conversation, by the model's own chat template."""
+        if not self.chat_template:
+            raise InvalidRequest("this model has no chat template; send a plain prompt instead")
+        for m in messages:
+            if m.role not in CHAT_ROLES:
+                raise InvalidRequest(f"unknown chat role {m.role!r}; allowed: {', '.join(CHAT_ROLES)}")
+        template = self._env.from_string(self.chat_template)
+        return template.render(
+            messages=[{"role": m.role, "content": m.content} for m in messages],
+            add_generation_prompt=add_generation_prompt,
+            bos_token=self.bos_token or "", eos_token=self.eos_token or "")
+
+    def encode_chat(self, messages: list[ChatMessage]) -> list[int]:
+        # The template already writes any BOS it wants; do not add another.
+        return self._tok.encode(self.render_chat(messages), add_special_tokens=False).ids
+
+
+def _token_text(tok) -> str | None:
+    # tokenizer_config.json writes special tokens either as a string or as {"content": ...}.
+    if isinstance(tok, dict):
+        return tok.get("content")
+    return tok
+
+
+def _raise_template_error(message: str) -> None:
+    # Chat templates call raise_exception() to reject a conversation they cannot format.
+    raise InvalidRequest(f"the model's chat template rejected the conversation: {message}")

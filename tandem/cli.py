@@ -1,0 +1,22 @@
+"""The `tandem` command line. Each command lives beside the code it drives and imports it lazily."""
+
+from __future__ import annotations
+
+import click
+
+from tandem import __version__
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="tandem")
+def main() -> None:
+    """Tandem: prefill/decode disaggregated LLM serving on Triton Inference Server."""
+
+
+def _register() -> None:
+    from engine.generate import generate_command
+
+    main.add_command(generate_command)
+
+
+_register()

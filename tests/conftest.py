@@ -1,0 +1,43 @@
+"""Shared fixtures: the real default model, loaded once per session, and leak checks."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def default_engine():
+    """The default model (SmolLM2-135M-Instruct, fp32) with a 256 MiB local KV pool."""
+    from engine.load import load_engine
+
+    return load_engine("smollm2-135m", kv_bytes=256 << 20)
+
+
+@pytest.fixture(scope="session")
+def hf_default_model():
+    """Hugging Face transformers' own load of the same GGUF: the exactness reference."""
+    import importlib.util
+
+    transformers = pytest.importorskip("transformers")
+    from engine.checkpoint import KNOWN_MODELS
+
+    package, filename, _ = KNOWN_MODELS["smollm2-135m"]
+    folder = list(importlib.util.find_spec(package).submodule_search_locations)[0]
+    tok = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=filename)
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=filename, dtype=torch.float32)
+    model.eval()
+    return tok, model

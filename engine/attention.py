@@ -85,26 +85,27 @@ class PagedAttention:
         self.cache = cache
         self.q_lens = q_lens
         self.decode_only = all(n == 1 for n in q_lens)
-        width = max(len(t) for t in page_tables)
-        tables = torch.tensor([t + [t[0]] * (width - len(t)) for t in page_tables], device=dev)  # [B, P]
-        max_ctx = max(ctx_lens)
-        pos = torch.arange(max_ctx, device=dev)  # [L]
-        self.index = tables[:, pos // tpp] * tpp + pos % tpp  # [B, L] flat slots in position order
+        width = max(-(-c // tpp) for c in ctx_lens)  # pages needed by the longest context
+        # [B, P] page ids, padded with a page the sequence owns (its keys there are masked out)
+        self.tables = torch.tensor([t[:width] + [t[0]] * (width - min(len(t), width)) for t in page_tables],
+                                   device=dev)
+        pos = torch.arange(width * tpp, device=dev)  # [L] key positions in the gathered pages
         ctx = torch.tensor(ctx_lens, device=dev)
         ql = torch.tensor(q_lens, device=dev)
         q_max = max(q_lens)
-        qpos = (ctx - ql)[:, None] + torch.arange(q_max, device=dev)[None, :]  # [B, Q] absolute positions
-        qpos = torch.where(torch.arange(q_max, device=dev)[None, :] < ql[:, None], qpos, 0)  # pad rows see 1 key
+        rows = torch.arange(q_max, device=dev)
+        qpos = (ctx - ql)[:, None] + rows[None, :]  # [B, Q] absolute position of each query
+        qpos = torch.where(rows[None, :] < ql[:, None], qpos, 0)  # padding queries see one key, not none
         self.mask = (pos[None, None, :] <= qpos[:, :, None])[:, None]  # [B, 1, Q, L]
-        new_slots = [self.index[b, c - n:c] for b, (n, c) in enumerate(zip(q_lens, ctx_lens))]
-        self.slots = torch.cat(new_slots)  # [T] where each new token's K/V go
+        slot = self.tables[:, pos // tpp] * tpp + pos % tpp  # [B, L] flat slot of each key position
+        self.slots = torch.cat([slot[b, c - n:c] for b, (n, c) in enumerate(zip(q_lens, ctx_lens))])  # [T]
         # rows of the padded [B, Q] query grid that hold real tokens, in packed order
-        self.real = (torch.arange(q_max, device=dev)[None, :] < ql[:, None]).flatten().nonzero().squeeze(1)
+        self.real = (rows[None, :] < ql[:, None]).flatten().nonzero().squeeze(1)
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q: [T, H, hd], k/v: [T, Hkv, hd] -> [T, H * hd]."""
         self.cache.write(layer, k, v, self.slots)
-        kc, vc = self.cache.gather(layer, self.index)  # [B, L, Hkv, hd] each
+        kc, vc = self.cache.gather_pages(layer, self.tables)  # [B, L, Hkv, hd] each
         kc, vc = kc.transpose(1, 2), vc.transpose(1, 2)  # [B, Hkv, L, hd]
         B, H, hd = len(self.q_lens), q.shape[1], q.shape[2]
         if self.decode_only:

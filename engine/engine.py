@@ -132,7 +132,8 @@ class Engine:
         tokens = torch.tensor(ids, device=dev)  # [T]
         counts_t = torch.tensor(counts, device=dev)
         positions = torch.cat([torch.arange(a, c, device=dev) for a, c in zip(starts, ctx)])  # [T]
-        rope_lens = torch.repeat_interleave(torch.tensor(ctx, device=dev), counts_t)  # [T]
+        rope_lens = positions + 1 if len(ids) == len(seqs) else \
+            torch.repeat_interleave(torch.tensor(ctx, device=dev), counts_t)  # [T] sequence length per token
         attn = PagedAttention(self.cache, [s.page_table for s in seqs], counts, ctx)
         logits = self.model.forward(tokens, positions, rope_lens, attn, counts_t.cumsum(0) - 1)  # [B, V]
         ready = []

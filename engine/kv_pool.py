@@ -102,9 +102,13 @@ class KVCache:
         self.flat[layer, 0].index_copy_(0, slots, k)
         self.flat[layer, 1].index_copy_(0, slots, v)
 
-    def gather(self, layer: int, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """index: [B, L] flat slots -> k, v: [B, L, kv_heads, head_dim]."""
-        return self.flat[layer, 0][index], self.flat[layer, 1][index]
+    def gather_pages(self, layer: int, tables: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """tables: [B, P] page ids -> k, v: [B, P * tokens_per_page, kv_heads, head_dim], in page order."""
+        B, P = tables.shape
+        shape = (B, P * self.layout.tokens_per_page, self.layout.num_kv_heads, self.layout.head_dim)
+        flat = tables.flatten()
+        return (self.data[layer, 0].index_select(0, flat).view(shape),
+                self.data[layer, 1].index_select(0, flat).view(shape))
 
     def pages(self, page_ids: list[int]) -> torch.Tensor:
         """A copy of the given pages of all layers: [layers, 2, len(page_ids), tpp, kv_heads, head_dim]."""

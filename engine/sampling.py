@@ -82,6 +82,7 @@ def _generator(seed: int, step: int, device: torch.device) -> torch.Generator:
     return g
 
 
+@torch.inference_mode()
 def sample(logits: torch.Tensor, params: list[SamplingParams], steps: list[int],
            banned: list[tuple[int, ...]]) -> tuple[list[int], list[float] | None]:
     """logits: [B, V] -> one token id per row, plus logprobs when any row asks for them.

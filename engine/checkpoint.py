@@ -58,10 +58,10 @@ class Checkpoint:
         return weights
 
 
-def resolve(model: str, progress=None) -> Checkpoint:
+def resolve(model: str) -> Checkpoint:
     """Turn what the user typed (--model) into a Checkpoint, converting a GGUF on first use."""
     if model in KNOWN_MODELS:
-        return _from_folder(_convert_cached(_known_model_file(model), progress), model)
+        return _from_folder(_convert_cached(_known_model_file(model)), model)
     if not os.path.exists(model):
         raise ModelLoadError(
             f"unknown model {model!r}: expected one of {', '.join(KNOWN_MODELS)}, a .gguf file, a Hugging Face "
@@ -69,7 +69,7 @@ def resolve(model: str, progress=None) -> Checkpoint:
     if os.path.isfile(model):
         if not model.endswith(".gguf"):
             raise ModelLoadError(f"{model} is a file but not a .gguf; pass a GGUF file or a model folder")
-        return _from_folder(_convert_cached(model, progress), model)
+        return _from_folder(_convert_cached(model), model)
     if not os.access(model, os.R_OK | os.X_OK):
         raise ModelLoadError(f"cannot read model folder {model}: permission denied")
     return _from_folder(model, model)
@@ -99,18 +99,18 @@ def _from_folder(folder: str, source: str) -> Checkpoint:
     return Checkpoint(folder=folder, config=ModelConfig.from_hf(cfg), source=source)
 
 
-def _convert_cached(gguf_path: str, progress) -> str:
-    from engine.gguf_convert import convert_gguf
-
+def _convert_cached(gguf_path: str) -> str:
     st = os.stat(gguf_path)
     key = hashlib.sha256(f"{os.path.abspath(gguf_path)}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:16]
     target = os.path.join(cache_dir(), "gguf", key)
     if os.path.isfile(os.path.join(target, "config.json")):
         return target
+    from engine.gguf_convert import convert_gguf  # heavy (torch, gguf): only when converting
+
     os.makedirs(os.path.dirname(target), exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=".convert-", dir=os.path.dirname(target))
     try:
-        convert_gguf(gguf_path, tmp, progress)
+        convert_gguf(gguf_path, tmp)
         os.replace(tmp, target) if not os.path.exists(target) else shutil.rmtree(tmp)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

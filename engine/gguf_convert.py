@@ -112,9 +112,10 @@ def _tokenizer(reader) -> tuple[dict, dict]:
     return tok_json, tok_cfg
 
 
-def convert_gguf(path: str, out_dir: str, progress=None) -> None:
+def convert_gguf(path: str, out_dir: str) -> None:
     """Write a Hugging Face folder for the GGUF at `path` into `out_dir` (which must exist and be empty)."""
     import gguf  # deferred: only needed when converting
+    from tqdm import tqdm
 
     try:
         reader = gguf.GGUFReader(path)
@@ -123,7 +124,7 @@ def convert_gguf(path: str, out_dir: str, progress=None) -> None:
     cfg = _config(reader)
     tok_json, tok_cfg = _tokenizer(reader)
     tensors = {}
-    for t in reader.tensors:
+    for t in tqdm(reader.tensors, desc="dequantize", unit="tensor", disable=None, leave=False):
         shape = tuple(int(d) for d in reversed(t.shape))  # GGUF stores innermost dimension first
         arr = np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float32).reshape(shape)
         w = torch.from_numpy(arr.copy())
@@ -132,15 +133,8 @@ def convert_gguf(path: str, out_dir: str, progress=None) -> None:
         elif ".attn_k." in t.name:
             w = _unpermute_rotary(w, cfg["num_key_value_heads"])
         tensors[_hf_name(t.name)] = w
-        if progress is not None:
-            progress(1)
     save_file(tensors, os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
     for name, content in (("config.json", cfg), ("tokenizer.json", tok_json), ("tokenizer_config.json", tok_cfg)):
         with open(os.path.join(out_dir, name), "w", encoding="utf-8") as f:
             json.dump(content, f, ensure_ascii=False)
 
-
-def count_tensors(path: str) -> int:
-    import gguf
-
-    return len(gguf.GGUFReader(path).tensors)

@@ -1,6 +1,12 @@
-"""Build an Engine from whatever the user named: a model name, a GGUF, an HF folder or a role engine."""
+"""Build an Engine from whatever the user named: a model name, a GGUF, an HF folder or a role engine.
+
+A role engine folder (one with manifest.json, written by `tandem build`) fixes dtype, weight
+quantization and KV page size itself, and its weights are checked against the manifest's digest.
+"""
 
 from __future__ import annotations
+
+import os
 
 import torch
 
@@ -11,6 +17,8 @@ from engine.kv_pool import TORCH_DTYPES, KVCache
 from engine.model import LlamaModel
 from engine.tokenizer import Tokenizer
 from tandem.kv_layout import KVLayout
+from tandem.digest import sha256_files
+from tandem.manifest import MANIFEST_FILE, EngineManifest, ManifestError, read_manifest
 
 DEFAULT_KV_BYTES = 1 << 30  # 1 GiB of KV pages unless told otherwise
 DEFAULT_TOKENS_PER_PAGE = 16
@@ -22,16 +30,43 @@ def torch_dtype(name: str) -> torch.dtype:
     return TORCH_DTYPES[name]
 
 
+def engine_manifest(model: str) -> EngineManifest | None:
+    """The manifest when `model` is a role engine folder, else None."""
+    if not os.path.isfile(os.path.join(model, MANIFEST_FILE)):
+        return None
+    try:
+        return read_manifest(model)
+    except ManifestError as e:
+        raise ModelLoadError(str(e)) from None
+
+
+def verify_weights(folder: str, m: EngineManifest) -> None:
+    paths = [os.path.join(folder, f) for f in m.weight_files]
+    missing = [p for p in paths if not os.path.isfile(p)]
+    if missing:
+        raise ModelLoadError(f"engine {folder} lacks weight files {missing}; rebuild it with 'tandem build'")
+    if sha256_files(paths, desc="verify") != m.weights_digest:
+        raise ModelLoadError(f"weights in {folder} do not match the manifest digest (corrupted or modified); "
+                             f"rebuild the engine with 'tandem build --force'")
+
+
 def load_engine(model: str, *, dtype: str = "float32", device: str = "cpu",
                 tokens_per_page: int = DEFAULT_TOKENS_PER_PAGE, kv_bytes: int | None = DEFAULT_KV_BYTES,
-                shared_kv: bool = False, progress=None) -> Engine:
+                shared_kv: bool = False, weight_quant: str = "none") -> Engine:
     """Load weights and tokenizer, and allocate a KV pool of `kv_bytes` (None: no pool, prefill-only)."""
-    ckpt = resolve(model, progress)
+    manifest = engine_manifest(model)
+    if manifest is not None:
+        if manifest.backend != "torch":
+            raise ModelLoadError(f"{model} is a {manifest.backend} engine; the PyTorch engine runs 'torch' builds")
+        verify_weights(model, manifest)
+        dtype, tokens_per_page = manifest.dtype, manifest.kv_layout.tokens_per_page
+        weight_quant = manifest.profile.weight_quant
+    ckpt = resolve(model)
     tdt = torch_dtype(dtype)
     dev = torch.device(device)
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ModelLoadError("device 'cuda' asked for but no CUDA device is visible; use --device cpu")
-    lm = LlamaModel(ckpt.config, ckpt.load_weights(), dev, tdt)
+    lm = LlamaModel(ckpt.config, ckpt.load_weights(), dev, tdt, weight_quant)
     tokenizer = Tokenizer(ckpt.folder)
     cache = None
     if kv_bytes is not None:

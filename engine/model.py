@@ -15,6 +15,7 @@ from engine.attention import PagedAttention, PrefillAttention
 from engine.config import ModelConfig
 from engine.errors import ModelLoadError
 from engine.linear import Dense
+from engine.quant import SCALE_SUFFIX, make_quantized
 from engine.rope import Rotary, apply_rotary
 
 
@@ -37,36 +38,32 @@ class Layer:
 
 class LlamaModel:
     def __init__(self, cfg: ModelConfig, weights: dict[str, torch.Tensor], device: torch.device | str = "cpu",
-                 dtype: torch.dtype = torch.float32):
+                 dtype: torch.dtype = torch.float32, weight_quant: str = "none"):
+        """`weight_quant` picks the kernel for int8 checkpoints (those with `<name>_scale` tensors)."""
         self.cfg = cfg
         self.device = torch.device(device)
         self.dtype = dtype
-        w = _Weights(weights, self.device, dtype)
+        w = _Weights(weights, self.device, dtype, weight_quant)
         self.embed = w.take("model.embed_tokens.weight", (cfg.vocab_size, cfg.hidden_size))  # [V, D]
         self.layers = [self._layer(w, i) for i in range(cfg.num_layers)]
         self.norm = w.take("model.norm.weight", (cfg.hidden_size,))
-        head = self.embed if cfg.tie_word_embeddings else w.take("lm_head.weight", (cfg.vocab_size, cfg.hidden_size))
-        self.lm_head = Dense(head)
+        if w.quantized("lm_head.weight") or not cfg.tie_word_embeddings:
+            self.lm_head = w.linear(["lm_head"], [cfg.vocab_size], cfg.hidden_size, bias=False)
+        else:
+            self.lm_head = Dense(self.embed)
         w.check_all_used()
         self.rotary = Rotary(cfg, self.device)
 
     def _layer(self, w: "_Weights", i: int) -> Layer:
         c, p = self.cfg, f"model.layers.{i}."
-        qd, kvd = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
-        qkv_w = torch.cat([w.take(p + f"self_attn.{n}_proj.weight", (d, c.hidden_size))
-                           for n, d in (("q", qd), ("k", kvd), ("v", kvd))])
-        qkv_b = torch.cat([w.take(p + f"self_attn.{n}_proj.bias", (d,))
-                           for n, d in (("q", qd), ("k", kvd), ("v", kvd))]) if c.attention_bias else None
-        gate_up = torch.cat([w.take(p + f"mlp.{n}_proj.weight", (c.intermediate_size, c.hidden_size))
-                             for n in ("gate", "up")])
+        qd, kvd, D = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.hidden_size
         return Layer(
-            attn_norm=w.take(p + "input_layernorm.weight", (c.hidden_size,)),
-            qkv=Dense(qkv_w, qkv_b),
-            o=Dense(w.take(p + "self_attn.o_proj.weight", (c.hidden_size, qd)),
-                    w.take(p + "self_attn.o_proj.bias", (c.hidden_size,)) if c.output_bias else None),
-            mlp_norm=w.take(p + "post_attention_layernorm.weight", (c.hidden_size,)),
-            gate_up=Dense(gate_up),
-            down=Dense(w.take(p + "mlp.down_proj.weight", (c.hidden_size, c.intermediate_size))),
+            attn_norm=w.take(p + "input_layernorm.weight", (D,)),
+            qkv=w.linear([p + f"self_attn.{n}_proj" for n in "qkv"], [qd, kvd, kvd], D, c.attention_bias),
+            o=w.linear([p + "self_attn.o_proj"], [D], qd, c.output_bias),
+            mlp_norm=w.take(p + "post_attention_layernorm.weight", (D,)),
+            gate_up=w.linear([p + "mlp.gate_proj", p + "mlp.up_proj"], [c.intermediate_size] * 2, D, False),
+            down=w.linear([p + "mlp.down_proj"], [D], c.intermediate_size, False),
         )
 
     @property
@@ -102,20 +99,36 @@ class LlamaModel:
 class _Weights:
     """Takes named tensors out of a checkpoint, checking shapes, so none is missed or misread."""
 
-    def __init__(self, weights: dict[str, torch.Tensor], device: torch.device, dtype: torch.dtype):
+    def __init__(self, weights: dict[str, torch.Tensor], device: torch.device, dtype: torch.dtype,
+                 weight_quant: str):
         self.weights = weights
         self.device = device
         self.dtype = dtype
+        self.weight_quant = weight_quant
         self.used: set[str] = set()
 
-    def take(self, name: str, shape: tuple[int, ...]) -> torch.Tensor:
+    def take(self, name: str, shape: tuple[int, ...], dtype: torch.dtype | None = None) -> torch.Tensor:
         t = self.weights.get(name)
         if t is None:
             raise ModelLoadError(f"checkpoint lacks tensor {name!r}")
         if tuple(t.shape) != shape:
             raise ModelLoadError(f"tensor {name!r} has shape {tuple(t.shape)}, config implies {shape}")
         self.used.add(name)
-        return t.to(device=self.device, dtype=self.dtype).contiguous()
+        return t.to(device=self.device, dtype=dtype or self.dtype).contiguous()
+
+    def quantized(self, weight_name: str) -> bool:
+        return weight_name + SCALE_SUFFIX in self.weights
+
+    def linear(self, prefixes: list[str], outs: list[int], d_in: int, bias: bool):
+        """One linear layer from the projections `prefixes` (fused along the output dimension)."""
+        b = torch.cat([self.take(p + ".bias", (o,)) for p, o in zip(prefixes, outs)]) if bias else None
+        if not self.quantized(prefixes[0] + ".weight"):
+            return Dense(torch.cat([self.take(p + ".weight", (o, d_in)) for p, o in zip(prefixes, outs)]), b)
+        if self.weight_quant == "none":
+            raise ModelLoadError("checkpoint has int8 weights; load it with weight_quant 'int8' or 'int8-dynamic'")
+        q = torch.cat([self.take(p + ".weight", (o, d_in), torch.int8) for p, o in zip(prefixes, outs)])
+        s = torch.cat([self.take(p + ".weight" + SCALE_SUFFIX, (o,), torch.float32) for p, o in zip(prefixes, outs)])
+        return make_quantized(self.weight_quant, q, s, b)
 
     def check_all_used(self) -> None:
         # Rotary tables are recomputed, not loaded; anything else left over means a layout we misread.

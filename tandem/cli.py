@@ -14,9 +14,11 @@ def main() -> None:
 
 
 def _register() -> None:
-    from engine.generate import generate_command
+    from builder.cli import build_command
+    from engine.cli import generate_command
 
     main.add_command(generate_command)
+    main.add_command(build_command)
 
 
 _register()

@@ -1,0 +1,1 @@
+"""`tandem build` (checkpoint -> role engines) and `tandem repo` (engines -> Triton model repository)."""

@@ -1,0 +1,77 @@
+"""A transport peer in its own process, driven over stdin/stdout with JSON lines (test helper).
+
+    python peer.py pool  TRANSPORT          -> prints {"descriptor": ...}; then answers commands:
+        {"cmd": "poll"}                        -> {"done": [ids...]} (with per-id page checksums at arrival)
+        {"cmd": "pages", "ids": [...]}         -> {"data": nested list [layers][2][pages][...]}
+        {"cmd": "exit"}
+    python peer.py write TRANSPORT          -> reads {"pool":..., "request_id":..., "pages":..., "seed":..., "tokens":...,
+                                               "crash_after": layer or -1} and writes; exits 0 when done.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import torch
+
+from engine.kv_pool import KVCache
+from engine.transports import endpoint, sender
+from tandem.kv_layout import KVLayout
+
+LAYOUT = KVLayout(num_layers=3, num_kv_heads=2, head_dim=8, dtype="float32", tokens_per_page=4)
+NUM_PAGES = 24
+
+
+def layer_data(seed: int, layer: int, tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The K and V a writer with this seed sends for a layer: [tokens, kv_heads, head_dim]."""
+    g = torch.Generator().manual_seed(seed * 1000 + layer)
+    k = torch.randn(tokens, LAYOUT.num_kv_heads, LAYOUT.head_dim, generator=g)
+    return k, -k
+
+
+def say(obj) -> None:
+    PROTO.write(json.dumps(obj) + "\n")
+    PROTO.flush()
+
+
+PROTO = sys.stdout
+
+
+def run_pool(transport: str) -> None:
+    cache = KVCache(LAYOUT, NUM_PAGES, shared=transport == "shm")
+    ep = endpoint(transport, cache)
+    say({"descriptor": ep.descriptor()})
+    seen: dict[str, float] = {}
+    for line in sys.stdin:
+        cmd = json.loads(line)
+        if cmd["cmd"] == "poll":
+            for rid in ep.poll():
+                seen[rid] = float(cache.data.abs().sum())  # what was visible when the notice arrived
+            say({"done": seen})
+        elif cmd["cmd"] == "pages":
+            say({"data": cache.data[:, :, cmd["ids"]].tolist()})
+        elif cmd["cmd"] == "exit":
+            break
+    ep.close()
+    cache.close()
+
+
+def run_write(transport: str) -> None:
+    job = json.loads(sys.stdin.readline())
+    s = sender(transport, LAYOUT)
+    w = s.writer(job["pool"], job["request_id"], job["pages"])
+    for layer in range(LAYOUT.num_layers):
+        if layer == job.get("crash_after", -1):
+            os._exit(17)  # die mid-transfer, without cleanup, like a killed worker
+        w.write_layer(layer, *layer_data(job["seed"], layer, job["tokens"]))
+    w.finish()
+    say({"state": w.state.value, "bytes": w.bytes_written})
+    s.close()
+
+
+if __name__ == "__main__":
+    PROTO = os.fdopen(os.dup(1), "w")  # libraries may print to stdout; keep fd 1 for the protocol only
+    os.dup2(2, 1)
+    {"pool": run_pool, "write": run_write}[sys.argv[1]](sys.argv[2])

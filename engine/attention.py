@@ -22,8 +22,8 @@ class KVWriter(Protocol):
     """Receives one sequence's new K/V, layer by layer, during a prefill pass.
 
     `write_layer` may start an asynchronous copy and return at once (so the copy overlaps the next
-    layer's compute); the tensors it is given are not modified afterwards. `finish` returns only when
-    every layer has landed.
+    layer's compute); the tensors it is given are not modified afterwards. The caller of the pass
+    calls `finish`, which returns only when every layer has landed.
     """
 
     def write_layer(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None: ...
@@ -71,10 +71,6 @@ class PrefillAttention:
             outs.append(oi[0].transpose(0, 1).reshape(e - s, -1))  # [L, H*hd]
         return outs[0] if len(outs) == 1 else torch.cat(outs)
 
-    def finish(self) -> None:
-        for w in self.writers:
-            w.finish()
-
 
 class PagedAttention:
     """Each sequence b brings q_lens[b] new tokens and has ctx_lens[b] tokens after them (cached + new)."""
@@ -117,6 +113,3 @@ class PagedAttention:
         out = _sdpa(qp, kc, vc, attn_mask=self.mask)  # [B, H, Q, hd]
         out = out.transpose(1, 2).reshape(-1, H * hd)  # [B*Q, H*hd]
         return out if self.decode_only else out[self.real]
-
-    def finish(self) -> None:
-        return None

@@ -55,8 +55,13 @@ class Engine:
 
     # -- requests -----------------------------------------------------------------------------------
 
-    def new_sequence(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> Sequence:
-        """Validate a request against this model; raise InvalidRequest naming the limit."""
+    def new_sequence(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
+                     output_ids: list[int] | tuple[int, ...] = ()) -> Sequence:
+        """Validate a request against this model; raise InvalidRequest naming the limit.
+
+        `output_ids` are tokens already generated for this request (a recovery re-prefill continues
+        after them: they count against max_tokens and their sampling steps are not repeated).
+        """
         if not prompt_ids:
             raise InvalidRequest("prompt is empty; send at least one token")
         if len(prompt_ids) >= self.max_context:
@@ -66,11 +71,13 @@ class Engine:
             raise InvalidRequest(
                 f"prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the model's context of "
                 f"{self.max_context}; ask for at most {self.max_context - len(prompt_ids)} tokens")
-        bad = [t for t in prompt_ids if not 0 <= t < self.cfg.vocab_size]
+        if len(output_ids) >= params.max_tokens:
+            raise InvalidRequest(f"{len(output_ids)} tokens already generated; max_tokens is {params.max_tokens}")
+        bad = [t for t in list(prompt_ids) + list(output_ids) if not 0 <= t < self.cfg.vocab_size]
         if bad:
-            raise InvalidRequest(f"prompt token ids must be in [0, {self.cfg.vocab_size}); got {bad[:5]}")
+            raise InvalidRequest(f"token ids must be in [0, {self.cfg.vocab_size}); got {bad[:5]}")
         seq = Sequence(request_id, list(prompt_ids), params.with_seed(), self.eos_ids | set(params.extra_eos),
-                       self.max_context)
+                       self.max_context, output_ids=list(output_ids))
         seq.attach_text(self.tokenizer)
         return seq
 
@@ -95,13 +102,15 @@ class Engine:
     # -- passes -------------------------------------------------------------------------------------
 
     def prefill(self, seqs: list[Sequence], writers: list[KVWriter] | None = None) -> list[TokenOut]:
-        """Run every prompt in one packed pass; append and return each first token.
+        """Run every sequence's tokens (its prompt, plus outputs already streamed when a request is
+        re-prefilled after a failure) in one packed pass; append and return each next token.
 
         Without `writers`, K/V go to each sequence's pages in the local pool (which must be reserved).
+        With writers, the caller calls each writer's `finish` (and handles its failure).
         """
-        lens = [len(s.prompt_ids) for s in seqs]
+        lens = [s.num_tokens for s in seqs]
         dev = self.device
-        tokens = torch.tensor([t for s in seqs for t in s.prompt_ids], device=dev)  # [T]
+        tokens = torch.tensor([t for s in seqs for t in s.all_ids], device=dev)  # [T]
         positions = torch.cat([torch.arange(n, device=dev) for n in lens])  # [T]
         rope_lens = torch.repeat_interleave(torch.tensor(lens, device=dev), torch.tensor(lens, device=dev))  # [T]
         if writers is None:

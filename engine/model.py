@@ -91,7 +91,6 @@ class LlamaModel:
             h = rms_norm(x, L.mlp_norm, c.rms_norm_eps)
             gate, up = L.gate_up(h).chunk(2, dim=-1)  # [T, I] each
             x = x + L.down(F.silu(gate) * up)  # [T, D]
-        attn.finish()
         x = rms_norm(x[last_rows], self.norm, c.rms_norm_eps)  # [B, D]
         return self.lm_head(x)  # [B, V]
 

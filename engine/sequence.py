@@ -32,6 +32,8 @@ class Sequence:
     def attach_text(self, tokenizer: Decoder) -> None:
         if self.params.stop:
             self.text = TextStream(tokenizer, self.params.stop)
+            for t in self.output_ids:  # earlier outputs of a resumed request
+                self.text.add(t)
 
     @property
     def all_ids(self) -> list[int]:

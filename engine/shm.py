@@ -81,3 +81,27 @@ def our_segments() -> list[str]:
         return sorted(n for n in os.listdir(SHM_DIR) if n.startswith(SHM_PREFIX))
     except FileNotFoundError:
         return []
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_stale_segments() -> list[str]:
+    """Unlink our segments whose creating process is gone (a worker that was killed). Returns them."""
+    removed = []
+    for name in our_segments():
+        parts = name[len(SHM_PREFIX):].split("-")  # <tag>-<pid>-<random>
+        if len(parts) >= 3 and parts[1].isdigit() and not _pid_alive(int(parts[1])):
+            try:
+                os.unlink(os.path.join(SHM_DIR, name))
+                removed.append(name)
+            except FileNotFoundError:
+                pass  # removed concurrently by someone else
+    return removed

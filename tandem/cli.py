@@ -14,11 +14,12 @@ def main() -> None:
 
 
 def _register() -> None:
-    from builder.cli import build_command
+    from builder.cli import build_command, repo_command
     from engine.cli import generate_command
 
     main.add_command(generate_command)
     main.add_command(build_command)
+    main.add_command(repo_command)
 
 
 _register()

@@ -1,0 +1,102 @@
+"""`tandem repo`: render the Triton model repository for a pair of role engines.
+
+    DIR/prefill/config.pbtxt + 1/model.py    dynamic batching, the prefill engine
+    DIR/decode/config.pbtxt  + 1/model.py    decoupled, the decode engine and its KV pool
+    DIR/generate/config.pbtxt + 1/model.py   decoupled, the co-located baseline (prefill engine's weights)
+
+Templates live in model_repository/. Rendering fails on any placeholder left unfilled or any value
+that no template uses, and the result is written to a temporary folder and renamed into place.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tempfile
+from dataclasses import dataclass
+
+import model_repository
+from tandem.manifest import ManifestError, check_pair, read_manifest
+from tandem.roles import Role
+
+TEMPLATES = os.path.dirname(model_repository.__file__)
+MODELS = ("prefill", "decode", "generate")
+_PLACEHOLDER = re.compile(r"\$\{([a-z_]+)\}")
+
+
+class RenderError(ValueError):
+    """A template and its values do not match; the message names the keys."""
+
+
+def render(template: str, values: dict, where: str) -> str:
+    wanted = set(_PLACEHOLDER.findall(template))
+    missing, unused = wanted - set(values), set(values) - wanted
+    if missing or unused:
+        raise RenderError(f"{where}: unfilled placeholders {sorted(missing)}; values no placeholder uses "
+                          f"{sorted(unused)}")
+    for key, value in values.items():
+        if isinstance(value, str) and ('"' in value or "\\" in value or "\n" in value):
+            raise RenderError(f"{where}: value of {key!r} may not contain quotes, backslashes or newlines")
+    return _PLACEHOLDER.sub(lambda m: str(values[m.group(1)]), template)
+
+
+@dataclass(frozen=True)
+class RepoOptions:
+    transport: str = "shm"
+    instances: int = 1  # prefill instances (decode owns one pool: always 1)
+    threads: int = 1  # torch threads per model instance
+    kv_pool_bytes: int | None = None  # None: the decode profile's
+    lease_ms: int = 30000
+    transfer_timeout_ms: int = 30000
+    chunk_tokens: int = 0  # generate/: 0 = prefill-first co-location, N = chunked prefill
+    colocated_max_batch_size: int = 64
+
+
+def model_values(engines: str, opts: RepoOptions) -> dict[str, dict]:
+    """Placeholder values per model, from the engines' manifests (refusing a mismatched pair)."""
+    prefill_dir, decode_dir = (os.path.abspath(os.path.join(engines, r.value)) for r in (Role.PREFILL, Role.DECODE))
+    try:
+        pm, dm = read_manifest(prefill_dir), read_manifest(decode_dir)
+        check_pair(pm, dm)
+    except ManifestError as e:
+        raise RenderError(str(e)) from None
+    if pm.backend != "torch" or dm.backend != "torch":
+        raise RenderError(f"{engines} holds {pm.backend} engines; this repository runs torch engines "
+                          f"(TensorRT-LLM deployments use the trtllm-serve configs written by tandem build)")
+    pool = opts.kv_pool_bytes if opts.kv_pool_bytes is not None else dm.profile.kv_pool_bytes
+    return {
+        "prefill": dict(name="prefill", engine_dir=prefill_dir, max_batch_size=pm.profile.max_batch_size,
+                        max_queue_delay_us=pm.profile.max_queue_delay_us, max_num_tokens=pm.profile.max_num_tokens,
+                        instances=opts.instances, threads=opts.threads),
+        "decode": dict(name="decode", engine_dir=decode_dir, transport=opts.transport, kv_pool_bytes=pool,
+                       max_batch_size=dm.profile.max_batch_size, lease_ms=opts.lease_ms,
+                       transfer_timeout_ms=opts.transfer_timeout_ms, threads=opts.threads),
+        "generate": dict(name="generate", engine_dir=prefill_dir, kv_pool_bytes=pool,
+                         max_batch_size=opts.colocated_max_batch_size, max_num_tokens=pm.profile.max_num_tokens,
+                         chunk_tokens=opts.chunk_tokens, threads=opts.threads),
+    }
+
+
+def render_repo(engines: str, out: str, opts: RepoOptions = RepoOptions()) -> list[str]:
+    """Write the repository to `out` (replacing what was there); return the model names."""
+    values = model_values(engines, opts)
+    parent = os.path.dirname(os.path.abspath(out)) or "."
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=".repo-", dir=parent)
+    try:
+        for model in MODELS:
+            src = os.path.join(TEMPLATES, model)
+            with open(os.path.join(src, "config.pbtxt"), encoding="utf-8") as f:
+                text = render(f.read(), values[model], f"{model}/config.pbtxt")
+            os.makedirs(os.path.join(tmp, model, "1"))
+            with open(os.path.join(tmp, model, "config.pbtxt"), "w", encoding="utf-8") as f:
+                f.write(text)
+            shutil.copyfile(os.path.join(src, "1", "model.py"), os.path.join(tmp, model, "1", "model.py"))
+        if os.path.exists(out):
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return list(MODELS)

@@ -1,0 +1,1 @@
+"""The orchestrator: routes requests through prefill and decode workers, and the client front doors."""

@@ -1,0 +1,189 @@
+"""Start and stop real Triton Inference Server processes (the binary shipped in `nvidia-pytriton`).
+
+The server runs our model repository with the python backend. Its stub processes use the `python3`
+first on PATH, so this environment's bin/ goes first and `import torch` works inside model.py.
+Every port is bound on 127.0.0.1; a server can be pinned to a set of CPU cores (its stubs inherit
+the pinning). `stop` ends the whole process group and removes shared memory its stubs left.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+
+from engine.checkpoint import cache_dir
+from engine.shm import remove_stale_segments
+
+
+class TritonError(RuntimeError):
+    """The server could not be found, did not start, or did not become ready (with its log tail)."""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _pytriton_root() -> tuple[str, str]:
+    spec = importlib.util.find_spec("pytriton")  # locate without importing it
+    if spec is None or not spec.submodule_search_locations:
+        raise TritonError("Triton is not installed: pip install nvidia-pytriton (it ships the tritonserver binary)")
+    root = os.path.join(list(spec.submodule_search_locations)[0], "tritonserver")
+    libs = os.path.join(os.path.dirname(os.path.dirname(root)), "nvidia_pytriton.libs")
+    return root, libs
+
+
+def backend_dir() -> str:
+    """A backend directory whose python/ holds the backend library and the stub for this Python."""
+    root, _ = _pytriton_root()
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    stub = os.path.join(root, "python_backend_stubs", version, "triton_python_backend_stub")
+    if not os.path.isfile(stub):
+        raise TritonError(f"nvidia-pytriton has no python backend stub for Python {version}")
+    target = os.path.join(cache_dir(), "triton-backends", f"py{version}")
+    python = os.path.join(target, "python")
+    if not os.path.isfile(os.path.join(python, "triton_python_backend_stub")):
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        tmp = tempfile.mkdtemp(dir=os.path.dirname(target))
+        os.makedirs(os.path.join(tmp, "python"))
+        for name in ("libtriton_python.so", "triton_python_backend_utils.py"):
+            shutil.copy2(os.path.join(root, "backends", "python", name), os.path.join(tmp, "python", name))
+        shutil.copy2(stub, os.path.join(tmp, "python", "triton_python_backend_stub"))
+        if os.path.exists(target):
+            shutil.rmtree(tmp)
+        else:
+            os.replace(tmp, target)
+    return target
+
+
+@dataclass
+class TritonServer:
+    repository: str
+    models: tuple[str, ...]  # loaded explicitly; nothing else in the repository is
+    name: str = "triton"
+    cpus: tuple[int, ...] | None = None  # pin the server and its stubs to these cores
+    grpc_port: int = field(default_factory=free_port)
+    http_port: int = field(default_factory=free_port)
+    metrics_port: int = field(default_factory=free_port)
+    log_dir: str | None = None
+    env: dict = field(default_factory=dict)
+    proc: subprocess.Popen | None = None
+
+    @property
+    def grpc_url(self) -> str:
+        return f"127.0.0.1:{self.grpc_port}"
+
+    @property
+    def http_url(self) -> str:
+        return f"127.0.0.1:{self.http_port}"
+
+    @property
+    def log_path(self) -> str:
+        return os.path.join(self.log_dir or tempfile.gettempdir(), f"tandem-{self.name}-{self.grpc_port}.log")
+
+    def command(self) -> list[str]:
+        root, _ = _pytriton_root()
+        cmd = [os.path.join(root, "bin", "tritonserver"), f"--model-repository={os.path.abspath(self.repository)}",
+               f"--backend-directory={backend_dir()}", "--model-control-mode=explicit",
+               "--grpc-address=127.0.0.1", f"--grpc-port={self.grpc_port}",
+               "--http-address=127.0.0.1", f"--http-port={self.http_port}",
+               "--metrics-address=127.0.0.1", f"--metrics-port={self.metrics_port}",
+               "--exit-timeout-secs=10", "--log-verbose=0", "--strict-readiness=true"]
+        return cmd + [f"--load-model={m}" for m in self.models]
+
+    def start(self, timeout_s: float = 180.0) -> "TritonServer":
+        _, libs = _pytriton_root()
+        env = dict(os.environ, **self.env)
+        env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+        env["LD_LIBRARY_PATH"] = libs + os.pathsep + env.get("LD_LIBRARY_PATH", "")
+        if self.cpus:
+            env.setdefault("OMP_NUM_THREADS", str(len(self.cpus)))
+        cpus = set(self.cpus) if self.cpus else None
+        log = open(self.log_path, "w")
+        self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, env=env,
+                                     start_new_session=True,
+                                     preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
+        log.close()
+        try:
+            self.wait_ready(timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def wait_ready(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise TritonError(f"{self.name} exited with {self.proc.returncode} while starting:\n{self.log_tail()}")
+            if all(self._ready(m) for m in self.models):
+                return
+            time.sleep(0.25)
+        raise TritonError(f"{self.name} was not ready within {timeout_s:.0f}s:\n{self.log_tail()}")
+
+    def _ready(self, model: str) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://{self.http_url}/v2/models/{model}/ready", timeout=2) as r:
+                return r.status == 200
+        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+            return False
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            with open(self.log_path, errors="replace") as f:
+                return "".join(f.readlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def stop(self, timeout_s: float = 20.0) -> None:
+        """Stop the server and every process in its group; remove shared memory they left."""
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            _signal_group(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                pass
+        _signal_group(self.proc.pid, signal.SIGKILL)  # stubs that outlived the server
+        if self.proc.poll() is None:
+            self.proc.wait(timeout=10)
+        _wait_group_gone(self.proc.pid)
+        remove_stale_segments()
+
+    def kill(self) -> None:
+        """Kill without warning (failure tests): SIGKILL to the whole group."""
+        if self.proc is not None:
+            _signal_group(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=10)
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass  # the group is already gone
+
+
+def _wait_group_gone(pgid: int, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)

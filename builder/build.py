@@ -22,7 +22,7 @@ from tqdm import tqdm
 from builder.fingerprint import build_key, source_fingerprint
 from tandem.digest import sha256_files
 from tandem import __version__
-from tandem.kv_layout import KVLayout
+from tandem.kv_layout import KVLayout, KVLayoutMismatch, check_kv_compatible
 from tandem.manifest import FORMAT, EngineManifest, ManifestError, read_manifest
 from tandem.profiles import DEFAULT_PROFILES, RoleProfile
 from tandem.roles import Role
@@ -89,7 +89,11 @@ def build(req: BuildRequest, log=print) -> list[RoleResult]:
     """Build every requested role; return what was built or found up to date."""
     if not req.roles:
         raise BuildError("no roles to build; --roles takes prefill, decode or both")
+    if req.weight_quant != "none" and Role.DECODE not in req.roles:
+        raise BuildError("--weight-quant is a decode-role option: prefill is compute-bound and keeps full-precision "
+                         "weights; add decode to --roles")
     ckpt, fingerprint, layout, keys = plan(req)
+    _check_siblings(req, layout)
     results: list[RoleResult] = []
     weights = None
     for role in req.roles:
@@ -107,6 +111,23 @@ def build(req: BuildRequest, log=print) -> list[RoleResult]:
             f"({manifest.weights_bytes / 1e6:.0f} MB weights, {manifest.profile.weight_quant} quantization)")
         results.append(RoleResult(role, folder, True, manifest.build_seconds, manifest))
     return results
+
+
+def _check_siblings(req: BuildRequest, layout: KVLayout) -> None:
+    """Refuse to build one role next to an existing other role it could not hand KV pages to."""
+    for other in (Role.PREFILL, Role.DECODE):
+        folder = os.path.join(req.out, other.value)
+        if other in req.roles or not os.path.isfile(os.path.join(folder, "manifest.json")):
+            continue
+        try:
+            theirs = read_manifest(folder).kv_layout
+        except ManifestError:
+            continue  # not a usable engine; building this role does not depend on it
+        pair = (layout, theirs) if other is Role.DECODE else (theirs, layout)
+        try:
+            check_kv_compatible(*pair)
+        except KVLayoutMismatch as e:
+            raise BuildError(f"{e} (the {other.value} engine already in {req.out} was built differently)") from None
 
 
 def _load(ckpt):
@@ -184,14 +205,13 @@ def _write_weights(weights: dict, path: str, dtype: str, quant: str) -> None:
     from engine.quant import SCALE_SUFFIX, quantize_int8
 
     out = {}
+    # Only the decoder layers' projections are quantized: the output head stays full precision
+    # (quantizing it measured +1 percentage point of perplexity on the default model).
     for name, t in tqdm(weights.items(), desc="convert", unit="tensor", disable=None, leave=False):
-        if quant != "none" and (name.endswith("_proj.weight") or name == "lm_head.weight"):
+        if quant != "none" and name.endswith("_proj.weight"):
             out[name], out[name + SCALE_SUFFIX] = quantize_int8(t)
         else:
             out[name] = t.to(TORCH_DTYPES[dtype]).contiguous()
-    if quant != "none" and "lm_head.weight" not in out:  # tied head: quantize a copy of the embedding
-        emb = weights["model.embed_tokens.weight"]
-        out["lm_head.weight"], out["lm_head.weight" + SCALE_SUFFIX] = quantize_int8(emb)
     with torch.inference_mode():
         save_file(out, path, metadata={"format": "pt", "tandem_weight_quant": quant})
 

@@ -23,3 +23,7 @@ def _register() -> None:
 
 
 _register()
+
+
+if __name__ == "__main__":
+    main()

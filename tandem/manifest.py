@@ -10,7 +10,7 @@ import json
 import os
 from dataclasses import dataclass, fields
 
-from tandem.kv_layout import KVLayout, check_kv_compatible
+from tandem.kv_layout import KVLayout, KVLayoutMismatch, check_kv_compatible
 from tandem.profiles import RoleProfile
 from tandem.roles import Role
 
@@ -90,6 +90,9 @@ def check_pair(prefill: EngineManifest, decode: EngineManifest) -> None:
         if a != b:
             raise ManifestError(f"prefill and decode engines come from different checkpoints: {name} is {a!r} "
                                 f"vs {b!r}; build both roles from the same checkpoint")
-    check_kv_compatible(prefill.kv_layout, decode.kv_layout)
+    try:
+        check_kv_compatible(prefill.kv_layout, decode.kv_layout)
+    except KVLayoutMismatch as e:
+        raise ManifestError(str(e)) from None
 
 

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 
 from tandem.roles import Role
 
-WEIGHT_QUANT = ("none", "int8")
+WEIGHT_QUANT = ("none", "int8", "int8-dynamic")
 
 
 @dataclass(frozen=True)

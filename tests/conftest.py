@@ -41,3 +41,13 @@ def hf_default_model():
     model = transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=filename, dtype=torch.float32)
     model.eval()
     return tok, model
+
+
+@pytest.fixture(scope="session")
+def built_engines(tmp_path_factory):
+    """Prefill and decode engines of the default model, built once per session: engines/<name>/{prefill,decode}."""
+    from builder.build import BuildRequest, build
+
+    out = tmp_path_factory.mktemp("engines") / "smollm2"
+    build(BuildRequest(model="smollm2-135m", out=str(out)), log=lambda *_: None)
+    return out

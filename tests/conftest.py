@@ -51,3 +51,25 @@ def built_engines(tmp_path_factory):
     out = tmp_path_factory.mktemp("engines") / "smollm2"
     build(BuildRequest(model="smollm2-135m", out=str(out)), log=lambda *_: None)
     return out
+
+
+def leak_check() -> list[str]:
+    """What a finished lifecycle test must not leave: our shm segments, tritonserver processes."""
+    import subprocess
+
+    from engine.shm import our_segments
+
+    problems = [f"shared memory segment {s}" for s in our_segments()]
+    ps = subprocess.run(["pgrep", "-f", "tritonserver|triton_python_backend_stub"], capture_output=True, text=True)
+    problems += [f"process {pid}" for pid in ps.stdout.split()]
+    return problems
+
+
+@pytest.fixture(scope="session")
+def rendered_repo(built_engines, tmp_path_factory):
+    """The Triton model repository for the session's engines (shm transport, 128 MiB decode pool)."""
+    from builder.repo import RepoOptions, render_repo
+
+    out = tmp_path_factory.mktemp("repo") / "models"
+    render_repo(str(built_engines), str(out), RepoOptions(kv_pool_bytes=128 << 20))
+    return out

@@ -1,0 +1,97 @@
+"""`tandem repo`: templates render to configs Triton itself parses, and a real Triton serves them."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2
+
+from builder.repo import MODELS, RenderError, RepoOptions, render, render_repo
+from orchestrator.triton_process import TritonServer
+from orchestrator.worker_client import ColocatedClient, WorkerError
+from tests.conftest import leak_check
+
+PROMPT = "Name three planets of the solar system."
+
+
+def test_every_rendered_config_parses_as_a_triton_model_config(rendered_repo, built_engines):
+    for model in MODELS:
+        cfg = text_format.Parse((rendered_repo / model / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
+        assert cfg.name == model and cfg.backend == "python"
+        assert os.path.isfile(rendered_repo / model / "1" / "model.py")
+        assert cfg.parameters["engine_dir"].string_value.startswith(str(built_engines))
+    prefill = text_format.Parse((rendered_repo / "prefill" / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
+    decode = text_format.Parse((rendered_repo / "decode" / "config.pbtxt").read_text(), model_config_pb2.ModelConfig())
+    assert prefill.max_batch_size == 8 and prefill.dynamic_batching.max_queue_delay_microseconds == 1000
+    assert decode.model_transaction_policy.decoupled and decode.instance_group[0].count == 1
+
+
+def test_render_fails_on_unfilled_or_unused_keys():
+    with pytest.raises(RenderError, match=r"unfilled placeholders \['b'\]"):
+        render("a: ${a} b: ${b}", {"a": 1}, "t")
+    with pytest.raises(RenderError, match=r"values no placeholder uses \['c'\]"):
+        render("a: ${a}", {"a": 1, "c": 2}, "t")
+    with pytest.raises(RenderError, match="may not contain quotes"):
+        render('a: "${a}"', {"a": 'x" injected'}, "t")
+
+
+def test_repo_refuses_engines_that_cannot_pair(built_engines, tmp_path):
+    eng = tmp_path / "eng"
+    shutil.copytree(built_engines / "prefill", eng / "prefill")
+    shutil.copytree(built_engines / "decode", eng / "decode")
+    manifest = json.loads((eng / "decode" / "manifest.json").read_text())
+    manifest["kv_layout"]["dtype"] = "bfloat16"
+    (eng / "decode" / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(RenderError, match="'dtype': prefill has 'float32', decode has 'bfloat16'"):
+        render_repo(str(eng), str(tmp_path / "repo"), RepoOptions())
+    assert not (tmp_path / "repo").exists()
+
+
+@pytest.fixture(scope="module")
+def triton_all_models(rendered_repo):
+    server = TritonServer(str(rendered_repo), MODELS, name="all-models").start()
+    yield server
+    server.stop()
+    assert leak_check() == []
+
+
+def test_triton_loads_every_model_and_generate_matches_tandem_generate(triton_all_models, built_engines):
+    cli = subprocess.run([sys.executable, "-m", "tandem.cli", "generate", "--model", str(built_engines / "prefill"),
+                          "--prompt", PROMPT, "--max-tokens", "24", "--json"], capture_output=True, text=True)
+    assert cli.returncode == 0, cli.stderr
+    want = json.loads(cli.stdout)
+
+    async def run():
+        client = ColocatedClient(triton_all_models.grpc_url)
+        try:
+            assert all([await ColocatedClient(triton_all_models.grpc_url, m).ready() for m in MODELS])
+            return [t async for t in client.generate("g1", want["prompt_token_ids"], {"max_tokens": 24})]
+        finally:
+            await client.close()
+
+    got = asyncio.run(run())
+    assert [t for t, _, _ in got] == want["token_ids"]
+    assert got[-1][2] == want["finish_reason"]
+
+
+def test_generate_model_refuses_bad_input_and_keeps_serving(triton_all_models):
+    async def run():
+        client = ColocatedClient(triton_all_models.grpc_url)
+        try:
+            with pytest.raises(WorkerError, match="prompt is empty") as e:
+                [t async for t in client.generate("bad", [], {"max_tokens": 4})]
+            assert e.value.kind == "invalid_argument"
+            with pytest.raises(WorkerError, match="max_tokens must be an integer >= 1"):
+                [t async for t in client.generate("bad2", [1, 2], {"max_tokens": 0})]
+            return [t async for t in client.generate("good", [1, 2, 3], {"max_tokens": 3})]
+        finally:
+            await client.close()
+
+    assert len(asyncio.run(run())) == 3

@@ -69,16 +69,16 @@ def build_command(model, out, roles, backend, dtype, tokens_per_page, weight_qua
               help="generate/ model: chunked-prefill budget per step (0 = prefill first).")
 def repo_command(engines, out, backend, instances, transport, threads, kv_pool_bytes, chunk_tokens):
     """Render the Triton model repository (prefill/, decode/, generate/) for built engines."""
+    from builder.build import BuildError
     from builder.repo import RenderError, RepoOptions, render_repo
 
-    if backend == "tensorrt-llm":
-        from builder.trtllm_build import render_trtllm_repo
-
-        render_trtllm_repo(engines, out, log=click.echo)
-        return
     try:
+        if backend == "tensorrt-llm":
+            from builder.trtllm_build import render_trtllm_repo
+
+            render_trtllm_repo(engines, out, log=click.echo)
         models = render_repo(engines, out, RepoOptions(transport=transport, instances=instances, threads=threads,
                                                        kv_pool_bytes=kv_pool_bytes, chunk_tokens=chunk_tokens))
-    except RenderError as e:
+    except (RenderError, BuildError) as e:
         raise click.ClickException(str(e)) from None
     click.echo(f"rendered {', '.join(models)} into {out}")

@@ -103,6 +103,17 @@ class TritonServer:
         return cmd + [f"--load-model={m}" for m in self.models]
 
     def start(self, timeout_s: float = 180.0) -> "TritonServer":
+        """Launch and wait until every model is ready (the server is stopped again on failure)."""
+        self.launch()
+        try:
+            self.wait_ready(timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def launch(self) -> "TritonServer":
+        """Start the process without waiting for readiness (see wait_ready)."""
         _, libs = _pytriton_root()
         env = dict(os.environ, **self.env)
         env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
@@ -115,11 +126,6 @@ class TritonServer:
                                      start_new_session=True,
                                      preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
         log.close()
-        try:
-            self.wait_ready(timeout_s)
-        except BaseException:
-            self.stop()
-            raise
         return self
 
     def wait_ready(self, timeout_s: float) -> None:

@@ -48,6 +48,30 @@ class PoolEndpoint(ABC):
         return None
 
 
+def page_runs(page_ids: list[int]) -> list[tuple[int, int, int]]:
+    """Split a page table into runs of consecutive ids: (index in the table, first page id, length)."""
+    runs = []
+    for i, p in enumerate(page_ids):
+        if runs and p == runs[-1][1] + runs[-1][2]:
+            runs[-1] = (runs[-1][0], runs[-1][1], runs[-1][2] + 1)
+        else:
+            runs.append((i, p, 1))
+    return runs
+
+
+def copy_into_pages(pages: torch.Tensor, runs: list[tuple[int, int, int]], x: torch.Tensor) -> None:
+    """Write token rows x: [n, kv_heads, head_dim] into pages: [P, tokens_per_page, kv_heads, head_dim],
+    following a page table given as runs (see page_runs): one bulk copy per run of consecutive pages."""
+    tpp = pages.shape[1]
+    n = x.shape[0]
+    for index, first, length in runs:
+        start = index * tpp
+        if start >= n:
+            break
+        rows = min(length * tpp, n - start)
+        pages[first:first + length].view(-1, *pages.shape[2:])[:rows].copy_(x[start:start + rows])
+
+
 class LayerWriter(ABC):
     """Writes one request's K/V, layer by layer, into its destination pages."""
 
@@ -72,12 +96,9 @@ class LayerWriter(ABC):
                                 f"destination has {len(self.page_ids)}")
         return n
 
-    def _slots(self, n_tokens: int, device: torch.device) -> torch.Tensor:
-        """Flat slots (page * tokens_per_page + row) for token positions [0, n_tokens)."""
-        tpp = self.layout.tokens_per_page
-        self._pages_for(n_tokens)
-        pos = torch.arange(n_tokens, device=device)
-        return torch.tensor(self.page_ids, device=device)[pos // tpp] * tpp + pos % tpp  # [n_tokens]
+    def _runs(self, n_tokens: int) -> list[tuple[int, int, int]]:
+        """The runs of consecutive destination pages that n_tokens fill (see page_runs)."""
+        return page_runs(self.page_ids[:self._pages_for(n_tokens)])
 
     @abstractmethod
     def write_layer(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:

@@ -12,7 +12,8 @@ import itertools
 import torch
 
 from engine.kv_pool import KVCache
-from engine.transports.base import KVSender, LayerWriter, PoolEndpoint, TransferError, TransferState
+from engine.transports.base import (KVSender, LayerWriter, PoolEndpoint, TransferError, TransferState,
+                                    copy_into_pages)
 from tandem.kv_layout import KVLayout
 
 NAME = "inproc"
@@ -49,7 +50,9 @@ class InprocWriter(LayerWriter):
     def write_layer(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
         if self.state is not TransferState.WRITING:
             raise TransferError(f"request {self.request_id}: writer is {self.state.value}")
-        self.endpoint.cache.write(layer, k, v, self._slots(k.shape[0], self.endpoint.cache.device))
+        runs = self._runs(k.shape[0])
+        copy_into_pages(self.endpoint.cache.data[layer, 0], runs, k)
+        copy_into_pages(self.endpoint.cache.data[layer, 1], runs, v)
         self.bytes_written += 2 * k.numel() * k.element_size()
 
     def finish(self) -> None:

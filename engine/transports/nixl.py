@@ -22,7 +22,8 @@ import numpy as np
 import torch
 
 from engine.kv_pool import TORCH_DTYPES, KVCache, PageAllocator
-from engine.transports.base import KVSender, LayerWriter, PoolEndpoint, TransferError, TransferState
+from engine.transports.base import (KVSender, LayerWriter, PoolEndpoint, TransferError, TransferState,
+                                    copy_into_pages, page_runs)
 from tandem.kv_layout import KVLayout
 
 NAME = "nixl"
@@ -88,10 +89,10 @@ class NixlEndpoint(PoolEndpoint):
 
 
 class NixlWriter(LayerWriter):
-    def __init__(self, sender: "NixlSender", peer: str, base: int, request_id: str, page_ids: list[int],
+    def __init__(self, sender: "NixlSender", peer: "_Peer", request_id: str, page_ids: list[int],
                  layout: KVLayout, num_pages: int):
         super().__init__(request_id, page_ids, layout, num_pages)
-        self.sender, self.peer, self.base, self.num_pages = sender, peer, base, num_pages
+        self.sender, self.peer, self.num_pages = sender, peer, num_pages
         self.inflight: list[tuple[object, list[int]]] = []  # (transfer handle, staging pages it reads)
 
     def write_layer(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
@@ -107,10 +108,9 @@ class NixlWriter(LayerWriter):
         self.bytes_written += 2 * k.numel() * k.element_size()
 
     def _post(self, staged: list[int], remote_blocks: list[int]) -> None:
-        s, pb = self.sender, self.layout.page_bytes
+        s = self.sender
         try:
-            handle = s.agent.initialize_xfer("WRITE", _descs(s.agent, s.staging_base, staged, pb),
-                                             _descs(s.agent, self.base, remote_blocks, pb), self.peer, b"")
+            handle = s.agent.make_prepped_xfer("WRITE", s.local_prep, staged, self.peer.prep, remote_blocks, b"")
             if s.agent.transfer(handle) == "ERR":
                 raise TransferError("NIXL reported ERR")
         except Exception as e:  # nixl raises its own exception types (peer disconnected, not found, ...)
@@ -150,7 +150,7 @@ class NixlWriter(LayerWriter):
     def finish(self) -> None:
         self.wait()
         if self.state is TransferState.WRITING:
-            self.sender.agent.send_notif(self.peer, self.request_id.encode())
+            self.sender.agent.send_notif(self.peer.name, self.request_id.encode())
             self.state = TransferState.DONE
 
     def abort(self) -> None:
@@ -160,6 +160,16 @@ class NixlWriter(LayerWriter):
         except TransferError:
             pass  # aborting anyway; the failure is already recorded in the state
         self.state = TransferState.ABORTED
+
+
+class _Peer:
+    """A decode pool we write into: its agent name and a prepared list of all its page blocks."""
+
+    def __init__(self, agent, pool: dict, layout: KVLayout, num_pages: int):
+        self.name = agent.add_remote_agent(base64.b64decode(pool["metadata"])).decode()
+        blocks = layout.num_layers * 2 * num_pages  # block (layer, k|v, page) = (layer * 2 + kv) * pages + page
+        self.prep = agent.prep_xfer_dlist(self.name, _descs(agent, int(pool["base"]), range(blocks), layout.page_bytes),
+                                          "DRAM")
 
 
 class NixlSender(KVSender):
@@ -172,8 +182,10 @@ class NixlSender(KVSender):
                                    dtype=TORCH_DTYPES[layout.dtype])
         self.staging_base = self.staging.data_ptr()
         self.reg = self.agent.register_memory(self.staging)
+        self.local_prep = self.agent.prep_xfer_dlist(
+            "NIXL_INIT_AGENT", _descs(self.agent, self.staging_base, range(pages), layout.page_bytes), "DRAM")
         self.free = PageAllocator(pages)
-        self.peers: dict[str, str] = {}  # descriptor agent name -> peer name known to our agent
+        self.peers: dict[str, _Peer] = {}  # by the descriptor's agent name
         self.writers: list[NixlWriter] = []
 
     def writer(self, pool: dict, request_id: str, page_ids: list[int]) -> NixlWriter:
@@ -181,10 +193,10 @@ class NixlSender(KVSender):
         name = pool.get("agent")
         if name not in self.peers:
             try:
-                self.peers[name] = self.agent.add_remote_agent(base64.b64decode(pool["metadata"])).decode()
+                self.peers[name] = _Peer(self.agent, pool, layout, num_pages)
             except Exception as e:  # malformed metadata or an agent NIXL cannot reach
                 raise TransferError(f"cannot connect to decode pool agent {name!r}: {e}") from None
-        w = NixlWriter(self, self.peers[name], int(pool["base"]), request_id, page_ids, layout, num_pages)
+        w = NixlWriter(self, self.peers[name], request_id, page_ids, layout, num_pages)
         self.writers = [x for x in self.writers if x.inflight] + [w]
         return w
 
@@ -203,16 +215,15 @@ class NixlSender(KVSender):
         self.free.free(pages)
 
     def copy_in(self, pages: list[int], x: torch.Tensor) -> None:
-        """x: [tokens, kv_heads, head_dim] -> rows of the given staging pages, in order."""
-        tpp = self.layout.tokens_per_page
-        pos = torch.arange(x.shape[0])
-        slots = torch.tensor(pages)[pos // tpp] * tpp + pos % tpp
-        self.staging.view(-1, *self.staging.shape[2:]).index_copy_(0, slots, x.to("cpu", self.staging.dtype))
+        """x: [tokens, kv_heads, head_dim] -> the given staging pages, in order."""
+        copy_into_pages(self.staging, page_runs(pages), x)
 
     def close(self) -> None:
         for w in self.writers:
             w.release_all()
         for peer in self.peers.values():
-            self.agent.remove_remote_agent(peer)
+            peer.prep.release()
+            self.agent.remove_remote_agent(peer.name)
+        self.local_prep.release()
         self.agent.deregister_memory(self.reg)
         del self.agent

@@ -157,25 +157,62 @@ class TritonServer:
 
     def stop(self, timeout_s: float = 20.0) -> None:
         """Stop the server and every process in its group; remove shared memory they left."""
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            _signal_group(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                pass
-        _signal_group(self.proc.pid, signal.SIGKILL)  # stubs that outlived the server
-        if self.proc.poll() is None:
-            self.proc.wait(timeout=10)
-        _wait_group_gone(self.proc.pid)
-        remove_stale_segments()
+        if self.proc is not None:
+            stop_group(self.proc.pid, timeout_s, self.proc)
 
     def kill(self) -> None:
         """Kill without warning (failure tests): SIGKILL to the whole group."""
         if self.proc is not None:
             _signal_group(self.proc.pid, signal.SIGKILL)
             self.proc.wait(timeout=10)
+
+
+def stop_group(pgid: int, timeout_s: float = 20.0, proc: subprocess.Popen | None = None) -> None:
+    """Stop a server: SIGTERM to the server (it unloads its models, whose stubs clean up), SIGKILL to
+    whatever of its group is left after `timeout_s`; then unlink shared memory the group had mapped."""
+    mapped = _group_shm_files(pgid)
+    try:
+        os.kill(pgid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass  # already gone
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and _group_alive(pgid) and (proc is None or proc.poll() is None):
+        time.sleep(0.05)
+    _signal_group(pgid, signal.SIGKILL)
+    if proc is not None:
+        proc.wait(timeout=10)
+    _wait_group_gone(pgid)
+    for path in mapped:
+        if os.path.exists(path):
+            os.unlink(path)
+    remove_stale_segments()
+
+
+def _group_shm_files(pgid: int) -> set[str]:
+    """/dev/shm files mapped by any process of the group (Triton's stub regions, our KV pools)."""
+    found = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                if int(f.read().rsplit(")", 1)[1].split()[2]) != pgid:
+                    continue
+            with open(f"/proc/{entry}/maps") as f:
+                found.update(line.split(None, 5)[5].strip() for line in f if " /dev/shm/" in line)
+        except (OSError, IndexError, ValueError):
+            continue  # the process ended while we looked
+    return {p.replace(" (deleted)", "") for p in found}
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _signal_group(pgid: int, sig: int) -> None:
@@ -187,9 +224,5 @@ def _signal_group(pgid: int, sig: int) -> None:
 
 def _wait_group_gone(pgid: int, timeout_s: float = 10.0) -> None:
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            return
+    while time.monotonic() < deadline and _group_alive(pgid):
         time.sleep(0.05)

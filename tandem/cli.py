@@ -16,10 +16,12 @@ def main() -> None:
 def _register() -> None:
     from builder.cli import build_command, repo_command
     from engine.cli import generate_command
+    from orchestrator.workers_cli import workers_group
 
     main.add_command(generate_command)
     main.add_command(build_command)
     main.add_command(repo_command)
+    main.add_command(workers_group)
 
 
 _register()

@@ -60,6 +60,7 @@ def leak_check() -> list[str]:
     from engine.shm import our_segments
 
     problems = [f"shared memory segment {s}" for s in our_segments()]
+    problems += [f"Triton shared memory {n}" for n in os.listdir("/dev/shm") if n.startswith("triton_python_backend")]
     ps = subprocess.run(["pgrep", "-f", "tritonserver|triton_python_backend_stub"], capture_output=True, text=True)
     problems += [f"process {pid}" for pid in ps.stdout.split()]
     return problems

@@ -71,6 +71,7 @@ async def handoff(prefill: PrefillClient, decode: DecodeClient, request_id: str,
     away) still runs the release.
     """
     t = timings or Timings()
+    sent = list(sent)  # a snapshot: the caller appends to its own list as tokens stream
     n_ctx = len(prompt_ids) + len(sent)
     try:
         res = await decode.reserve(DecodeOp(op="reserve", request_id=request_id, num_tokens=n_ctx,

@@ -2,8 +2,8 @@
 
 Decoupled models (decode, generate) are reached through bidirectional streams: one stream per call,
 ended by Triton's final-response flag. Errors come back as WorkerError with the kind the worker
-tagged them with (invalid_argument / unavailable / internal), or "unavailable" when the worker
-cannot be reached at all (it died): the router retries those elsewhere.
+tagged them with (invalid_argument / out_of_pages / unavailable / internal), or "unreachable" when
+the worker could not be reached or vanished mid-call (it died): the service retries elsewhere.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from tritonclient.utils import InferenceServerException
 
 from tandem.wire import DecodeOp, PrefillRequest, PrefillResult, Reservation, WorkerStats, parse
 
-KINDS = ("invalid_argument", "unavailable", "internal")
+KINDS = ("invalid_argument", "out_of_pages", "unavailable", "internal")
 
 
 class WorkerError(Exception):
@@ -34,7 +34,7 @@ class WorkerError(Exception):
             marker = f"{kind}: "
             if marker in text:
                 return cls(kind, text.split(marker, 1)[1])
-        return cls("unavailable", f"worker unreachable or failed: {text}")
+        return cls("unreachable", f"worker unreachable: {text}")
 
 
 def _json_input(name: str, obj, batched: bool = False) -> InferInput:
@@ -96,7 +96,7 @@ class WorkerClient:
             raise WorkerError.from_exception(e) from None
         finally:
             stream.cancel()
-        raise WorkerError("unavailable", f"{self.model} at {self.url} closed the stream before finishing")
+        raise WorkerError("unreachable", f"{self.model} at {self.url} closed the stream before finishing")
 
     async def _call(self, inputs: list[InferInput], request_id: str) -> dict:
         async for result in self._stream(inputs, request_id):

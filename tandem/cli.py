@@ -16,12 +16,15 @@ def main() -> None:
 def _register() -> None:
     from builder.cli import build_command, repo_command
     from engine.cli import generate_command
+    from orchestrator.serve_cli import chat_command, serve_command
     from orchestrator.workers_cli import workers_group
 
     main.add_command(generate_command)
     main.add_command(build_command)
     main.add_command(repo_command)
     main.add_command(workers_group)
+    main.add_command(serve_command)
+    main.add_command(chat_command)
 
 
 _register()

@@ -2,7 +2,8 @@
 
 Error responses carry a tag the orchestrator maps to its own errors and retry rules:
   "invalid_argument: ..."  the request is bad; retrying it elsewhere will not help
-  "unavailable: ..."       this worker cannot take it now (no free pages, transfer failed): retry elsewhere
+  "out_of_pages: ..."      the decode pool is full right now: wait for pages to free, or try another worker
+  "unavailable: ..."       this worker cannot take it now (transfer failed, ...): retry elsewhere
 """
 
 from __future__ import annotations
@@ -41,9 +42,11 @@ def setup_threads(params: Params) -> None:
 
 
 def error_tag(e: Exception) -> str:
-    if isinstance(e, (InvalidRequest, WireError, ValueError)) and not isinstance(e, OutOfPages):
+    if isinstance(e, OutOfPages):
+        return f"out_of_pages: {e}"
+    if isinstance(e, (InvalidRequest, WireError, ValueError)):
         return f"invalid_argument: {e}"
-    if isinstance(e, (OutOfPages, TransferError, EngineError)):
+    if isinstance(e, (TransferError, EngineError)):
         return f"unavailable: {e}"
     return f"internal: {type(e).__name__}: {e}"
 

@@ -1,0 +1,92 @@
+"""The deployment file: which workers (xPyD), transport, ports and model. Validated once at start.
+
+    model: smollm2-135m            # or a checkpoint path; engines are built into `engines` if missing
+    engines: engines/smollm2-135m  # optional: a folder with prefill/ and decode/ role engines
+    mode: disaggregated            # or colocated / chunked (the baselines)
+    prefill: {count: 1}            # local Triton instances to start ...
+    decode: {count: 1, urls: []}   # ... and/or running ones elsewhere (host:grpc_port)
+    transport: shm                 # or nixl
+    router: least-loaded           # or round-robin
+    front_door: {host: 127.0.0.1, grpc_port: 8001, http_port: 8000, model_name: ensemble}
+
+Unknown keys are rejected with the list of allowed ones.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class DeploymentError(ValueError):
+    """The deployment file or flags are invalid; the message names the field."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class WorkerPool(_Strict):
+    count: int = Field(1, ge=0, le=64)
+    urls: list[str] = []  # Triton gRPC endpoints of workers started elsewhere
+
+
+class FrontDoor(_Strict):
+    host: str = "127.0.0.1"
+    grpc_port: int = Field(8001, ge=0, le=65535)
+    http_port: int = Field(8000, ge=0, le=65535)
+    model_name: str = Field("ensemble", min_length=1)
+
+
+class Deployment(_Strict):
+    model: str = "smollm2-135m"
+    engines: str | None = None
+    mode: Literal["disaggregated", "colocated", "chunked"] = "disaggregated"
+    prefill: WorkerPool = WorkerPool()
+    decode: WorkerPool = WorkerPool()
+    transport: Literal["shm", "nixl"] = "shm"
+    router: Literal["least-loaded", "round-robin"] = "least-loaded"
+    kv_pool_bytes: int | None = Field(None, ge=1 << 20)
+    chunk_tokens: int = Field(256, ge=1)
+    max_retries: int = Field(2, ge=0)
+    front_door: FrontDoor = FrontDoor()
+
+    @model_validator(mode="after")
+    def _workers(self):
+        if self.mode == "disaggregated":
+            for role in ("prefill", "decode"):
+                pool = getattr(self, role)
+                if pool.count + len(pool.urls) < 1:
+                    raise ValueError(f"disaggregated mode needs at least one {role} worker (count or urls)")
+        return self
+
+    @property
+    def engines_dir(self) -> str:
+        return self.engines or os.path.join("engines", os.path.basename(os.path.normpath(self.model)).removesuffix(".gguf"))
+
+
+def load_deployment(path: str | None, overrides: dict) -> Deployment:
+    """The file's settings (if any), then the flags given on the command line on top."""
+    data: dict = {}
+    if path:
+        try:
+            with open(path, encoding="utf-8") as f:
+                data = yaml.safe_load(f) or {}
+        except (OSError, yaml.YAMLError) as e:
+            raise DeploymentError(f"cannot read deployment file {path}: {e}") from None
+        if not isinstance(data, dict):
+            raise DeploymentError(f"{path}: the deployment file must be a mapping")
+    for key, value in overrides.items():
+        if "." in key:
+            outer, inner = key.split(".", 1)
+            data[outer] = dict(data.get(outer) or {}, **{inner: value})
+        else:
+            data[key] = value
+    try:
+        return Deployment(**data)
+    except ValidationError as e:
+        problems = "; ".join(f"{'.'.join(str(p) for p in err['loc']) or 'file'}: {err['msg']}" for err in e.errors())
+        raise DeploymentError(f"invalid deployment: {problems}") from None

@@ -1,0 +1,268 @@
+"""Front door 1: the Triton gRPC protocol (KServe v2 GRPCInferenceService), served with grpcio.
+
+Protocol messages are the modules `tritonclient` ships, so `tritonclient.grpc`, perf_analyzer and
+genai-perf talk to it as to a Triton server holding one decoupled LLM model (named `ensemble` by
+default) with TensorRT-LLM's ensemble tensor contract. Implemented: ServerLive/Ready/Metadata,
+ModelReady/Metadata/Config/Statistics, ModelInfer (whole answer) and ModelStreamInfer (one response
+per piece of new text). Other RPCs answer UNIMPLEMENTED, and only what is implemented is advertised.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+
+import grpc
+import numpy as np
+from tritonclient.grpc import model_config_pb2 as mc
+from tritonclient.grpc import service_pb2 as pb
+from tritonclient.grpc import service_pb2_grpc as pb_grpc
+
+from orchestrator.ensemble import INPUTS, MAX_BATCH_SIZE, OUTPUTS, parse_requests
+from orchestrator.requests import BadRequest, Unavailable
+from orchestrator.service import Orchestrator
+from orchestrator.tensors import TensorError, encode_bytes, from_raw, to_raw
+from tandem import __version__
+
+EXTENSIONS = ("model_configuration", "statistics")
+_TYPE = {"BYTES": mc.TYPE_STRING, "INT32": mc.TYPE_INT32, "UINT64": mc.TYPE_UINT64, "FP32": mc.TYPE_FP32,
+         "BOOL": mc.TYPE_BOOL}
+
+
+def model_config(name: str) -> mc.ModelConfig:
+    cfg = mc.ModelConfig(name=name, backend="python", max_batch_size=MAX_BATCH_SIZE)
+    cfg.model_transaction_policy.decoupled = True
+    for t in INPUTS:
+        cfg.input.add(name=t.name, data_type=_TYPE[t.datatype], dims=list(t.dims), optional=t.optional)
+    for t in OUTPUTS:
+        cfg.output.add(name=t.name, data_type=_TYPE[t.datatype], dims=list(t.dims))
+    return cfg
+
+
+class Stats:
+    """Per-model counters for ModelStatistics (perf_analyzer reads them)."""
+
+    def __init__(self):
+        self.success = self.fail = self.success_ns = self.fail_ns = 0
+        self.last_ms = 0
+
+    def record(self, ok: bool, start: float) -> None:
+        ns = int((time.perf_counter() - start) * 1e9)
+        if ok:
+            self.success, self.success_ns = self.success + 1, self.success_ns + ns
+        else:
+            self.fail, self.fail_ns = self.fail + 1, self.fail_ns + ns
+        self.last_ms = int(time.time() * 1000)
+
+
+class TritonProtocolServicer(pb_grpc.GRPCInferenceServiceServicer):
+    def __init__(self, service: Orchestrator, model_name: str = "ensemble"):
+        self.service = service
+        self.model = model_name
+        self.config = model_config(model_name)
+        self.stats = Stats()
+        self._ids = itertools.count()
+
+    # -- health and metadata ------------------------------------------------------------------------
+
+    async def ServerLive(self, request, context):
+        return pb.ServerLiveResponse(live=True)
+
+    async def ServerReady(self, request, context):
+        return pb.ServerReadyResponse(ready=self.service.ready())
+
+    async def ServerMetadata(self, request, context):
+        return pb.ServerMetadataResponse(name="tandem", version=__version__, extensions=list(EXTENSIONS))
+
+    async def ModelReady(self, request, context):
+        return pb.ModelReadyResponse(ready=self._known(request.name, request.version) and self.service.ready())
+
+    async def ModelMetadata(self, request, context):
+        await self._require_model(request.name, request.version, context, grpc.StatusCode.NOT_FOUND)
+        tensor = pb.ModelMetadataResponse.TensorMetadata
+        return pb.ModelMetadataResponse(
+            name=self.model, versions=["1"], platform="python",
+            inputs=[tensor(name=t.name, datatype=t.datatype, shape=[-1, *t.dims]) for t in INPUTS],
+            outputs=[tensor(name=t.name, datatype=t.datatype, shape=[-1, *t.dims]) for t in OUTPUTS])
+
+    async def ModelConfig(self, request, context):
+        await self._require_model(request.name, request.version, context, grpc.StatusCode.NOT_FOUND)
+        return pb.ModelConfigResponse(config=self.config)
+
+    async def ModelStatistics(self, request, context):
+        if request.name:
+            await self._require_model(request.name, request.version, context, grpc.StatusCode.NOT_FOUND)
+        s = self.stats
+        infer = pb.InferStatistics(success=pb.StatisticDuration(count=s.success, ns=s.success_ns),
+                                   fail=pb.StatisticDuration(count=s.fail, ns=s.fail_ns))
+        return pb.ModelStatisticsResponse(model_stats=[pb.ModelStatistics(
+            name=self.model, version="1", last_inference=s.last_ms, inference_count=s.success,
+            execution_count=s.success, inference_stats=infer)])
+
+    def _known(self, name: str, version: str) -> bool:
+        return name == self.model and version in ("", "1")
+
+    async def _require_model(self, name, version, context, code):
+        if not self._known(name, version):
+            await context.abort(code, f"unknown model '{name}' (version '{version}'); this server has "
+                                      f"'{self.model}' (version 1)")
+
+    # -- inference ----------------------------------------------------------------------------------
+
+    def _parse(self, request: pb.ModelInferRequest):
+        if not self._known(request.model_name, request.model_version):
+            raise BadRequest(f"unknown model '{request.model_name}'; this server has '{self.model}'")
+        if request.raw_input_contents and len(request.raw_input_contents) != len(request.inputs):
+            raise BadRequest("raw_input_contents must have one entry per input")
+        inputs = {}
+        for i, t in enumerate(request.inputs):
+            if t.name in inputs:
+                raise BadRequest(f"input {t.name!r} given twice")
+            raw = request.raw_input_contents[i] if request.raw_input_contents else _contents(t)
+            try:
+                inputs[t.name] = (t.datatype, from_raw(t.name, t.datatype, list(t.shape), raw))
+            except TensorError as e:
+                raise BadRequest(str(e)) from None
+        rid = request.id or f"grpc-{next(self._ids)}"
+        reqs, stream = parse_requests(inputs, rid)
+        empty_final = request.parameters.get("triton_enable_empty_final_response")
+        return reqs, stream, bool(empty_final and empty_final.bool_param), rid
+
+    async def ModelInfer(self, request, context):
+        start = time.perf_counter()
+        try:
+            reqs, _, _, rid = self._parse(request)
+            preps = [self.service.prepare(r) for r in reqs]
+            results = await asyncio.gather(*[self._collect(p) for p in preps])
+        except BadRequest as e:
+            self.stats.record(False, start)
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        except Unavailable as e:
+            self.stats.record(False, start)
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
+        self.stats.record(True, start)
+        texts = [(p.request.prompt if not p.request.exclude_input else "") + text for p, (text, _, _) in
+                 zip(preps, results)]
+        width = max(len(lp) for _, lp, _ in results)
+        logprobs = np.array([lp + [0.0] * (width - len(lp)) for _, lp, _ in results], dtype=np.float32)
+        return self._response(rid, texts, logprobs, [len(p.prompt_ids) for p in preps], [n for _, _, n in results],
+                              final=None)
+
+    async def _collect(self, prep):
+        text, logprobs, n = [], [], 0
+        async for d in self.service.stream(prep):
+            text.append(d.text)
+            if d.token is not None:
+                n += 1
+                if d.logprob is not None:
+                    logprobs.append(d.logprob)
+        return "".join(text), logprobs, n
+
+    async def ModelStreamInfer(self, request_iterator, context):
+        """Requests on one stream are served concurrently; responses interleave, tagged with ids."""
+        queue: asyncio.Queue = asyncio.Queue()
+        tasks: set[asyncio.Task] = set()
+
+        async def serve(request):
+            start = time.perf_counter()
+            ok = False
+            try:
+                async for resp in self._stream_one(request):
+                    await queue.put(resp)
+                ok = True
+            except BadRequest as e:
+                await queue.put(_stream_error(request, f"INVALID_ARGUMENT: {e}"))
+            except Unavailable as e:
+                await queue.put(_stream_error(request, f"UNAVAILABLE: {e}"))
+            finally:
+                self.stats.record(ok, start)
+
+        async def read():
+            async for request in request_iterator:
+                task = asyncio.create_task(serve(request))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+            while tasks:
+                await asyncio.gather(*list(tasks), return_exceptions=True)
+            await queue.put(None)
+
+        reader = asyncio.create_task(read())
+        try:
+            while (resp := await queue.get()) is not None:
+                yield resp
+        finally:
+            reader.cancel()
+            for t in list(tasks):
+                t.cancel()
+
+    async def _stream_one(self, request):
+        reqs, stream, empty_final, rid = self._parse(request)
+        prep = self.service.prepare(reqs[0]) if len(reqs) == 1 else None
+        if prep is None:
+            raise BadRequest("ModelStreamInfer takes one prompt per request")
+        n_in = len(prep.prompt_ids)
+        if not stream:  # a non-streaming request on the stream: one response with the whole text
+            text, lp, n = await self._collect(prep)
+            text = ("" if prep.request.exclude_input else prep.request.prompt) + text
+            yield pb.ModelStreamInferResponse(infer_response=self._response(
+                rid, [text], np.array([lp], dtype=np.float32), [n_in], [n], final=True if empty_final else None))
+            return
+        n = 0
+        async for d in self.service.stream(prep):
+            n += d.token is not None
+            last = d.finish_reason is not None
+            if not d.text and not (last and empty_final):
+                continue  # never an empty response, except Triton's requested empty final one
+            lp = np.array([[d.logprob] if d.logprob is not None else []], dtype=np.float32)
+            yield pb.ModelStreamInferResponse(infer_response=self._response(
+                rid, [d.text], lp, [n_in], [n], final=last if empty_final else None))
+
+    def _response(self, rid: str, texts: list[str], logprobs: np.ndarray, n_in: list[int], n_out: list[int],
+                  final: bool | None) -> pb.ModelInferResponse:
+        b = len(texts)
+        outputs = {
+            "text_output": np.array([t.encode() for t in texts], dtype=np.object_).reshape(b, 1),
+            "output_log_probs": logprobs.reshape(b, -1),
+            "cum_log_probs": logprobs.reshape(b, -1).sum(axis=1, keepdims=True).astype(np.float32),
+            "num_input_tokens": np.array(n_in, dtype=np.int32).reshape(b, 1),
+            "num_output_tokens": np.array(n_out, dtype=np.int32).reshape(b, 1),
+        }
+        resp = pb.ModelInferResponse(model_name=self.model, model_version="1", id=rid)
+        for name, arr in outputs.items():
+            spec = next(t for t in OUTPUTS if t.name == name)
+            resp.outputs.add(name=name, datatype=spec.datatype, shape=list(arr.shape))
+            resp.raw_output_contents.append(to_raw(arr))
+        if final is not None:
+            resp.parameters["triton_final_response"].bool_param = final
+        return resp
+
+
+def _stream_error(request, message: str) -> pb.ModelStreamInferResponse:
+    """An error on a stream: the message (prefixed with its gRPC status name) and the request's id."""
+    return pb.ModelStreamInferResponse(error_message=message, infer_response=pb.ModelInferResponse(
+        model_name=request.model_name, id=request.id))
+
+
+def _contents(t) -> bytes:
+    """Inputs sent in the typed `contents` fields instead of raw bytes (clients may do either)."""
+    c = t.contents
+    if t.datatype == "BYTES":
+        return encode_bytes(list(c.bytes_contents))
+    field = {"INT32": (c.int_contents, np.int32), "UINT64": (c.uint64_contents, np.uint64),
+             "FP32": (c.fp32_contents, np.float32), "BOOL": (c.bool_contents, np.bool_),
+             "INT64": (c.int64_contents, np.int64)}.get(t.datatype)
+    if field is None:
+        raise BadRequest(f"input {t.name!r}: datatype {t.datatype} is not used by this model")
+    return np.array(list(field[0]), dtype=field[1]).tobytes()
+
+
+async def start_grpc(servicer: TritonProtocolServicer, host: str, port: int) -> grpc.aio.Server:
+    server = grpc.aio.server(options=[("grpc.max_receive_message_length", 64 << 20),
+                                      ("grpc.max_send_message_length", 64 << 20)])
+    pb_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
+    bound = server.add_insecure_port(f"{host}:{port}")
+    if bound == 0:
+        raise OSError(f"cannot bind the gRPC front door to {host}:{port} (in use?)")
+    await server.start()
+    return server

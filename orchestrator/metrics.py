@@ -1,0 +1,44 @@
+"""Prometheus metrics of the orchestrator, in a registry of its own (no global state).
+
+Latencies are measured where the client sees them (the front door), per request and per token;
+worker-side numbers (prefill compute, KV bytes and seconds, decode pages) come from the workers.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+_LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+_TOKEN = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
+
+
+class Metrics:
+    def __init__(self, mode: str):
+        self.registry = r = CollectorRegistry()
+        self.mode = mode
+        self.ttft = Histogram("tandem_ttft_seconds", "Time to first token", ["mode"], buckets=_LATENCY, registry=r)
+        self.itl = Histogram("tandem_itl_seconds", "Gap between consecutive streamed tokens", ["mode"],
+                             buckets=_TOKEN, registry=r)
+        self.tpot = Histogram("tandem_tpot_seconds", "Time per output token after the first, per request", ["mode"],
+                              buckets=_TOKEN, registry=r)
+        self.e2e = Histogram("tandem_e2e_seconds", "Request latency, arrival to last token", ["mode"],
+                             buckets=_LATENCY, registry=r)
+        self.queue = Histogram("tandem_queue_seconds", "Time waiting for a worker", ["role"], buckets=_LATENCY,
+                               registry=r)
+        self.prefill = Histogram("tandem_prefill_seconds", "Prefill compute per request", ["worker"],
+                                 buckets=_LATENCY, registry=r)
+        self.kv_bytes = Counter("tandem_kv_transfer_bytes", "KV bytes handed from prefill to decode", ["worker"],
+                                registry=r)
+        self.kv_seconds = Histogram("tandem_kv_transfer_seconds", "Wait for the KV handoff after prefill compute",
+                                    ["worker"], buckets=_TOKEN, registry=r)
+        self.pages_used = Gauge("tandem_decode_pages_used", "KV pages in use", ["worker"], registry=r)
+        self.pages_total = Gauge("tandem_decode_pages_total", "KV pages in the pool", ["worker"], registry=r)
+        self.in_flight = Gauge("tandem_requests_in_flight", "Requests being served", registry=r)
+        self.requests = Counter("tandem_worker_requests", "Requests sent to a worker", ["worker", "role"], registry=r)
+        self.tokens = Counter("tandem_output_tokens", "Tokens streamed to clients", ["mode"], registry=r)
+        self.failures = Counter("tandem_request_failures", "Requests that ended in an error", ["reason"], registry=r)
+        self.recoveries = Counter("tandem_recoveries", "Requests resumed on another worker after a failure",
+                                  ["stage"], registry=r)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -59,6 +60,7 @@ class Orchestrator:
             raise ValueError(f"{mode} mode needs a generate worker")
         self.pages_freed = asyncio.Event()
         self._poller: asyncio.Task | None = None
+        self._seq = itertools.count()  # client request ids need not be unique; worker-side ids must be
 
     @property
     def workers(self) -> list[WorkerState]:
@@ -150,6 +152,7 @@ class Orchestrator:
         """Disaggregated: handoff on a (decode, prefill) pair, resuming elsewhere after a failure."""
         sent: list[int] = []
         failures = 0
+        uid = f"{next(self._seq)}:{prep.request.request_id}"
         bad: set[str] = set()
         waited_since = time.perf_counter()
         while True:
@@ -159,7 +162,7 @@ class Orchestrator:
                 p = self.router.pick_prefill([w for w in self.prefill if w.name not in bad], n_ctx)
             except NoWorker as e:
                 raise Unavailable(f"{e}; the request was not completed") from None
-            rid = f"{prep.request.request_id}#{failures}.{len(sent)}"
+            rid = f"{uid}#{failures}.{len(sent)}"
             timings = Timings()
             d.running += 1
             p.inflight_tokens += n_ctx
@@ -225,8 +228,8 @@ class Orchestrator:
             w.running += 1
             self.metrics.requests.labels(w.name, "generate").inc()
             try:
-                async for token, logprob, reason in w.client.generate(prep.request.request_id, prep.prompt_ids,
-                                                                       prep.params.to_dict()):
+                rid = f"{next(self._seq)}:{prep.request.request_id}"
+                async for token, logprob, reason in w.client.generate(rid, prep.prompt_ids, prep.params.to_dict()):
                     yield Token(token, logprob, reason)
                 return
             except WorkerError as e:

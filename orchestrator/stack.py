@@ -60,6 +60,7 @@ class Stack:
         self.workers = WorkerSet(engines, self.workdir, counts, options)
         self.log(f"starting {', '.join(f'{n} {r}' for r, n in counts.items() if n)} worker(s) ({dep.mode}) ...")
         await loop.run_in_executor(None, self.workers.start)
+        self._record_workers()
         tokenizer = Tokenizer(os.path.join(engines, "prefill"))
         self.service = Orchestrator(
             mode=dep.mode, tokenizer=tokenizer, max_context=_max_context(engines), router=ROUTERS[dep.router](),
@@ -72,6 +73,13 @@ class Stack:
         fd = dep.front_door
         self.grpc = await start_grpc(servicer, fd.host, fd.grpc_port)
         self.http = await start_http(HttpFrontend(servicer), fd.host, fd.http_port)
+
+    def _record_workers(self) -> None:
+        """workdir/workers.json: each worker's pid, URL and cores (for operators, and failure tests)."""
+        state = {name: {"pid": s.proc.pid, "grpc": s.grpc_url, "cpus": list(s.cpus or ()), "log": s.log_path}
+                 for name, s in self.workers.servers.items()}
+        with open(os.path.join(self.workdir, "workers.json"), "w") as f:
+            json.dump(state, f, indent=2)
 
     async def stop(self) -> None:
         if self.http is not None:

@@ -8,6 +8,7 @@ the pinning). `stop` ends the whole process group and removes shared memory its 
 
 from __future__ import annotations
 
+import ctypes
 import importlib.util
 import os
 import shutil
@@ -23,6 +24,9 @@ from dataclasses import dataclass, field
 
 from engine.checkpoint import cache_dir
 from engine.shm import remove_stale_segments
+
+
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 class TritonError(RuntimeError):
@@ -78,7 +82,9 @@ class TritonServer:
     metrics_port: int = field(default_factory=free_port)
     log_dir: str | None = None
     env: dict = field(default_factory=dict)
+    tied: bool = True  # the server gets SIGTERM if the thread that started it dies (no orphans)
     proc: subprocess.Popen | None = None
+    shm_files: set = field(default_factory=set)  # /dev/shm files its processes mapped once ready
 
     @property
     def grpc_url(self) -> str:
@@ -120,11 +126,17 @@ class TritonServer:
         env["LD_LIBRARY_PATH"] = libs + os.pathsep + env.get("LD_LIBRARY_PATH", "")
         if self.cpus:
             env.setdefault("OMP_NUM_THREADS", str(len(self.cpus)))
-        cpus = set(self.cpus) if self.cpus else None
+        cpus, tied = set(self.cpus) if self.cpus else None, self.tied
+
+        def in_child():
+            if cpus:
+                os.sched_setaffinity(0, cpus)
+            if tied:
+                ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
         log = open(self.log_path, "w")
         self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, env=env,
-                                     start_new_session=True,
-                                     preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
+                                     start_new_session=True, preexec_fn=in_child)
         log.close()
         return self
 
@@ -134,6 +146,7 @@ class TritonServer:
             if self.proc.poll() is not None:
                 raise TritonError(f"{self.name} exited with {self.proc.returncode} while starting:\n{self.log_tail()}")
             if all(self._ready(m) for m in self.models):
+                self.shm_files = _group_shm_files(self.proc.pid)  # to clean up even after a hard kill
                 return
             time.sleep(0.25)
         raise TritonError(f"{self.name} was not ready within {timeout_s:.0f}s:\n{self.log_tail()}")
@@ -158,7 +171,7 @@ class TritonServer:
     def stop(self, timeout_s: float = 20.0) -> None:
         """Stop the server and every process in its group; remove shared memory they left."""
         if self.proc is not None:
-            stop_group(self.proc.pid, timeout_s, self.proc)
+            stop_group(self.proc.pid, timeout_s, self.proc, self.shm_files)
 
     def kill(self) -> None:
         """Kill without warning (failure tests): SIGKILL to the whole group."""
@@ -167,10 +180,11 @@ class TritonServer:
             self.proc.wait(timeout=10)
 
 
-def stop_group(pgid: int, timeout_s: float = 20.0, proc: subprocess.Popen | None = None) -> None:
+def stop_group(pgid: int, timeout_s: float = 20.0, proc: subprocess.Popen | None = None,
+               known_shm: set | None = None) -> None:
     """Stop a server: SIGTERM to the server (it unloads its models, whose stubs clean up), SIGKILL to
     whatever of its group is left after `timeout_s`; then unlink shared memory the group had mapped."""
-    mapped = _group_shm_files(pgid)
+    mapped = _group_shm_files(pgid) | (known_shm or set())
     try:
         os.kill(pgid, signal.SIGTERM)
     except ProcessLookupError:

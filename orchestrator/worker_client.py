@@ -12,6 +12,7 @@ import json
 from collections.abc import AsyncIterator
 from dataclasses import asdict
 
+import grpc
 import numpy as np
 from tritonclient.grpc import InferInput
 from tritonclient.grpc import aio
@@ -29,7 +30,12 @@ class WorkerError(Exception):
 
     @classmethod
     def from_exception(cls, e: Exception) -> "WorkerError":
-        text = e.message() if isinstance(e, InferenceServerException) else str(e)
+        if isinstance(e, InferenceServerException):
+            text = e.message()
+        elif isinstance(e, grpc.RpcError):  # raised raw by tritonclient's aio streams
+            text = f"{e.code().name}: {e.details()}"
+        else:
+            text = str(e)
         for kind in KINDS:
             marker = f"{kind}: "
             if marker in text:
@@ -73,7 +79,7 @@ class WorkerClient:
     async def ready(self) -> bool:
         try:
             return await self.client.is_model_ready(self.model)
-        except InferenceServerException:
+        except (InferenceServerException, grpc.RpcError):
             return False
 
     async def _stream(self, inputs: list[InferInput], request_id: str) -> AsyncIterator:
@@ -92,7 +98,7 @@ class WorkerClient:
                     yield result
                 if final:
                     return
-        except InferenceServerException as e:
+        except (InferenceServerException, grpc.RpcError) as e:
             raise WorkerError.from_exception(e) from None
         finally:
             stream.cancel()
@@ -153,6 +159,6 @@ class PrefillClient(WorkerClient):
         try:
             result = await self.client.infer(self.model, inputs, request_id=req.request_id,
                                              client_timeout=timeout_s)
-        except InferenceServerException as e:
+        except (InferenceServerException, grpc.RpcError) as e:
             raise WorkerError.from_exception(e) from None
         return parse(PrefillResult, _info(result))

@@ -49,6 +49,7 @@ class WorkerSet:
     counts: dict[str, int]
     options: RepoOptions = field(default_factory=RepoOptions)
     cpus: list[int] | None = None
+    detached: bool = False  # True: the servers outlive this process (tandem workers up)
     servers: dict[str, TritonServer] = field(default_factory=dict)
 
     def start(self, timeout_s: float = 300.0) -> "WorkerSet":
@@ -59,7 +60,7 @@ class WorkerSet:
         try:
             for spec in specs:
                 self.servers[spec.name] = TritonServer(repo, (spec.role,), name=spec.name, cpus=spec.cpus,
-                                                       log_dir=self.workdir).launch()
+                                                       log_dir=self.workdir, tied=not self.detached).launch()
             for server in self.servers.values():
                 server.wait_ready(timeout_s)
         except BaseException:

@@ -40,7 +40,7 @@ def up_command(engines, transport, kv_pool_bytes, state_dir):
         raise click.ClickException(f"workers are already up (see {state_dir}/{STATE_FILE}); run 'tandem workers down'")
     os.makedirs(state_dir, exist_ok=True)
     ws = WorkerSet(engines, state_dir, {"prefill": 1, "decode": 1},
-                   RepoOptions(transport=transport, kv_pool_bytes=kv_pool_bytes))
+                   RepoOptions(transport=transport, kv_pool_bytes=kv_pool_bytes), detached=True)
     try:
         ws.start()
     except (RenderError, TritonError) as e:

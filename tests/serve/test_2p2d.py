@@ -1,0 +1,72 @@
+"""2 prefill + 2 decode workers on one machine: load spreads over all four, and a decode worker that
+dies mid-answer loses nothing: the stream resumes on the other one without repeating a token."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import re
+import signal
+import time
+import urllib.request
+
+import pytest
+
+from engine.generate import run_generation
+from engine.sampling import SamplingParams
+from tests.serve.clients import grpc_stream, post
+from tests.serve.conftest import start_serve, stop_serve
+
+PROMPTS = ["The capital of France is", "Once upon a time, in a small village,", "def fibonacci(n):",
+           "Three facts about the moon:"]
+
+
+@pytest.fixture(scope="module")
+def served_2p2d(built_engines, tmp_path_factory):
+    s = start_serve(built_engines, tmp_path_factory.mktemp("serve-2p2d"), "--prefill", "2", "--decode", "2")
+    yield s
+    stop_serve(s)
+
+
+def worker_requests(http: str) -> dict[str, float]:
+    with urllib.request.urlopen(http + "/metrics") as r:
+        text = r.read().decode()
+    return {m.group(1): float(m.group(2)) for m in
+            re.finditer(r'^tandem_worker_requests_total\{role="\w+",worker="([\w-]+)"\} ([\d.e+]+)', text, re.M)}
+
+
+def test_load_spreads_over_all_four_workers(served_2p2d, default_engine):
+    expected = {p: run_generation(default_engine, default_engine.tokenizer.encode(p),
+                                  SamplingParams(max_tokens=16)).text for p in PROMPTS}
+    prompts = [PROMPTS[i % len(PROMPTS)] for i in range(12)]
+    with concurrent.futures.ThreadPoolExecutor(12) as pool:
+        got = list(pool.map(lambda p: "".join(grpc_stream(served_2p2d.grpc, p, 16)), prompts))
+    assert got == [expected[p] for p in prompts]
+    counts = worker_requests(served_2p2d.http)
+    assert set(counts) == {"prefill-0", "prefill-1", "decode-0", "decode-1"}
+    assert all(n >= 2 for n in counts.values()), counts
+
+
+def test_a_decode_worker_dying_mid_stream_loses_no_token(served_2p2d, default_engine):
+    prompt = "Write a long story about a dragon who learns to paint."
+    want = run_generation(default_engine, default_engine.tokenizer.encode(prompt), SamplingParams(max_tokens=80))
+    assert len(want.token_ids) == 80  # long enough to be interrupted
+
+    def kill_decode_serving_it():
+        time.sleep(1.5)  # a few tokens in
+        victim = served_2p2d.workers()["decode-0"]
+        os.killpg(victim["pid"], signal.SIGKILL)
+
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        killer = pool.submit(kill_decode_serving_it)
+        status, events = post(served_2p2d.http, "/v1/completions",
+                              {"prompt": prompt, "max_tokens": 80, "temperature": 0, "stream": True})
+        killer.result()
+    assert status == 200
+    assert "".join(e["choices"][0]["text"] for e in events) == want.text
+    with urllib.request.urlopen(served_2p2d.http + "/metrics") as r:
+        recoveries = re.findall(r'^tandem_recoveries_total\{stage="(\w+)"\} ([\d.]+)', r.read().decode(), re.M)
+    assert sum(float(n) for _, n in recoveries) >= 1
+    # still serving, on what is left
+    status, body = post(served_2p2d.http, "/v1/completions", {"prompt": PROMPTS[0], "max_tokens": 8, "temperature": 0})
+    assert status == 200 and body["choices"][0]["text"]

@@ -127,12 +127,16 @@ class TritonProtocolServicer(pb_grpc.GRPCInferenceServiceServicer):
         rid = request.id or f"grpc-{next(self._ids)}"
         reqs, stream = parse_requests(inputs, rid)
         empty_final = request.parameters.get("triton_enable_empty_final_response")
-        return reqs, stream, bool(empty_final and empty_final.bool_param), rid
+        wanted = frozenset(o.name for o in request.outputs)
+        unknown = wanted - {t.name for t in OUTPUTS}
+        if unknown:
+            raise BadRequest(f"unknown outputs {sorted(unknown)}; this model has {', '.join(t.name for t in OUTPUTS)}")
+        return reqs, stream, bool(empty_final and empty_final.bool_param), rid, wanted
 
     async def ModelInfer(self, request, context):
         start = time.perf_counter()
         try:
-            reqs, _, _, rid = self._parse(request)
+            reqs, _, _, rid, wanted = self._parse(request)
             preps = [self.service.prepare(r) for r in reqs]
             results = await asyncio.gather(*[self._collect(p) for p in preps])
         except BadRequest as e:
@@ -147,7 +151,7 @@ class TritonProtocolServicer(pb_grpc.GRPCInferenceServiceServicer):
         width = max(len(lp) for _, lp, _ in results)
         logprobs = np.array([lp + [0.0] * (width - len(lp)) for _, lp, _ in results], dtype=np.float32)
         return self._response(rid, texts, logprobs, [len(p.prompt_ids) for p in preps], [n for _, _, n in results],
-                              final=None)
+                              final=None, wanted=wanted)
 
     async def _collect(self, prep):
         text, logprobs, n = [], [], 0
@@ -170,6 +174,7 @@ class TritonProtocolServicer(pb_grpc.GRPCInferenceServiceServicer):
             try:
                 async for resp in self._stream_one(request):
                     await queue.put(resp)
+                    await asyncio.sleep(0)  # let the writer send it before this task starts the next step
                 ok = True
             except BadRequest as e:
                 await queue.put(_stream_error(request, f"INVALID_ARGUMENT: {e}"))
@@ -197,7 +202,7 @@ class TritonProtocolServicer(pb_grpc.GRPCInferenceServiceServicer):
                 t.cancel()
 
     async def _stream_one(self, request):
-        reqs, stream, empty_final, rid = self._parse(request)
+        reqs, stream, empty_final, rid, wanted = self._parse(request)
         prep = self.service.prepare(reqs[0]) if len(reqs) == 1 else None
         if prep is None:
             raise BadRequest("ModelStreamInfer takes one prompt per request")
@@ -206,7 +211,8 @@ class TritonProtocolServicer(pb_grpc.GRPCInferenceServiceServicer):
             text, lp, n = await self._collect(prep)
             text = ("" if prep.request.exclude_input else prep.request.prompt) + text
             yield pb.ModelStreamInferResponse(infer_response=self._response(
-                rid, [text], np.array([lp], dtype=np.float32), [n_in], [n], final=True if empty_final else None))
+                rid, [text], np.array([lp], dtype=np.float32), [n_in], [n], final=True if empty_final else None,
+                wanted=wanted))
             return
         n = 0
         async for d in self.service.stream(prep):
@@ -216,23 +222,27 @@ class TritonProtocolServicer(pb_grpc.GRPCInferenceServiceServicer):
                 continue  # never an empty response, except Triton's requested empty final one
             lp = np.array([[d.logprob] if d.logprob is not None else []], dtype=np.float32)
             yield pb.ModelStreamInferResponse(infer_response=self._response(
-                rid, [d.text], lp, [n_in], [n], final=last if empty_final else None))
+                rid, [d.text], lp, [n_in], [n], final=last if empty_final else None, wanted=wanted))
 
     def _response(self, rid: str, texts: list[str], logprobs: np.ndarray, n_in: list[int], n_out: list[int],
-                  final: bool | None) -> pb.ModelInferResponse:
+                  final: bool | None, wanted: frozenset = frozenset()) -> pb.ModelInferResponse:
+        """One response; `wanted` names the outputs the client asked for (none named: all of them)."""
         b = len(texts)
+        lp = logprobs.reshape(b, -1)
         outputs = {
-            "text_output": np.array([t.encode() for t in texts], dtype=np.object_).reshape(b, 1),
-            "output_log_probs": logprobs.reshape(b, -1),
-            "cum_log_probs": logprobs.reshape(b, -1).sum(axis=1, keepdims=True).astype(np.float32),
-            "num_input_tokens": np.array(n_in, dtype=np.int32).reshape(b, 1),
-            "num_output_tokens": np.array(n_out, dtype=np.int32).reshape(b, 1),
+            "text_output": lambda: (encode_bytes(t.encode() for t in texts), [b, 1]),
+            "output_log_probs": lambda: (to_raw(lp), list(lp.shape)),
+            "cum_log_probs": lambda: (to_raw(lp.sum(axis=1, keepdims=True).astype(np.float32)), [b, 1]),
+            "num_input_tokens": lambda: (np.array(n_in, dtype="<i4").tobytes(), [b, 1]),
+            "num_output_tokens": lambda: (np.array(n_out, dtype="<i4").tobytes(), [b, 1]),
         }
         resp = pb.ModelInferResponse(model_name=self.model, model_version="1", id=rid)
-        for name, arr in outputs.items():
-            spec = next(t for t in OUTPUTS if t.name == name)
-            resp.outputs.add(name=name, datatype=spec.datatype, shape=list(arr.shape))
-            resp.raw_output_contents.append(to_raw(arr))
+        for spec in OUTPUTS:
+            if wanted and spec.name not in wanted:
+                continue
+            raw, shape = outputs[spec.name]()
+            resp.outputs.add(name=spec.name, datatype=spec.datatype, shape=shape)
+            resp.raw_output_contents.append(raw)
         if final is not None:
             resp.parameters["triton_final_response"].bool_param = final
         return resp

@@ -1,0 +1,154 @@
+#!/usr/bin/env python3
+"""Front-door overhead: the same Triton workers driven through `tandem serve` vs directly, one run.
+
+Starts `tandem serve` (1 prefill + 1 decode worker, default model), then alternates requests:
+- through the front door: tritonclient gRPC streaming to the `ensemble` model;
+- directly: the same reserve -> prefill -> generate protocol against the worker URLs themselves.
+Requests run one at a time (so only overhead differs) and the two paths alternate. It prints TTFT
+and per-token latency (mean gap between tokens) medians for both, and the median of the paired
+differences (each front-door request minus the direct one right after it).
+
+    python scripts/bench_frontdoor.py [--requests 20] [--tokens 32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+import numpy as np
+import tritonclient.grpc.aio as aio
+from tritonclient.grpc import InferInput
+
+from engine.sampling import SamplingParams
+from engine.tokenizer import Tokenizer
+from orchestrator.handoff import handoff
+from orchestrator.triton_process import free_port
+from orchestrator.worker_client import DecodeClient, PrefillClient
+
+PROMPT = "Describe the water cycle in detail, step by step, for a school report."
+
+
+def start_serve(workdir: str, engines: str | None) -> tuple[subprocess.Popen, str, str]:
+    gp, hp = free_port(), free_port()
+    cmd = [sys.executable, "-m", "tandem.cli", "serve", "--grpc-port", str(gp), "--http-port", str(hp),
+           "--workdir", workdir, "--kv-pool-bytes", str(256 << 20)] + (["--model", engines] if engines else [])
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(os.path.join(workdir, "serve.log"), "w"))
+    for _ in range(600):
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{hp}/health", timeout=2)
+            return proc, f"127.0.0.1:{gp}", workdir
+        except OSError:
+            if proc.poll() is not None:
+                sys.exit(f"tandem serve failed; see {workdir}/serve.log")
+            time.sleep(0.5)
+    sys.exit("tandem serve did not start")
+
+
+def _inputs(prompt: str, max_tokens: int) -> list[InferInput]:
+    out = []
+    for name, arr, dt in (("text_input", np.array([[prompt.encode()]], dtype=np.object_), "BYTES"),
+                          ("max_tokens", np.array([[max_tokens]], dtype=np.int32), "INT32"),
+                          ("min_tokens", np.array([[max_tokens]], dtype=np.int32), "INT32"),
+                          ("stream", np.array([[True]]), "BOOL")):
+        t = InferInput(name, list(arr.shape), dt)
+        t.set_data_from_numpy(arr)
+        out.append(t)
+    return out
+
+
+async def through(client, prompt: str, n: int, i: int) -> list[float]:
+    """Arrival times (seconds since the request was sent) of each streamed response."""
+    async def one():
+        yield {"model_name": "ensemble", "inputs": _inputs(prompt, n), "request_id": f"fd-{i}"}
+
+    t0 = time.perf_counter()
+    times = []
+    async for result, error in client.stream_infer(one()):
+        if error:
+            raise error
+        times.append(time.perf_counter() - t0)
+        if len(times) == n:
+            break
+    return times
+
+
+async def direct(p, d, ids: list[int], n: int, i: int) -> list[float]:
+    params = SamplingParams(max_tokens=n, min_tokens=n)
+    t0 = time.perf_counter()
+    times = []
+    async with contextlib.aclosing(handoff(p, d, f"direct-{i}", ids, params)) as stream:
+        async for tok in stream:
+            if tok.token is not None:
+                times.append(time.perf_counter() - t0)
+    return times
+
+
+def summarize(runs: list[list[float]]) -> tuple[float, float]:
+    """(median TTFT, median of each request's mean token gap), in ms."""
+    ttft = statistics.median(r[0] for r in runs)
+    gaps = statistics.median(statistics.mean(np.diff(r)) for r in runs)
+    return ttft * 1e3, gaps * 1e3
+
+
+def paired(via: list[list[float]], direct_runs: list[list[float]]) -> tuple[float, float]:
+    """Median over pairs of (front door - direct), for TTFT and for the mean token gap, in ms."""
+    d_ttft = statistics.median(a[0] - b[0] for a, b in zip(via, direct_runs))
+    d_gap = statistics.median(statistics.mean(np.diff(a)) - statistics.mean(np.diff(b)) for a, b in zip(via, direct_runs))
+    return d_ttft * 1e3, d_gap * 1e3
+
+
+async def measure(grpc_url: str, workers: dict, tokenizer: Tokenizer, requests: int, tokens: int):
+    client = aio.InferenceServerClient(grpc_url)
+    p, d = PrefillClient(workers["prefill-0"]["grpc"]), DecodeClient(workers["decode-0"]["grpc"])
+    ids = tokenizer.encode(PROMPT)
+    via, direct_runs = [], []
+    for i in range(requests + 2):  # two warm-up rounds
+        a = await through(client, PROMPT, tokens, i)
+        b = await direct(p, d, ids, tokens, i)
+        if i >= 2:
+            via.append(a)
+            direct_runs.append(b)
+    await client.close()
+    await p.close()
+    await d.close()
+    return summarize(via), summarize(direct_runs), paired(via, direct_runs)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--requests", type=int, default=30)
+    ap.add_argument("--tokens", type=int, default=32)
+    ap.add_argument("--engines", default=None, help="engines folder (default: build/use engines/smollm2-135m)")
+    args = ap.parse_args()
+    workdir = tempfile.mkdtemp(prefix="tandem-bench-fd-")
+    proc, grpc_url, _ = start_serve(workdir, args.engines)
+    try:
+        with open(os.path.join(workdir, "workers.json")) as f:
+            workers = json.load(f)
+        engines = args.engines or os.path.join("engines", "smollm2-135m")
+        tok = Tokenizer(os.path.join(engines, "prefill"))
+        (t_via, g_via), (t_dir, g_dir), (dt, dg) = asyncio.run(measure(grpc_url, workers, tok, args.requests,
+                                                                          args.tokens))
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=120)
+    print(f"{args.requests} sequential requests x {args.tokens} tokens, prompt of {len(tok.encode(PROMPT))} tokens")
+    print(f"{'path':>22} {'TTFT p50 ms':>12} {'per-token p50 ms':>17}")
+    print(f"{'direct to workers':>22} {t_dir:>12.2f} {g_dir:>17.3f}")
+    print(f"{'through front door':>22} {t_via:>12.2f} {g_via:>17.3f}")
+    print(f"{'added (paired median)':>22} {dt:>+12.2f} {dg:>+17.3f}   (targets: <= 5 ms, <= 0.5 ms)")
+
+
+if __name__ == "__main__":
+    main()

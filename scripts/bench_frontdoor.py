@@ -16,15 +16,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import os
-import signal
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
-import urllib.request
 
 import numpy as np
 import tritonclient.grpc.aio as aio
@@ -33,26 +28,10 @@ from tritonclient.grpc import InferInput
 from engine.sampling import SamplingParams
 from engine.tokenizer import Tokenizer
 from orchestrator.handoff import handoff
-from orchestrator.triton_process import free_port
+from orchestrator.serve_process import ServeProcess
 from orchestrator.worker_client import DecodeClient, PrefillClient
 
 PROMPT = "Describe the water cycle in detail, step by step, for a school report."
-
-
-def start_serve(workdir: str, engines: str | None) -> tuple[subprocess.Popen, str, str]:
-    gp, hp = free_port(), free_port()
-    cmd = [sys.executable, "-m", "tandem.cli", "serve", "--grpc-port", str(gp), "--http-port", str(hp),
-           "--workdir", workdir, "--kv-pool-bytes", str(256 << 20)] + (["--model", engines] if engines else [])
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(os.path.join(workdir, "serve.log"), "w"))
-    for _ in range(600):
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{hp}/health", timeout=2)
-            return proc, f"127.0.0.1:{gp}", workdir
-        except OSError:
-            if proc.poll() is not None:
-                sys.exit(f"tandem serve failed; see {workdir}/serve.log")
-            time.sleep(0.5)
-    sys.exit("tandem serve did not start")
 
 
 def _inputs(prompt: str, max_tokens: int) -> list[InferInput]:
@@ -131,18 +110,15 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--engines", default=None, help="engines folder (default: build/use engines/smollm2-135m)")
     args = ap.parse_args()
-    workdir = tempfile.mkdtemp(prefix="tandem-bench-fd-")
-    proc, grpc_url, _ = start_serve(workdir, args.engines)
+    engines = args.engines or os.path.join("engines", "smollm2-135m")
+    serve = ServeProcess(tempfile.mkdtemp(prefix="tandem-bench-fd-"),
+                         ("--model", args.engines or "smollm2-135m", "--kv-pool-bytes", str(256 << 20))).start()
     try:
-        with open(os.path.join(workdir, "workers.json")) as f:
-            workers = json.load(f)
-        engines = args.engines or os.path.join("engines", "smollm2-135m")
         tok = Tokenizer(os.path.join(engines, "prefill"))
-        (t_via, g_via), (t_dir, g_dir), (dt, dg) = asyncio.run(measure(grpc_url, workers, tok, args.requests,
+        (t_via, g_via), (t_dir, g_dir), (dt, dg) = asyncio.run(measure(serve.grpc, serve.workers(), tok, args.requests,
                                                                           args.tokens))
     finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=120)
+        serve.stop()
     print(f"{args.requests} sequential requests x {args.tokens} tokens, prompt of {len(tok.encode(PROMPT))} tokens")
     print(f"{'path':>22} {'TTFT p50 ms':>12} {'per-token p50 ms':>17}")
     print(f"{'direct to workers':>22} {t_dir:>12.2f} {g_dir:>17.3f}")

@@ -16,6 +16,7 @@ def main() -> None:
 def _register() -> None:
     from builder.cli import build_command, repo_command
     from engine.cli import generate_command
+    from orchestrator.bench.cli import bench_group
     from orchestrator.serve_cli import chat_command, serve_command
     from orchestrator.workers_cli import workers_group
 
@@ -25,6 +26,7 @@ def _register() -> None:
     main.add_command(workers_group)
     main.add_command(serve_command)
     main.add_command(chat_command)
+    main.add_command(bench_group)
 
 
 _register()

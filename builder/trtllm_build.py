@@ -2,7 +2,7 @@
 
     engines/NAME/prefill/   HF checkpoint files + llm_api_options.yaml (context server)
     engines/NAME/decode/    HF checkpoint files + llm_api_options.yaml (generation server)
-    engines/NAME/disagg_config.yaml        for `trtllm-serve disaggregated`
+    engines/NAME/disagg_config.yaml        for `trtllm-serve disaggregated` (and .compose.yaml for deploy/)
     engines/NAME/launch_trtllm.sh          the three trtllm-serve commands
     engines/NAME/trtllm_build_legacy.sh    the legacy convert_checkpoint + trtllm-build commands
 
@@ -99,6 +99,10 @@ def build_trtllm(req: BuildRequest, dry_run: bool, log=print) -> None:
                                                                               sort_keys=False)
              for role, o in options.items()}
     files["disagg_config.yaml"] = yaml.safe_dump(disagg.model_dump(), sort_keys=False)
+    compose = DisaggConfig(hostname="0.0.0.0", port=FRONT_PORT,  # deploy/docker-compose.gpu.yml's service names
+                           context_servers=DisaggServers(urls=[f"prefill:{CTX_PORT}"]),
+                           generation_servers=DisaggServers(urls=[f"decode:{GEN_PORT}"]))
+    files["disagg_config.compose.yaml"] = yaml.safe_dump(compose.model_dump(), sort_keys=False)
     files["launch_trtllm.sh"] = _script(launch_commands(req.out), background_all_but_last=True,
                                         note="context and generation workers, then the disaggregated front end")
     files["trtllm_build_legacy.sh"] = _script(legacy_commands(req, ckpt.folder, max_seq_len),

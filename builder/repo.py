@@ -68,6 +68,7 @@ def model_values(engines: str, opts: RepoOptions) -> dict[str, dict]:
     return {
         "prefill": dict(name="prefill", engine_dir=prefill_dir, max_batch_size=pm.profile.max_batch_size,
                         max_queue_delay_us=pm.profile.max_queue_delay_us, max_num_tokens=pm.profile.max_num_tokens,
+                        cpu_pass_tokens=pm.profile.cpu_pass_tokens or pm.profile.max_num_tokens,
                         instances=opts.instances, threads=opts.threads),
         "decode": dict(name="decode", engine_dir=decode_dir, transport=opts.transport, kv_pool_bytes=pool,
                        max_batch_size=dm.profile.max_batch_size, lease_ms=opts.lease_ms,

@@ -73,43 +73,63 @@ class PrefillAttention:
 
 
 class PagedAttention:
-    """Each sequence b brings q_lens[b] new tokens and has ctx_lens[b] tokens after them (cached + new)."""
+    """Each sequence b brings q_lens[b] new tokens and has ctx_lens[b] tokens after them (cached + new).
+
+    Decode rows (one new token) attend as one batch over their gathered pages; a prompt chunk (several
+    new tokens) attends on its own, so decode rows are never padded to a chunk's length.
+    """
 
     def __init__(self, cache: KVCache, page_tables: list[list[int]], q_lens: list[int], ctx_lens: list[int]):
-        dev = cache.device
-        tpp = cache.layout.tokens_per_page
         self.cache = cache
-        self.q_lens = q_lens
-        self.decode_only = all(n == 1 for n in q_lens)
+        tpp = cache.layout.tokens_per_page
+        dev = cache.device
+        starts = [0]
+        for n in q_lens:
+            starts.append(starts[-1] + n)
+        self.total = starts[-1]
+        slots = []
+        for t, n, c in zip(page_tables, q_lens, ctx_lens):
+            pos = torch.arange(c - n, c, device=dev)
+            slots.append(torch.tensor(t, device=dev)[pos // tpp] * tpp + pos % tpp)
+        self.slots = torch.cat(slots)  # [T] where each new token's K/V go
+        dec = [b for b, n in enumerate(q_lens) if n == 1]
+        self.decode_rows = torch.tensor([starts[b] for b in dec], device=dev)  # [Bd] rows of the packed batch
+        self.decode = self._group([page_tables[b] for b in dec], [1] * len(dec), [ctx_lens[b] for b in dec], dev)
+        self.chunks = [(starts[b], starts[b + 1], self._group([page_tables[b]], [q_lens[b]], [ctx_lens[b]], dev))
+                       for b, n in enumerate(q_lens) if n > 1]
+        self.all_decode = len(dec) == len(q_lens)
+
+    def _group(self, tables: list[list[int]], q_lens: list[int], ctx_lens: list[int], dev):
+        """(page tables [B, P], mask [B, 1, Q, P * tpp]) for sequences attended together."""
+        if not tables:
+            return None
+        tpp = self.cache.layout.tokens_per_page
         width = max(-(-c // tpp) for c in ctx_lens)  # pages needed by the longest context
-        # [B, P] page ids, padded with a page the sequence owns (its keys there are masked out)
-        self.tables = torch.tensor([t[:width] + [t[0]] * (width - min(len(t), width)) for t in page_tables],
-                                   device=dev)
-        pos = torch.arange(width * tpp, device=dev)  # [L] key positions in the gathered pages
-        ctx = torch.tensor(ctx_lens, device=dev)
-        ql = torch.tensor(q_lens, device=dev)
-        q_max = max(q_lens)
-        rows = torch.arange(q_max, device=dev)
-        qpos = (ctx - ql)[:, None] + rows[None, :]  # [B, Q] absolute position of each query
-        qpos = torch.where(rows[None, :] < ql[:, None], qpos, 0)  # padding queries see one key, not none
-        self.mask = (pos[None, None, :] <= qpos[:, :, None])[:, None]  # [B, 1, Q, L]
-        slot = self.tables[:, pos // tpp] * tpp + pos % tpp  # [B, L] flat slot of each key position
-        self.slots = torch.cat([slot[b, c - n:c] for b, (n, c) in enumerate(zip(q_lens, ctx_lens))])  # [T]
-        # rows of the padded [B, Q] query grid that hold real tokens, in packed order
-        self.real = (rows[None, :] < ql[:, None]).flatten().nonzero().squeeze(1)
+        # pad with a page the sequence owns; keys there are masked out
+        padded = torch.tensor([t[:width] + [t[0]] * (width - min(len(t), width)) for t in tables], device=dev)
+        keys = torch.arange(width * tpp, device=dev)  # [L] key positions
+        q = max(q_lens)
+        qpos = torch.tensor([c - n for n, c in zip(q_lens, ctx_lens)], device=dev)[:, None] + \
+            torch.arange(q, device=dev)[None, :]  # [B, Q] absolute position of each query
+        return padded, (keys[None, None, :] <= qpos[:, :, None])[:, None]  # [B, P], [B, 1, Q, L]
+
+    def _attend(self, layer: int, group, q: torch.Tensor) -> torch.Tensor:
+        """q: [B, H, Q, hd] -> [B, H, Q, hd] over the group's gathered pages."""
+        tables, mask = group
+        kc, vc = self.cache.gather_pages(layer, tables)  # [B, L, Hkv, hd] each
+        return _sdpa(q, kc.transpose(1, 2), vc.transpose(1, 2), attn_mask=mask)
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q: [T, H, hd], k/v: [T, Hkv, hd] -> [T, H * hd]."""
         self.cache.write(layer, k, v, self.slots)
-        kc, vc = self.cache.gather_pages(layer, self.tables)  # [B, L, Hkv, hd] each
-        kc, vc = kc.transpose(1, 2), vc.transpose(1, 2)  # [B, Hkv, L, hd]
-        B, H, hd = len(self.q_lens), q.shape[1], q.shape[2]
-        if self.decode_only:
-            qp = q[:, :, None, :]  # [B, H, 1, hd]
-        else:
-            grid = q.new_zeros(B * self.mask.shape[2], H, hd)  # [B*Q, H, hd]
-            grid[self.real] = q
-            qp = grid.view(B, -1, H, hd).transpose(1, 2)  # [B, H, Q, hd]
-        out = _sdpa(qp, kc, vc, attn_mask=self.mask)  # [B, H, Q, hd]
-        out = out.transpose(1, 2).reshape(-1, H * hd)  # [B*Q, H*hd]
-        return out if self.decode_only else out[self.real]
+        T, H, hd = q.shape
+        if self.all_decode:
+            return self._attend(layer, self.decode, q[:, :, None, :]).reshape(T, H * hd)  # [B, H, 1, hd] -> [T, H*hd]
+        out = q.new_empty(T, H * hd)
+        if self.decode is not None:
+            rows = self.decode_rows
+            out[rows] = self._attend(layer, self.decode, q[rows][:, :, None, :]).reshape(len(rows), H * hd)
+        for a, b, group in self.chunks:
+            o = self._attend(layer, group, q[a:b].transpose(0, 1)[None])  # [1, H, n, hd]
+            out[a:b] = o[0].transpose(0, 1).reshape(b - a, H * hd)
+        return out

@@ -23,11 +23,11 @@ from tandem.manifest import ManifestError, check_pair, read_manifest
 
 
 def ensure_engines(dep: Deployment, log=print) -> str:
-    """The deployment's engines folder, built from `model` first if it holds no engines."""
+    """The deployment's engines folder. Engines named explicitly are used as they are (built elsewhere,
+    perhaps); engines derived from `model` are (re)built when missing or stale (a no-op otherwise)."""
     folder = dep.engines_dir
     have = all(os.path.isfile(os.path.join(folder, r, "manifest.json")) for r in ("prefill", "decode"))
-    if not have:
-        log(f"building engines for {dep.model} into {folder}")
+    if not (have and dep.engines):
         try:
             build(BuildRequest(model=dep.model, out=folder), log=log)
         except BuildError as e:

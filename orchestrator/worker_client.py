@@ -104,7 +104,8 @@ class WorkerClient:
             stream.cancel()
         raise WorkerError("unreachable", f"{self.model} at {self.url} closed the stream before finishing")
 
-    async def _call(self, inputs: list[InferInput], request_id: str) -> dict:
+    async def call(self, inputs: list[InferInput], request_id: str) -> dict:
+        """One request with these inputs; the JSON `response` of its (first) answer."""
         async for result in self._stream(inputs, request_id):
             return _info(result)
         raise WorkerError("internal", f"{self.model} sent no response")
@@ -115,7 +116,7 @@ class DecodeClient(WorkerClient):
         super().__init__(url, model)
 
     async def op(self, op: DecodeOp) -> dict:
-        return await self._call([_json_input("request", asdict(op))], op.request_id or op.op)
+        return await self.call([_json_input("request", asdict(op))], op.request_id or op.op)
 
     async def reserve(self, op: DecodeOp) -> Reservation:
         return parse(Reservation, await self.op(op))
@@ -154,11 +155,6 @@ class PrefillClient(WorkerClient):
     def __init__(self, url: str, model: str = "prefill"):
         super().__init__(url, model)
 
-    async def prefill(self, prompt_ids: list[int], req: PrefillRequest, timeout_s: float | None = None) -> PrefillResult:
+    async def prefill(self, prompt_ids: list[int], req: PrefillRequest) -> PrefillResult:
         inputs = [_ids_input(prompt_ids, batched=True), _json_input("request", asdict(req), batched=True)]
-        try:
-            result = await self.client.infer(self.model, inputs, request_id=req.request_id,
-                                             client_timeout=timeout_s)
-        except (InferenceServerException, grpc.RpcError) as e:
-            raise WorkerError.from_exception(e) from None
-        return parse(PrefillResult, _info(result))
+        return parse(PrefillResult, await self.call(inputs, req.request_id))

@@ -24,6 +24,7 @@ class RoleProfile:
     cuda_graph_batch_sizes: tuple[int, ...]
     weight_quant: str = "none"
     kv_pool_bytes: int = 0
+    cpu_pass_tokens: int = 0  # prefill on CPU: tokens per packed pass (0: max_num_tokens)
     reasons: dict = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
@@ -65,6 +66,8 @@ PREFILL_REASONS = {
     "cuda_graph_batch_sizes": "none: shapes vary with every prompt and launch overhead is negligible per token",
     "weight_quant": "full precision: prefill is compute-bound, fewer weight bytes would not help",
     "kv_pool_bytes": "no pool of its own: K/V are written straight into pages the decode worker reserved",
+    "cpu_pass_tokens": "on a CPU a pass takes time in proportion to its tokens, and a few hundred already amortise "
+                       "the weight reads: bigger passes only delay the first prompts' first tokens",
 }
 DECODE_REASONS = {
     "max_batch_size": "each step reads all weights once; more sequences per step share that read",
@@ -74,10 +77,12 @@ DECODE_REASONS = {
     "cuda_graph_batch_sizes": "on GPU, replaying graphs at padded batch sizes removes per-step launch overhead",
     "weight_quant": "decode is bandwidth-bound: int8 weights read 4x fewer bytes than fp32 (optional)",
     "kv_pool_bytes": "the decode worker owns the KV pool that prefill workers write into",
+    "cpu_pass_tokens": "not used: decode passes hold one token per sequence",
 }
 
 PREFILL = RoleProfile(role=Role.PREFILL, max_batch_size=8, max_num_tokens=8192, max_queue_delay_us=1000,
-                      packed_batches=True, cuda_graph_batch_sizes=(), kv_pool_bytes=0, reasons=PREFILL_REASONS)
+                      packed_batches=True, cuda_graph_batch_sizes=(), kv_pool_bytes=0, cpu_pass_tokens=512,
+                      reasons=PREFILL_REASONS)
 DECODE = RoleProfile(role=Role.DECODE, max_batch_size=256, max_num_tokens=256, max_queue_delay_us=0,
                      packed_batches=False, cuda_graph_batch_sizes=(1, 2, 4, 8, 16, 32, 64, 128, 256),
                      kv_pool_bytes=2 << 30, reasons=DECODE_REASONS)

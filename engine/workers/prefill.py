@@ -1,9 +1,10 @@
 """The prefill worker: packed passes over prompts, K/V handed to the decode worker's pages.
 
 For each request in a batch: validate it, open a transport writer into its destination pages, run
-one packed pass over every valid prompt (writers receive each layer as it is computed), then wait
-for each writer to finish. A bad request, or a destination that cannot be written, fails alone: the
-other requests of the batch still complete.
+packed passes of at most `max_num_tokens` prompt tokens, in arrival order (writers receive each layer
+as it is computed), then wait for each writer of the pass to finish and report its requests at once.
+A bad request, or a destination that cannot be written, fails alone: the other requests of the batch
+still complete.
 """
 
 from __future__ import annotations
@@ -58,15 +59,22 @@ class PrefillWorker:
                 raise TransferError(str(e)) from None
         return self.senders[name]
 
-    def run(self, batch: list[tuple[list[int], PrefillRequest]]) -> list[PrefillResult | EngineError | TransferError]:
-        """One result (or the error for that request alone) per (prompt_ids, request), in order."""
+    def run(self, batch: list[tuple[list[int], PrefillRequest]], on_result=None) -> list:
+        """One result (a PrefillResult, or the error for that request alone) per (prompt_ids, request),
+        in order. `on_result(index, result)` is called as soon as each one is known (after its pass)."""
         results: list = [None] * len(batch)
+
+        def done(i, result):
+            results[i] = result
+            if on_result is not None:
+                on_result(i, result)
+
         items: list[_Item] = []
         for i, (prompt_ids, req) in enumerate(batch):
             try:
                 items.append(self._open(i, prompt_ids, req))
             except (EngineError, TransferError) as e:
-                results[i] = e
+                done(i, e)
         for group in self._passes(items):
             t0 = time.perf_counter()
             try:
@@ -81,11 +89,11 @@ class PrefillWorker:
                 try:
                     it.writer.finish()
                 except TransferError as e:
-                    results[it.index] = e
+                    done(it.index, e)
                     continue
                 reason = it.seq.finish_reason.value if it.seq.finish_reason else None
-                results[it.index] = PrefillResult(it.req.request_id, token, logprob, reason, it.writer.bytes_written,
-                                                  time.perf_counter() - t1, compute)
+                done(it.index, PrefillResult(it.req.request_id, token, logprob, reason, it.writer.bytes_written,
+                                             time.perf_counter() - t1, compute))
         return results
 
     def _open(self, index: int, prompt_ids: list[int], req: PrefillRequest) -> _Item:

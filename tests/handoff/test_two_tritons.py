@@ -10,7 +10,6 @@ import time
 import numpy as np
 import pytest
 from tritonclient.grpc import InferInput
-from tritonclient.grpc import aio
 
 from builder.repo import RepoOptions
 from engine.generate import run_generation
@@ -101,7 +100,6 @@ def test_bad_input_gets_a_clear_error_and_changes_no_other_request(workers, defa
 
     async def run():
         p, d = clients(workers)
-        raw = aio.InferenceServerClient(workers.urls("prefill")[0])
         errors = {}
         try:
             good = await d.reserve(DecodeOp(op="reserve", request_id="good", num_tokens=len(ids), max_tokens=6))
@@ -113,15 +111,15 @@ def test_bad_input_gets_a_clear_error_and_changes_no_other_request(workers, defa
                 except (WorkerError, Exception) as e:  # tritonclient raises its own exception type for dtype errors
                     errors[name] = str(e)
 
-            await expect("wrong dtype", raw.infer("prefill", [
+            await expect("wrong dtype", p.call([
                 _raw("input_ids", np.array([ids], dtype=np.float32), "FP32"),
-                _raw("request", np.array([[b"{}"]], dtype=np.object_), "BYTES")]))
-            await expect("wrong shape", raw.infer("prefill", [
+                _raw("request", np.array([[b"{}"]], dtype=np.object_), "BYTES")], "w1"))
+            await expect("wrong shape", p.call([
                 _raw("input_ids", np.array([ids], dtype=np.int32), "INT32"),
-                _raw("request", np.array([[b"{}", b"{}"]], dtype=np.object_), "BYTES")]))
-            await expect("not json", raw.infer("prefill", [
+                _raw("request", np.array([[b"{}", b"{}"]], dtype=np.object_), "BYTES")], "w2"))
+            await expect("not json", p.call([
                 _raw("input_ids", np.array([ids], dtype=np.int32), "INT32"),
-                _raw("request", np.array([[b"{oops"]], dtype=np.object_), "BYTES")]))
+                _raw("request", np.array([[b"{oops"]], dtype=np.object_), "BYTES")], "w3"))
             await expect("unknown request", d.op(DecodeOp(op="generate", request_id="nobody", lease="x",
                                                           prompt_ids=ids, output_ids=[1])))
             await expect("not your pages", d.release("good", "stolen-lease"))
@@ -138,7 +136,6 @@ def test_bad_input_gets_a_clear_error_and_changes_no_other_request(workers, defa
                                                          sampling=params.to_dict()))]
             return errors, before, after, [first.token] + [t for t, _, _ in rest if t is not None], await d.stats()
         finally:
-            await raw.close()
             await p.close()
             await d.close()
 

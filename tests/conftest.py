@@ -53,17 +53,33 @@ def built_engines(tmp_path_factory):
     return out
 
 
-def leak_check() -> list[str]:
-    """What a finished lifecycle test must not leave: our shm segments, tritonserver processes."""
+def _leftovers() -> set[str]:
+    """Our shm segments, Triton's shm regions, and tritonserver / stub processes alive now."""
     import subprocess
 
     from engine.shm import our_segments
 
-    problems = [f"shared memory segment {s}" for s in our_segments()]
-    problems += [f"Triton shared memory {n}" for n in os.listdir("/dev/shm") if n.startswith("triton_python_backend")]
+    found = {f"shared memory segment {s}" for s in our_segments()}
+    found |= {f"Triton shared memory {n}" for n in os.listdir("/dev/shm") if n.startswith("triton_python_backend")}
     ps = subprocess.run(["pgrep", "-f", "tritonserver|triton_python_backend_stub"], capture_output=True, text=True)
-    problems += [f"process {pid}" for pid in ps.stdout.split()]
-    return problems
+    return found | {f"process {pid}" for pid in ps.stdout.split()}
+
+
+def leak_snapshot() -> set[str]:
+    """What already exists before a lifecycle test starts its servers (others' servers may be running)."""
+    return _leftovers()
+
+
+def leak_check(before: set[str] | None = None) -> list[str]:
+    """What a finished lifecycle test left behind: shm segments and Triton processes not in `before`."""
+    return sorted(_leftovers() - (before or set()))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def nothing_left_at_the_end():
+    """After every server of the session has been stopped, nothing of ours may remain."""
+    yield
+    assert leak_check() == []
 
 
 @pytest.fixture(scope="session")
@@ -74,3 +90,27 @@ def rendered_repo(built_engines, tmp_path_factory):
     out = tmp_path_factory.mktemp("repo") / "models"
     render_repo(str(built_engines), str(out), RepoOptions(kv_pool_bytes=128 << 20))
     return out
+
+
+def start_serve(engines, workdir, *extra):
+    """`tandem serve` in its own process on free ports, for the given engines (256 MiB decode pool)."""
+    from orchestrator.serve_process import ServeProcess
+
+    before = leak_snapshot()
+    s = ServeProcess(str(workdir), ("--model", str(engines), "--kv-pool-bytes", str(256 << 20), *extra)).start()
+    s.leak_baseline = before
+    return s
+
+
+def stop_serve(s) -> None:
+    """Stop it as Ctrl-C would, and check that nothing of it is left behind."""
+    assert s.stop() == 0, s.log_tail()
+    assert leak_check(s.leak_baseline) == []
+
+
+@pytest.fixture(scope="session")
+def served(built_engines, tmp_path_factory):
+    """A running `tandem serve`, 1 prefill + 1 decode worker, default model (shared by front-door tests)."""
+    s = start_serve(built_engines, tmp_path_factory.mktemp("serve-1p1d"))
+    yield s
+    stop_serve(s)

@@ -16,7 +16,7 @@ from tritonclient.grpc import model_config_pb2
 from builder.repo import MODELS, RenderError, RepoOptions, render, render_repo
 from orchestrator.triton_process import TritonServer
 from orchestrator.worker_client import ColocatedClient, WorkerError
-from tests.conftest import leak_check
+from tests.conftest import leak_check, leak_snapshot
 
 PROMPT = "Name three planets of the solar system."
 
@@ -56,10 +56,11 @@ def test_repo_refuses_engines_that_cannot_pair(built_engines, tmp_path):
 
 @pytest.fixture(scope="module")
 def triton_all_models(rendered_repo):
+    before = leak_snapshot()
     server = TritonServer(str(rendered_repo), MODELS, name="all-models").start()
     yield server
     server.stop()
-    assert leak_check() == []
+    assert leak_check(before) == []
 
 
 def test_triton_loads_every_model_and_generate_matches_tandem_generate(triton_all_models, built_engines):

@@ -20,7 +20,7 @@ from orchestrator.handoff import HandoffError, handoff
 from orchestrator.worker_client import DecodeClient, PrefillClient, WorkerError
 from orchestrator.workers import WorkerSet
 from tandem.wire import DecodeOp, Destination, PrefillRequest
-from tests.conftest import leak_check
+from tests.conftest import leak_check, leak_snapshot
 
 LONG = " ".join(f"Item {i}: a lantern, a map and a compass were packed for the trip." for i in range(25))
 PROMPTS = ["Hi", "What is the capital of France?", "Write two sentences about the moon.",
@@ -30,12 +30,13 @@ TRANSPORTS = ["shm", pytest.param("nixl", marks=pytest.mark.skipif(not nixl_avai
 
 @pytest.fixture(scope="module", params=TRANSPORTS)
 def workers(request, built_engines, tmp_path_factory):
+    before = leak_snapshot()
     ws = WorkerSet(str(built_engines), str(tmp_path_factory.mktemp(f"workers-{request.param}")),
                    {"prefill": 1, "decode": 1}, RepoOptions(transport=request.param, kv_pool_bytes=128 << 20))
     ws.start()
     yield ws
     ws.stop()
-    assert leak_check() == []
+    assert leak_check(before) == []
 
 
 def clients(ws):

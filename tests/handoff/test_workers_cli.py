@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 
-from tests.conftest import leak_check
+from tests.conftest import leak_check, leak_snapshot
 
 
 def tandem(*args):
@@ -16,6 +16,7 @@ def tandem(*args):
 
 def test_up_status_down(built_engines, tmp_path):
     state = str(tmp_path / "state")
+    before = leak_snapshot()
     up = tandem("workers", "up", "--engines", str(built_engines), "--kv-pool-bytes", str(64 << 20),
                 "--state-dir", state)
     try:
@@ -34,4 +35,4 @@ def test_up_status_down(built_engines, tmp_path):
     finally:
         down = tandem("workers", "down", "--state-dir", state)
     assert down.returncode == 0, down.stderr
-    assert leak_check() == []
+    assert leak_check(before) == []

@@ -15,7 +15,7 @@ import pytest
 from engine.generate import run_generation
 from engine.sampling import SamplingParams
 from tests.serve.clients import grpc_stream, post
-from tests.serve.conftest import start_serve, stop_serve
+from tests.conftest import start_serve, stop_serve
 
 PROMPTS = ["The capital of France is", "Once upon a time, in a small village,", "def fibonacci(n):",
            "Three facts about the moon:"]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from tests.serve.clients import grpc_infer
-from tests.serve.conftest import start_serve, stop_serve
+from tests.conftest import start_serve, stop_serve
 
 PROMPTS = ["The capital of France is", "Here is a recipe for bread:",
            "Summarize: " + "the committee met on tuesday and approved the budget for the new library. " * 25]

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import time
 
 import torch
 from pydoc_data.topics import topics
 
+from bench_engine import ours_decode, prompts  # scripts/ is on sys.path when this runs as a script
 from builder.build import BuildRequest, build
 from engine.evaluate import perplexity
+from engine.generate import run_generation
 from engine.load import load_engine
 from engine.sampling import SamplingParams
 from engine.tokenizer import ChatMessage
@@ -37,33 +38,12 @@ def eval_text(tokenizer, n_tokens: int = 2048) -> list[int]:
 
 
 def decode_tps(engine, batch: int, new_tokens: int = 24) -> float:
-    params = SamplingParams(max_tokens=new_tokens, ignore_eos=True)
-    prompt = engine.tokenizer.encode("The history of the river valley begins with small farming villages")
-    seqs = [engine.new_sequence(f"b{i}", prompt, params) for i in range(batch)]
-    for s in seqs:
-        engine.admit(s)
-    engine.prefill(seqs)
-    t = time.perf_counter()
-    for _ in range(new_tokens - 1):
-        engine.decode_step(seqs)
-    dt = time.perf_counter() - t
-    for s in seqs:
-        engine.release(s)
-    return batch * (new_tokens - 1) / dt
+    return ours_decode(engine, prompts(engine.tokenizer, batch, 16), new_tokens)
 
 
 def greedy(engine, max_tokens: int = 32) -> list[list[int]]:
-    outs = []
-    for p in PROMPTS:
-        s = engine.new_sequence("g", engine.tokenizer.encode_chat([ChatMessage("user", p)]),
-                                SamplingParams(max_tokens=max_tokens))
-        engine.admit(s)
-        engine.prefill([s])
-        while not s.finished:
-            engine.decode_step([s])
-        engine.release(s)
-        outs.append(s.output_ids)
-    return outs
+    return [run_generation(engine, engine.tokenizer.encode_chat([ChatMessage("user", p)]),
+                           SamplingParams(max_tokens=max_tokens)).token_ids for p in PROMPTS]
 
 
 def agreement(a: list[list[int]], b: list[list[int]]) -> tuple[int, float]:

@@ -19,6 +19,17 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+def complete(engine, prompt_ids, params, request_id: str = "t"):
+    """Run one request to its end in `engine` (prefill, then decode steps); return its Sequence."""
+    seq = engine.new_sequence(request_id, prompt_ids, params)
+    engine.admit(seq)
+    engine.prefill([seq])
+    while not seq.finished:
+        engine.decode_step([seq])
+    engine.release(seq)
+    return seq
+
+
 @pytest.fixture(scope="session")
 def default_engine():
     """The default model (SmolLM2-135M-Instruct, fp32) with a 256 MiB local KV pool."""

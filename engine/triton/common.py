@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 
 import numpy as np
 import torch
@@ -124,3 +125,18 @@ class ResponseSink:
 def respond_once(request, resp) -> None:
     """A decoupled request answered with one response."""
     request.get_response_sender().send(resp, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+
+class BackgroundLoop:
+    """A worker's `run(stop)` loop on a daemon thread, owned by a Triton model instance."""
+
+    def __init__(self, worker, name: str):
+        self.worker = worker
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=worker.run, args=(self.stop,), name=name, daemon=True)
+        self.thread.start()
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        self.stop.set()
+        self.worker.wakeup.set()
+        self.thread.join(timeout=timeout_s)

@@ -6,13 +6,12 @@ Input `request` (BYTES, a DecodeOp JSON object); outputs `output_ids`, `logprobs
 
 from __future__ import annotations
 
-import threading
 from dataclasses import asdict
 
 from engine.load import load_engine
 from engine.transports import endpoint
-from engine.triton.common import (Params, ResponseSink, error_response, input_ids, input_json, json_response,
-                                  respond_once, setup_threads)
+from engine.triton.common import (BackgroundLoop, Params, ResponseSink, error_response, input_ids, input_json,
+                                  json_response, respond_once, setup_threads)
 from engine.workers.decode import DecodeWorker
 from tandem.wire import DecodeOp, WireError, parse
 
@@ -27,9 +26,7 @@ class TritonPythonModel:
         self.worker = DecodeWorker(self.engine, self.endpoint, lease_s=p.int("lease_ms") / 1000,
                                    transfer_timeout_s=p.int("transfer_timeout_ms") / 1000,
                                    max_batch_size=p.int("max_batch_size"))
-        self.stop = threading.Event()
-        self.loop = threading.Thread(target=self.worker.run, args=(self.stop,), name="decode-loop", daemon=True)
-        self.loop.start()
+        self.loop = BackgroundLoop(self.worker, "decode-loop")
 
     def execute(self, requests):
         for request in requests:
@@ -52,8 +49,6 @@ class TritonPythonModel:
         return None
 
     def finalize(self):
-        self.stop.set()
-        self.worker.wakeup.set()
-        self.loop.join(timeout=10)
+        self.loop.close()
         self.endpoint.close()
         self.engine.cache.close()

@@ -7,12 +7,11 @@ response carries one token in `output_ids` (+ `logprobs`), the last one a finish
 from __future__ import annotations
 
 import json
-import threading
 
 from engine.errors import InvalidRequest
 from engine.load import load_engine
-from engine.triton.common import Params, ResponseSink, error_response, input_ids, input_json, respond_once, \
-    setup_threads
+from engine.triton.common import (BackgroundLoop, Params, ResponseSink, error_response, input_ids, input_json,
+                                  respond_once, setup_threads)
 from engine.workers.colocated import ColocatedWorker
 
 
@@ -24,9 +23,7 @@ class TritonPythonModel:
         self.worker = ColocatedWorker(load_engine(p.str("engine_dir"), kv_bytes=p.int("kv_pool_bytes")),
                                       max_batch_size=p.int("max_batch_size"),
                                       max_num_tokens=p.int("max_num_tokens"), chunk_tokens=chunk or None)
-        self.stop = threading.Event()
-        self.loop = threading.Thread(target=self.worker.run, args=(self.stop,), name="colocated-loop", daemon=True)
-        self.loop.start()
+        self.loop = BackgroundLoop(self.worker, "colocated-loop")
 
     def execute(self, requests):
         for request in requests:
@@ -41,6 +38,4 @@ class TritonPythonModel:
         return None
 
     def finalize(self):
-        self.stop.set()
-        self.worker.wakeup.set()
-        self.loop.join(timeout=10)
+        self.loop.close()

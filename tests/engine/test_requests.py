@@ -8,6 +8,7 @@ from engine.errors import InvalidRequest, ModelLoadError
 from engine.load import load_engine
 from engine.sampling import SamplingParams
 from engine.tokenizer import ChatMessage
+from tests.conftest import complete
 
 
 def test_empty_prompt(default_engine):
@@ -52,29 +53,19 @@ def test_unsupported_architecture(tmp_path):
         load_engine(str(tmp_path))
 
 
-def _run(engine, ids, params):
-    seq = engine.new_sequence("s", ids, params)
-    engine.admit(seq)
-    engine.prefill([seq])
-    while not seq.finished:
-        engine.decode_step([seq])
-    engine.release(seq)
-    return seq
-
-
 def test_stop_string_cuts_the_answer(default_engine):
     ids = default_engine.tokenizer.encode_chat([ChatMessage("user", "What is the capital of France?")])
-    full = _run(default_engine, ids, SamplingParams(max_tokens=20))
+    full = complete(default_engine, ids, SamplingParams(max_tokens=20))
     text = default_engine.tokenizer.decode(full.output_ids)
     assert "Paris" in text
-    cut = _run(default_engine, ids, SamplingParams(max_tokens=20, stop=("Paris",)))
+    cut = complete(default_engine, ids, SamplingParams(max_tokens=20, stop=("Paris",)))
     assert cut.finish_reason.value == "stop" and len(cut.output_ids) < len(full.output_ids)
     assert cut.text.text == text[:text.index("Paris")]
 
 
 def test_stop_token_and_max_tokens(default_engine):
     ids = default_engine.tokenizer.encode("The quick brown fox")
-    full = _run(default_engine, ids, SamplingParams(max_tokens=6))
+    full = complete(default_engine, ids, SamplingParams(max_tokens=6))
     assert full.finish_reason.value == "length" and len(full.output_ids) == 6
-    stopped = _run(default_engine, ids, SamplingParams(max_tokens=6, stop_token_ids=(full.output_ids[2],)))
+    stopped = complete(default_engine, ids, SamplingParams(max_tokens=6, stop_token_ids=(full.output_ids[2],)))
     assert stopped.output_ids == full.output_ids[:3] and stopped.finish_reason.value == "stop"

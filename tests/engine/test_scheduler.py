@@ -7,25 +7,16 @@ import pytest
 from engine.sampling import SamplingParams
 from engine.scheduler import Scheduler
 from engine.tokenizer import ChatMessage
+from tests.conftest import complete
 
 PROMPTS = ["Hi", "What is the capital of France?", "Write a long poem about the sea and the wind. " * 6,
            "List the days of the week."]
 
 
-def direct(engine, ids, max_tokens):
-    s = engine.new_sequence("d", ids, SamplingParams(max_tokens=max_tokens))
-    engine.admit(s)
-    engine.prefill([s])
-    while not s.finished:
-        engine.decode_step([s])
-    engine.release(s)
-    return s.output_ids
-
-
 @pytest.mark.parametrize("chunk", [None, 7, 64])
 def test_scheduler_matches_direct_greedy_with_late_arrivals(default_engine, chunk):
     ids = [default_engine.tokenizer.encode_chat([ChatMessage("user", p)]) for p in PROMPTS]
-    want = [direct(default_engine, x, 12) for x in ids]
+    want = [complete(default_engine, x, SamplingParams(max_tokens=12)).output_ids for x in ids]
     sched = Scheduler(default_engine, max_batch_size=8, max_num_tokens=4096, chunk_tokens=chunk)
     seqs = [default_engine.new_sequence(f"r{i}", x, SamplingParams(max_tokens=12)) for i, x in enumerate(ids)]
     sched.add(seqs[0])

@@ -16,6 +16,7 @@ from engine.transports import endpoint, sender
 from engine.workers.decode import DecodeWorker
 from engine.workers.prefill import PrefillWorker
 from tandem.wire import DecodeOp, Destination, PrefillRequest
+from tests.conftest import complete
 
 PROMPTS = ["What is the capital of France?", "Write a haiku about rain.", "Count from one to five.",
            "Name a color."]
@@ -77,15 +78,7 @@ def test_disaggregated_greedy_equals_single_engine(default_engine, pair):
     prefill, decode = pair
     params = SamplingParams(max_tokens=16)
     prompts = [default_engine.tokenizer.encode_chat([ChatMessage("user", p)]) for p in PROMPTS]
-    expected = []
-    for p in prompts:
-        s = default_engine.new_sequence("ref", p, params)
-        default_engine.admit(s)
-        default_engine.prefill([s])
-        while not s.finished:
-            default_engine.decode_step([s])
-        default_engine.release(s)
-        expected.append(s.output_ids)
+    expected = [complete(default_engine, p, params).output_ids for p in prompts]
     reservations = [handoff(prefill, decode, p, params, f"r{i}") for i, p in enumerate(prompts)]
     results = prefill.run([(p, req) for p, (_, req) in zip(prompts, reservations)])
     sinks = []

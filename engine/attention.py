@@ -26,7 +26,7 @@ class KVWriter(Protocol):
     calls `finish`, which returns only when every layer has landed.
     """
 
-    def write_layer(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None: ...
+    def write_layer(self, layer: int, k: torch.Tensor, v: torch.Tensor, start: int = 0) -> None: ...
 
     def finish(self) -> None: ...
 
@@ -38,8 +38,8 @@ class PoolWriter:
         self.cache = cache
         self.slots = slots  # [L] flat slot per token
 
-    def write_layer(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
-        self.cache.write(layer, k, v, self.slots)
+    def write_layer(self, layer: int, k: torch.Tensor, v: torch.Tensor, start: int = 0) -> None:
+        self.cache.write(layer, k, v, self.slots[start:start + k.shape[0]])
 
     def finish(self) -> None:
         return None
@@ -70,6 +70,24 @@ class PrefillAttention:
             oi = _sdpa(qi, ki, vi, is_causal=True)  # [1, H, L, hd]
             outs.append(oi[0].transpose(0, 1).reshape(e - s, -1))  # [L, H*hd]
         return outs[0] if len(outs) == 1 else torch.cat(outs)
+
+
+class TeeAttention:
+    """Any attention, with each sequence's new K/V also handed to a writer (a prompt prefilled in
+    chunks against a local pool, while its pages stream to the decode worker chunk by chunk)."""
+
+    def __init__(self, inner, q_lens: list[int], writers: list[KVWriter], starts: list[int]):
+        self.inner = inner
+        self.parts = []
+        offset = 0
+        for n, w, start in zip(q_lens, writers, starts):
+            self.parts.append((offset, offset + n, w, start))
+            offset += n
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        for a, b, writer, start in self.parts:
+            writer.write_layer(layer, k[a:b], v[a:b], start)
+        return self.inner.attend(layer, q, k, v)
 
 
 class PagedAttention:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.attention import KVWriter, PagedAttention, PoolWriter, PrefillAttention
+from engine.attention import KVWriter, PagedAttention, PoolWriter, PrefillAttention, TeeAttention
 from engine.config import ModelConfig
 from engine.errors import InvalidRequest
 from engine.kv_pool import TORCH_DTYPES, KVCache, PageAllocator
@@ -31,14 +31,21 @@ TokenOut = tuple[int, float | None]  # (token id, logprob if asked)
 
 
 class Engine:
-    def __init__(self, model: LlamaModel, tokenizer: Tokenizer, cache: KVCache | None):
+    def __init__(self, model: LlamaModel, tokenizer: Tokenizer, cache: KVCache | None, tokens_per_page: int = 16):
+        """`tokens_per_page` is the page size when there is no pool yet (the KV layout peers must match)."""
         self.model = model
+        self.tokens_per_page = cache.layout.tokens_per_page if cache is not None else tokens_per_page
         self.cfg: ModelConfig = model.cfg
         self.tokenizer = tokenizer
         self.cache = cache
         self.allocator = PageAllocator(cache.num_pages) if cache is not None else None
         self.eos_ids = frozenset(self.cfg.eos_token_ids) | (
             {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set())
+
+    def attach_pool(self, num_pages: int) -> None:
+        """Give an engine loaded without a KV pool (a prefill worker) a local one of num_pages pages."""
+        self.cache = KVCache(self.kv_layout(), num_pages, self.device)
+        self.allocator = PageAllocator(num_pages)
 
     @property
     def device(self) -> torch.device:
@@ -48,10 +55,9 @@ class Engine:
     def max_context(self) -> int:
         return self.cfg.max_position
 
-    def kv_layout(self, tokens_per_page: int | None = None) -> KVLayout:
-        tpp = tokens_per_page or (self.cache.layout.tokens_per_page if self.cache else 16)
+    def kv_layout(self) -> KVLayout:
         dtype = {v: k for k, v in TORCH_DTYPES.items()}[self.model.dtype]
-        return KVLayout(self.cfg.num_layers, self.cfg.num_kv_heads, self.cfg.head_dim, dtype, tpp)
+        return KVLayout(self.cfg.num_layers, self.cfg.num_kv_heads, self.cfg.head_dim, dtype, self.tokens_per_page)
 
     # -- requests -----------------------------------------------------------------------------------
 
@@ -125,11 +131,13 @@ class Engine:
         """One new token for each sequence; each must have all but its newest token cached."""
         return self.extend(seqs, [1] * len(seqs))
 
-    def extend(self, seqs: list[Sequence], counts: list[int]) -> list[TokenOut | None]:
+    def extend(self, seqs: list[Sequence], counts: list[int],
+               writers: list[KVWriter] | None = None) -> list[TokenOut | None]:
         """Process the next `counts[i]` uncached tokens of each sequence against its cached pages.
 
         This is a decode step (count 1: the newest output token), a prompt chunk (chunked prefill), or
         both in one pass. Sequences left with nothing uncached get their next token; others get None.
+        With `writers`, each sequence's new K/V also go to its writer (at their positions).
         """
         dev = self.device
         starts = [s.num_cached for s in seqs]
@@ -144,6 +152,8 @@ class Engine:
         rope_lens = positions + 1 if len(ids) == len(seqs) else \
             torch.repeat_interleave(torch.tensor(ctx, device=dev), counts_t)  # [T] sequence length per token
         attn = PagedAttention(self.cache, [s.page_table for s in seqs], counts, ctx)
+        if writers is not None:
+            attn = TeeAttention(attn, counts, writers, starts)
         logits = self.model.forward(tokens, positions, rope_lens, attn, counts_t.cumsum(0) - 1)  # [B, V]
         ready = []
         for i, (s, c) in enumerate(zip(seqs, ctx)):

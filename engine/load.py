@@ -74,4 +74,4 @@ def load_engine(model: str, *, dtype: str = "float32", device: str = "cpu",
         layout = KVLayout(c.num_layers, c.num_kv_heads, c.head_dim, dtype, tokens_per_page)
         num_pages = max(1, kv_bytes // (layout.bytes_per_token * tokens_per_page))
         cache = KVCache(layout, num_pages, dev, shared=shared_kv)
-    return Engine(lm, tokenizer, cache)
+    return Engine(lm, tokenizer, cache, tokens_per_page)

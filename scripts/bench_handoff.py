@@ -100,7 +100,7 @@ def ttft(worker, prompt: list[int], pool: dict | None, repeats: int) -> float:
         dest = Destination(pool, list(range(lay.pages_for(len(prompt)))), "bench") if pool else None
         req = PrefillRequest(f"p{r}", SamplingParams(max_tokens=1).to_dict(), dest)
         t = time.perf_counter()
-        out = worker.run([(prompt, req)])[0]
+        out = worker.prefill_all([(prompt, req)])[0]
         if isinstance(out, Exception):
             raise out
         best = min(best, time.perf_counter() - t)

@@ -88,21 +88,26 @@ class LayerWriter(ABC):
         self.state = TransferState.WRITING
         self.bytes_written = 0
 
-    def _pages_for(self, n_tokens: int) -> int:
-        """How many destination pages n_tokens fill; TransferError if the destination is too small."""
-        n = self.layout.pages_for(n_tokens)
+    def _pages(self, n_tokens: int, start: int) -> list[int]:
+        """Destination pages holding positions [start, start + n_tokens); `start` must begin a page."""
+        tpp = self.layout.tokens_per_page
+        if start % tpp:
+            raise TransferError(f"request {self.request_id}: a write must start on a page boundary "
+                                f"(multiple of {tpp}), got position {start}")
+        n = self.layout.pages_for(start + n_tokens)
         if n > len(self.page_ids):
-            raise TransferError(f"request {self.request_id}: {n_tokens} tokens need {n} pages, "
+            raise TransferError(f"request {self.request_id}: {start + n_tokens} tokens need {n} pages, "
                                 f"destination has {len(self.page_ids)}")
-        return n
+        return self.page_ids[start // tpp:n]
 
-    def _runs(self, n_tokens: int) -> list[tuple[int, int, int]]:
-        """The runs of consecutive destination pages that n_tokens fill (see page_runs)."""
-        return page_runs(self.page_ids[:self._pages_for(n_tokens)])
+    def _runs(self, n_tokens: int, start: int) -> list[tuple[int, int, int]]:
+        """The runs of consecutive destination pages those positions fill (see page_runs)."""
+        return page_runs(self._pages(n_tokens, start))
 
     @abstractmethod
-    def write_layer(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
-        """k, v: [tokens, kv_heads, head_dim] for token positions 0..tokens-1 of this request."""
+    def write_layer(self, layer: int, k: torch.Tensor, v: torch.Tensor, start: int = 0) -> None:
+        """k, v: [tokens, kv_heads, head_dim] for positions start..start+tokens-1 of this request
+        (a prompt written in chunks calls this once per chunk and layer)."""
 
     @abstractmethod
     def finish(self) -> None: ...

@@ -47,10 +47,10 @@ class InprocWriter(LayerWriter):
         super().__init__(request_id, page_ids, layout, endpoint.cache.num_pages)
         self.endpoint = endpoint
 
-    def write_layer(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+    def write_layer(self, layer: int, k: torch.Tensor, v: torch.Tensor, start: int = 0) -> None:
         if self.state is not TransferState.WRITING:
             raise TransferError(f"request {self.request_id}: writer is {self.state.value}")
-        runs = self._runs(k.shape[0])
+        runs = self._runs(k.shape[0], start)
         copy_into_pages(self.endpoint.cache.data[layer, 0], runs, k)
         copy_into_pages(self.endpoint.cache.data[layer, 1], runs, v)
         self.bytes_written += 2 * k.numel() * k.element_size()

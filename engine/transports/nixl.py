@@ -95,15 +95,16 @@ class NixlWriter(LayerWriter):
         self.sender, self.peer, self.num_pages = sender, peer, num_pages
         self.inflight: list[tuple[object, list[int]]] = []  # (transfer handle, staging pages it reads)
 
-    def write_layer(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+    def write_layer(self, layer: int, k: torch.Tensor, v: torch.Tensor, start: int = 0) -> None:
         if self.state is not TransferState.WRITING:
             raise TransferError(f"request {self.request_id}: writer is {self.state.value}")
-        n_pages = self._pages_for(k.shape[0])
+        dest = self._pages(k.shape[0], start)
+        n_pages = len(dest)
         staged = self.sender.stage(self, 2 * n_pages)
         ks, vs = staged[:n_pages], staged[n_pages:]
         self.sender.copy_in(ks, k)
         self.sender.copy_in(vs, v)
-        remote = [((layer * 2 + kv) * self.num_pages + p) for kv in (0, 1) for p in self.page_ids[:n_pages]]
+        remote = [((layer * 2 + kv) * self.num_pages + p) for kv in (0, 1) for p in dest]
         self._post(staged, remote)
         self.bytes_written += 2 * k.numel() * k.element_size()
 

@@ -58,10 +58,10 @@ class ShmWriter(LayerWriter):
         self.mapped = mapped
         self.pending: list[Future] = []
 
-    def write_layer(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
+    def write_layer(self, layer: int, k: torch.Tensor, v: torch.Tensor, start: int = 0) -> None:
         if self.state is not TransferState.WRITING:
             raise TransferError(f"request {self.request_id}: writer is {self.state.value}")
-        runs = self._runs(k.shape[0])
+        runs = self._runs(k.shape[0], start)
         if self.sender.overlap and 2 * k.numel() * self.mapped.data.element_size() >= OVERLAP_MIN_BYTES:
             self.pending.append(self.sender.pool.submit(self._copy, layer, k, v, runs))
         else:

@@ -80,7 +80,7 @@ def test_disaggregated_greedy_equals_single_engine(default_engine, pair):
     prompts = [default_engine.tokenizer.encode_chat([ChatMessage("user", p)]) for p in PROMPTS]
     expected = [complete(default_engine, p, params).output_ids for p in prompts]
     reservations = [handoff(prefill, decode, p, params, f"r{i}") for i, p in enumerate(prompts)]
-    results = prefill.run([(p, req) for p, (_, req) in zip(prompts, reservations)])
+    results = prefill.prefill_all([(p, req) for p, (_, req) in zip(prompts, reservations)])
     sinks = []
     for p, (res, req), out in zip(prompts, reservations, results):
         sink = ListSink()
@@ -121,7 +121,7 @@ def test_release_and_cancel_stop_a_running_stream(default_engine, pair):
     sinks = []
     for rid in ("rel", "can"):
         res, req = handoff(prefill, decode, prompt, params, rid)
-        out = prefill.run([(prompt, req)])[0]
+        out = prefill.prefill_all([(prompt, req)])[0]
         sink = ListSink()
         decode.generate(DecodeOp(op="generate", request_id=rid, lease=res.lease, prompt_ids=prompt,
                                  output_ids=[out.token], sampling=params.to_dict()), sink)
@@ -172,10 +172,43 @@ def test_prefill_batch_with_bad_members_still_serves_the_good_ones(default_engin
                               Destination({"transport": "inproc", "id": "gone", "num_pages": 9,
                                            "layout": res.pool["layout"]}, [1], "l"))
     bad_params = PrefillRequest("badparams", {"top_p": 7.0})
-    out = prefill.run([(prompt, req), ([], PrefillRequest("empty", params.to_dict())), (prompt, bad_pool),
+    out = prefill.prefill_all([(prompt, req), ([], PrefillRequest("empty", params.to_dict())), (prompt, bad_pool),
                        (prompt, bad_params)])
     assert out[0].token >= 0 and out[0].kv_bytes > 0
     assert "prompt is empty" in str(out[1])
     assert "no in-process pool" in str(out[2])
     assert "top_p must be in (0, 1]" in str(out[3])
     decode.release(DecodeOp(op="release", request_id="ok", lease=res.lease))
+
+
+def test_long_prompts_are_prefilled_in_chunks_and_short_ones_slip_in_between(default_engine, pair):
+    """A prompt longer than a pass is prefilled chunk by chunk (its pages streaming to the decode
+    worker); a short prompt submitted behind it is answered before the long one, and both decode
+    exactly as in a single engine."""
+    prefill, decode = pair
+    prefill.pass_tokens, prefill.chunk_tokens = 64, 64
+    prefill.engine.attach_pool(prefill.layout.pages_for(1024))
+    params = SamplingParams(max_tokens=10)
+    long_ids = default_engine.tokenizer.encode_chat([ChatMessage("user", "Summarize: " + "the cat sat on the mat. " * 40)])
+    short_ids = default_engine.tokenizer.encode("Hello there")
+    assert len(long_ids) > 3 * 64
+    answered = []
+    reservations = {}
+    for rid, ids in (("long", long_ids), ("short", short_ids)):
+        res, req = handoff(prefill, decode, ids, params, rid)
+        reservations[rid] = (res, ids)
+        prefill.submit(ids, req, lambda r, rid=rid: answered.append((rid, r)))
+    while prefill.step():
+        pass
+    assert [rid for rid, _ in answered] == ["short", "long"]
+    assert prefill.engine.allocator.num_used == 0  # the local pool is given back
+    sinks = {}
+    for rid, result in answered:
+        res, ids = reservations[rid]
+        sinks[rid] = (result.token, ListSink())
+        decode.generate(DecodeOp(op="generate", request_id=rid, lease=res.lease, prompt_ids=ids,
+                                 output_ids=[result.token], sampling=params.to_dict()), sinks[rid][1])
+    run_loop(decode, [s for _, s in sinks.values()])
+    for rid, ids in (("long", long_ids), ("short", short_ids)):
+        first, sink = sinks[rid]
+        assert [first] + sink.tokens == complete(default_engine, ids, params).output_ids, rid

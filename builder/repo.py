@@ -75,6 +75,7 @@ def model_values(engines: str, opts: RepoOptions) -> dict[str, dict]:
                        transfer_timeout_ms=opts.transfer_timeout_ms, threads=opts.threads),
         "generate": dict(name="generate", engine_dir=prefill_dir, kv_pool_bytes=pool,
                          max_batch_size=opts.colocated_max_batch_size, max_num_tokens=pm.profile.max_num_tokens,
+                         cpu_pass_tokens=pm.profile.cpu_pass_tokens or pm.profile.max_num_tokens,
                          chunk_tokens=opts.chunk_tokens, threads=opts.threads),
     }
 

@@ -3,7 +3,8 @@
 A request waits until its whole page budget fits, then runs until it finishes, then its pages go
 back. Each `step()` is one forward pass:
 - co-located (`chunk_tokens=None`): while prompts wait and fit, a packed prefill of as many as fit in
-  `max_num_tokens` runs first (the running decodes stall for it); otherwise one decode step.
+  `max_num_tokens` (a longer prompt alone) runs first (the running decodes stall for it); otherwise
+  one decode step.
 - chunked (`chunk_tokens=N`): every pass decodes one token for each running request and adds up to
   N prompt tokens of admitted prompts, so a long prompt is spread over many passes.
 """
@@ -47,9 +48,6 @@ class Scheduler:
         if pages > self.engine.allocator.num_pages:
             raise InvalidRequest(f"request needs {pages} KV pages but the whole pool has "
                                  f"{self.engine.allocator.num_pages}; lower max_tokens or the prompt")
-        if self.chunk_tokens is None and len(seq.prompt_ids) > self.max_num_tokens:
-            raise InvalidRequest(f"prompt has {len(seq.prompt_ids)} tokens; this engine prefills at most "
-                                 f"{self.max_num_tokens} in one pass")
         self.waiting.append(seq)
 
     def abort(self, request_id: str) -> bool:

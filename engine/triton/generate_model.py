@@ -20,9 +20,12 @@ class TritonPythonModel:
         p = Params(args)
         setup_threads(p)
         chunk = p.int("chunk_tokens")
-        self.worker = ColocatedWorker(load_engine(p.str("engine_dir"), kv_bytes=p.int("kv_pool_bytes")),
-                                      max_batch_size=p.int("max_batch_size"),
-                                      max_num_tokens=p.int("max_num_tokens"), chunk_tokens=chunk or None)
+        engine = load_engine(p.str("engine_dir"), kv_bytes=p.int("kv_pool_bytes"))
+        budget = p.int("max_num_tokens")
+        if engine.device.type == "cpu":  # the same prefill pass budget as the disaggregated prefill worker
+            budget = min(budget, p.int("cpu_pass_tokens"))
+        self.worker = ColocatedWorker(engine, max_batch_size=p.int("max_batch_size"), max_num_tokens=budget,
+                                      chunk_tokens=chunk or None)
         self.loop = BackgroundLoop(self.worker, "colocated-loop")
 
     def execute(self, requests):

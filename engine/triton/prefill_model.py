@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
-import torch
-
 from engine.load import load_engine
 from engine.triton.common import (BackgroundLoop, Params, error_response, input_ids, input_json, respond_once,
                                   setup_threads, token_response)
@@ -23,12 +21,10 @@ class TritonPythonModel:
     def initialize(self, args):
         p = Params(args)
         setup_threads(p)
-        engine_dir = p.str("engine_dir")
+        engine = load_engine(p.str("engine_dir"), kv_bytes=None)
         budget = p.int("max_num_tokens")
-        on_cpu = not torch.cuda.is_available()
-        if on_cpu:
+        if engine.device.type == "cpu":
             budget = min(budget, p.int("cpu_pass_tokens"))
-        engine = load_engine(engine_dir, kv_bytes=None)
         if budget < engine.max_context:  # a local pool holds a long prompt between its chunks
             engine.attach_pool(engine.kv_layout().pages_for(engine.max_context))
         self.worker = PrefillWorker(engine, pass_tokens=budget)

@@ -13,6 +13,7 @@ import os
 import platform
 import shlex
 import sys
+import tempfile
 
 from orchestrator.bench import plots
 from orchestrator.bench.drivers import make_driver
@@ -29,9 +30,10 @@ BASELINE = "colocated"
 def run_compare(engines: str, out: str, scenarios: list[str], modes: list[str], protocol: str, slo_ttft: float,
                 slo_tpot: float, kv_pool_bytes: int, chunk_tokens: int, tokenizer, log=print) -> dict:
     runs = {s: {} for s in scenarios}
+    work = tempfile.mkdtemp(prefix="tandem-compare-")
     for mode in modes:
-        log(f"[{mode}] starting tandem serve ...")
-        serve = ServeProcess(os.path.join(out, "work", mode), (
+        log(f"[{mode}] starting tandem serve (logs in {work}/{mode}) ...")
+        serve = ServeProcess(os.path.join(work, mode), (
             "--model", engines, "--mode", mode, "--kv-pool-bytes", str(kv_pool_bytes),
             "--chunk-tokens", str(chunk_tokens))).start()
         try:
@@ -66,8 +68,13 @@ def _ratios(modes: dict) -> dict:
     return out
 
 
-def _report(runs: dict, out: str, protocol: str, slo_ttft: float, slo_tpot: float, chunk_tokens: int) -> dict:
-    doc = {"command": "tandem " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
+def _change(reduction: float) -> str:
+    return f"{reduction:.0%} lower" if reduction >= 0 else f"{-reduction:.0%} higher"
+
+
+def _report(runs: dict, out: str, protocol: str, slo_ttft: float, slo_tpot: float, chunk_tokens: int,
+            command: str | None = None) -> dict:
+    doc = {"command": command or "tandem " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "machine": {"cpus": len(os.sched_getaffinity(0)), "platform": platform.platform(),
                        "processor": platform.processor() or platform.machine()},
@@ -90,8 +97,8 @@ def _report(runs: dict, out: str, protocol: str, slo_ttft: float, slo_tpot: floa
                 doc["scenarios"][name].setdefault("per_stream", {})[stream.name] = per
                 md += [f"Stream `{stream.name}` only:\n", table(per), ""]
         for mode, r in _ratios(summaries).items():
-            md.append(f"- {mode} vs {BASELINE}: TTFT p50 {r['ttft_p50_reduction']:+.0%} lower, E2E p50 "
-                      f"{r['e2e_p50_reduction']:+.0%} lower, ITL p99 x{r['itl_p99_ratio']:.2f}, "
+            md.append(f"- {mode} vs {BASELINE}: TTFT p50 {_change(r['ttft_p50_reduction'])}, E2E p50 "
+                      f"{_change(r['e2e_p50_reduction'])}, ITL p99 x{r['itl_p99_ratio']:.2f}, "
                       f"goodput x{r['goodput_ratio']:.2f}")
         md.append("")
         for kind in ("ttft", "itl"):

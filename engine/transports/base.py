@@ -122,7 +122,9 @@ class KVSender(ABC):
 
     def check_descriptor(self, pool: dict, name: str) -> tuple[KVLayout, int]:
         if not isinstance(pool, dict) or pool.get("transport") != name:
-            raise TransferError(f"destination pool is not a {name!r} pool: {str(pool)[:80]}")
+            # never echo the descriptor: it may hold another pool's access keys
+            got = pool.get("transport") if isinstance(pool, dict) else type(pool).__name__
+            raise TransferError(f"destination pool is not a {name!r} pool (it says {got!r})")
         try:
             remote = KVLayout.from_dict(pool["layout"])
             num_pages = int(pool["num_pages"])

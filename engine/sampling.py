@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from engine.errors import InvalidRequest
+from tandem.strict import check_keys
 
 MAX_STOP_STRINGS = 16
 _SEED_MIX = 0x9E3779B97F4A7C15  # golden-ratio constant: spreads consecutive steps far apart
@@ -65,10 +66,7 @@ class SamplingParams:
 
     @classmethod
     def from_dict(cls, data: dict) -> "SamplingParams":
-        known = set(cls.__dataclass_fields__)
-        unknown = set(data) - known
-        if unknown:
-            raise InvalidRequest(f"unknown sampling fields {sorted(unknown)}; allowed: {sorted(known)}")
+        check_keys(cls, data, "sampling fields", InvalidRequest)
         data = {k: (tuple(v) if isinstance(v, list) else v) for k, v in data.items()}
         try:
             return cls(**data)

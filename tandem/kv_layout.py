@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
 
+from tandem.strict import check_keys
+
 KV_DTYPES = ("float32", "bfloat16", "float16")
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
@@ -49,10 +51,7 @@ class KVLayout:
 
     @classmethod
     def from_dict(cls, data: dict) -> "KVLayout":
-        known = {f.name for f in fields(cls)}
-        unknown = set(data) - known
-        if unknown:
-            raise ValueError(f"unknown KV layout keys {sorted(unknown)}; allowed: {sorted(known)}")
+        check_keys(cls, data, "KV layout keys")
         return cls(**data)
 
 

@@ -7,9 +7,10 @@ next engineer can see why a number is what it is. Profiles are frozen; a build m
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, replace
 
 from tandem.roles import Role
+from tandem.strict import check_keys
 
 WEIGHT_QUANT = ("none", "int8", "int8-dynamic")
 
@@ -49,10 +50,7 @@ class RoleProfile:
 
     @classmethod
     def from_dict(cls, data: dict) -> "RoleProfile":
-        known = {f.name for f in fields(cls)}
-        unknown = set(data) - known
-        if unknown:
-            raise ValueError(f"unknown profile keys {sorted(unknown)}; allowed: {sorted(known)}")
+        check_keys(cls, data, "profile keys")
         data = dict(data, role=Role.parse(data["role"]),
                     cuda_graph_batch_sizes=tuple(data.get("cuda_graph_batch_sizes", ())))
         return cls(**data)

@@ -80,7 +80,7 @@ def _report(runs: dict, out: str, protocol: str, slo_ttft: float, slo_tpot: floa
                        "processor": platform.processor() or platform.machine()},
            "protocol": protocol, "chunk_tokens": chunk_tokens, "slo": {"ttft_s": slo_ttft, "tpot_s": slo_tpot},
            "scenarios": {}}
-    md = [f"# Disaggregated vs co-located vs chunked prefill\n",
+    md = ["# Disaggregated vs co-located vs chunked prefill\n",
           f"Command: `{doc['command']}`  \nDate: {doc['date']}  \nMachine: {doc['machine']['cpus']} cores, "
           f"{doc['machine']['platform']}  \nProtocol: {protocol}; SLO for goodput: TTFT <= {slo_ttft * 1e3:.0f} ms, "
           f"TPOT <= {slo_tpot * 1e3:.0f} ms; chunked prefill budget {chunk_tokens} tokens per step.\n"]

@@ -9,7 +9,6 @@ Error responses carry a tag the orchestrator maps to its own errors and retry ru
 from __future__ import annotations
 
 import json
-import os
 import threading
 
 import numpy as np
@@ -39,7 +38,6 @@ class Params:
 
 def setup_threads(params: Params) -> None:
     torch.set_num_threads(max(1, params.int("threads")))
-    os.environ.setdefault("TANDEM_ROLE_PID", str(os.getpid()))
 
 
 def error_tag(e: Exception) -> str:

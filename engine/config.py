@@ -84,30 +84,6 @@ class ModelConfig:
         except KeyError as e:
             raise ModelLoadError(f"config.json lacks required field {e.args[0]!r}") from None
 
-    def to_hf(self) -> dict:
-        """The Hugging Face config.json this config was (or could have been) parsed from."""
-        rs = self.rope_scaling
-        out = {
-            "architectures": [self.architecture],
-            "model_type": {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral",
-                           "Qwen2ForCausalLM": "qwen2"}[self.architecture],
-            "vocab_size": self.vocab_size, "hidden_size": self.hidden_size,
-            "intermediate_size": self.intermediate_size, "num_hidden_layers": self.num_layers,
-            "num_attention_heads": self.num_heads, "num_key_value_heads": self.num_kv_heads,
-            "head_dim": self.head_dim, "rms_norm_eps": self.rms_norm_eps, "rope_theta": self.rope_theta,
-            "max_position_embeddings": self.max_position, "tie_word_embeddings": self.tie_word_embeddings,
-            "attention_bias": self.attention_bias, "hidden_act": "silu",
-            "bos_token_id": self.bos_token_id,
-            "eos_token_id": list(self.eos_token_ids) if len(self.eos_token_ids) != 1 else self.eos_token_ids[0],
-        }
-        if rs.type != "default":
-            out["rope_scaling"] = {"rope_type": rs.type, "factor": rs.factor}
-            if rs.type in ("llama3", "dynamic") and rs.original_max_position:
-                out["rope_scaling"]["original_max_position_embeddings"] = rs.original_max_position
-            if rs.type == "llama3":
-                out["rope_scaling"].update(low_freq_factor=rs.low_freq_factor, high_freq_factor=rs.high_freq_factor)
-        return out
-
 
 def _rope_params(cfg: dict) -> dict:
     # Newer transformers write `rope_parameters` (theta and scaling together); older ones `rope_scaling`.

@@ -30,10 +30,6 @@ class PageAllocator:
         self._refs = [0] * num_pages
 
     @property
-    def num_free(self) -> int:
-        return len(self._free)
-
-    @property
     def num_used(self) -> int:
         return self.num_pages - len(self._free)
 
@@ -126,7 +122,3 @@ class KVCache:
             self.shm.unlink()
             self.shm = None
 
-
-def slots_for(page_table: list[int], start: int, end: int, tokens_per_page: int) -> list[int]:
-    """Flat slot ids of token positions [start, end) of a request with this page table."""
-    return [page_table[t // tokens_per_page] * tokens_per_page + t % tokens_per_page for t in range(start, end)]

@@ -62,9 +62,3 @@ def to_raw(arr: np.ndarray) -> bytes:
         return encode_bytes(arr.reshape(-1).tolist())
     return np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("<")).tobytes()
 
-
-def datatype_of(arr: np.ndarray) -> str:
-    for name, dt in DTYPES.items():
-        if arr.dtype == dt:
-            return name
-    raise TensorError(f"no KServe datatype for numpy {arr.dtype}")

@@ -36,6 +36,12 @@ class Params:
         return int(self.str(key))
 
 
+def pass_budget(params: Params, device: torch.device) -> int:
+    """Prompt tokens per prefill pass: the profile's max_num_tokens, capped on CPU (see profiles.py)."""
+    budget = params.int("max_num_tokens")
+    return min(budget, params.int("cpu_pass_tokens")) if device.type == "cpu" else budget
+
+
 def setup_threads(params: Params) -> None:
     torch.set_num_threads(max(1, params.int("threads")))
 

@@ -11,7 +11,7 @@ import json
 from engine.errors import InvalidRequest
 from engine.load import load_engine
 from engine.triton.common import (BackgroundLoop, Params, ResponseSink, error_response, input_ids, input_json,
-                                  respond_once, setup_threads)
+                                  pass_budget, respond_once, setup_threads)
 from engine.workers.colocated import ColocatedWorker
 
 
@@ -21,10 +21,9 @@ class TritonPythonModel:
         setup_threads(p)
         chunk = p.int("chunk_tokens")
         engine = load_engine(p.str("engine_dir"), kv_bytes=p.int("kv_pool_bytes"))
-        budget = p.int("max_num_tokens")
-        if engine.device.type == "cpu":  # the same prefill pass budget as the disaggregated prefill worker
-            budget = min(budget, p.int("cpu_pass_tokens"))
-        self.worker = ColocatedWorker(engine, max_batch_size=p.int("max_batch_size"), max_num_tokens=budget,
+        # the same prefill pass budget as the disaggregated prefill worker: a fair baseline
+        self.worker = ColocatedWorker(engine, max_batch_size=p.int("max_batch_size"),
+                                      max_num_tokens=pass_budget(p, engine.device),
                                       chunk_tokens=chunk or None)
         self.loop = BackgroundLoop(self.worker, "colocated-loop")
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import asdict
 
 from engine.load import load_engine
-from engine.triton.common import (BackgroundLoop, Params, error_response, input_ids, input_json, respond_once,
-                                  setup_threads, token_response)
+from engine.triton.common import (BackgroundLoop, Params, error_response, input_ids, input_json, pass_budget,
+                                  respond_once, setup_threads, token_response)
 from engine.workers.prefill import PrefillWorker
 from tandem.wire import PrefillRequest, parse
 
@@ -22,9 +22,7 @@ class TritonPythonModel:
         p = Params(args)
         setup_threads(p)
         engine = load_engine(p.str("engine_dir"), kv_bytes=None)
-        budget = p.int("max_num_tokens")
-        if engine.device.type == "cpu":
-            budget = min(budget, p.int("cpu_pass_tokens"))
+        budget = pass_budget(p, engine.device)
         if budget < engine.max_context:  # a local pool holds a long prompt between its chunks
             engine.attach_pool(engine.kv_layout().pages_for(engine.max_context))
         self.worker = PrefillWorker(engine, pass_tokens=budget)

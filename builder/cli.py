@@ -60,14 +60,12 @@ def build_command(model, out, roles, backend, dtype, tokens_per_page, weight_qua
 @click.option("--engines", required=True, help="Folder with prefill/ and decode/ engines (from tandem build).")
 @click.option("--out", required=True, help="Model repository folder to write (replaced if it exists).")
 @click.option("--backend", type=click.Choice(["torch", "tensorrt-llm"]), default="torch", show_default=True)
-@click.option("--instances", type=click.IntRange(1, 64), default=1, show_default=True,
-              help="Prefill model instances (decode owns one KV pool, so always 1).")
-@click.option("--transport", type=click.Choice(["shm", "nixl"]), default="shm", show_default=True)
+@click.option("--transport", type=click.Choice(["shm", "nixl", "auto"]), default="shm", show_default=True)
 @click.option("--threads", type=click.IntRange(1, 256), default=1, show_default=True, help="Torch threads per instance.")
 @click.option("--kv-pool-bytes", type=click.IntRange(1 << 20), default=None, help="Decode KV pool size (default: profile).")
 @click.option("--chunk-tokens", type=click.IntRange(0), default=0, show_default=True,
               help="generate/ model: chunked-prefill budget per step (0 = prefill first).")
-def repo_command(engines, out, backend, instances, transport, threads, kv_pool_bytes, chunk_tokens):
+def repo_command(engines, out, backend, transport, threads, kv_pool_bytes, chunk_tokens):
     """Render the Triton model repository (prefill/, decode/, generate/) for built engines."""
     from builder.build import BuildError
     from builder.repo import RenderError, RepoOptions, render_repo
@@ -77,7 +75,7 @@ def repo_command(engines, out, backend, instances, transport, threads, kv_pool_b
             from builder.trtllm_build import render_trtllm_repo
 
             render_trtllm_repo(engines, out, log=click.echo)
-        models = render_repo(engines, out, RepoOptions(transport=transport, instances=instances, threads=threads,
+        models = render_repo(engines, out, RepoOptions(transport=transport, threads=threads,
                                                        kv_pool_bytes=kv_pool_bytes, chunk_tokens=chunk_tokens))
     except (RenderError, BuildError) as e:
         raise click.ClickException(str(e)) from None

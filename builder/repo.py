@@ -41,16 +41,34 @@ def render(template: str, values: dict, where: str) -> str:
     return _PLACEHOLDER.sub(lambda m: str(values[m.group(1)]), template)
 
 
+TRANSPORT_CHOICES = ("shm", "nixl", "auto")  # auto: shm for writers on the decode worker's host, NIXL otherwise
+
+
 @dataclass(frozen=True)
 class RepoOptions:
     transport: str = "shm"
-    instances: int = 1  # prefill instances (decode owns one pool: always 1)
     threads: int = 1  # torch threads per model instance
     kv_pool_bytes: int | None = None  # None: the decode profile's
-    lease_ms: int = 30000
-    transfer_timeout_ms: int = 30000
+    transfer_timeout_s: float = 30.0  # decode: a started request whose pages never arrive fails after this
+    fence_timeout_s: float = 60.0  # decode: a NIXL writer that never sends its close notice is assumed gone
     chunk_tokens: int = 0  # generate/: 0 = prefill-first co-location, N = chunked prefill
+    decode_chunk_tokens: int = 64  # decode/: prompt tokens per step when it prefills a short suffix itself
     colocated_max_batch_size: int = 64
+    fault_write_delay_ms: float = 0.0  # prefill/: fault injection only (tests, tandem chaos): a slow writer
+
+    def __post_init__(self):
+        if self.transport not in TRANSPORT_CHOICES:
+            raise RenderError(f"unknown transport {self.transport!r}; allowed: {', '.join(TRANSPORT_CHOICES)}")
+
+
+def _transports(choice: str) -> str:
+    """The transports a decode pool offers, for the config: auto offers NIXL where it is installed."""
+    if choice != "auto":
+        return choice
+    import importlib.util
+
+    nixl = any(importlib.util.find_spec(m) is not None for m in ("nixl", "nixl_cu12"))
+    return "shm,nixl" if nixl else "shm"
 
 
 def model_values(engines: str, opts: RepoOptions) -> dict[str, dict]:
@@ -65,18 +83,20 @@ def model_values(engines: str, opts: RepoOptions) -> dict[str, dict]:
         raise RenderError(f"{engines} holds {pm.backend} engines; this repository runs torch engines "
                           f"(TensorRT-LLM deployments use the trtllm-serve configs written by tandem build)")
     pool = opts.kv_pool_bytes if opts.kv_pool_bytes is not None else dm.profile.kv_pool_bytes
+    cpu_pass = pm.profile.cpu_pass_tokens or pm.profile.max_num_tokens
     return {
         "prefill": dict(name="prefill", engine_dir=prefill_dir, max_batch_size=pm.profile.max_batch_size,
                         max_queue_delay_us=pm.profile.max_queue_delay_us, max_num_tokens=pm.profile.max_num_tokens,
-                        cpu_pass_tokens=pm.profile.cpu_pass_tokens or pm.profile.max_num_tokens,
-                        instances=opts.instances, threads=opts.threads),
-        "decode": dict(name="decode", engine_dir=decode_dir, transport=opts.transport, kv_pool_bytes=pool,
-                       max_batch_size=dm.profile.max_batch_size, lease_ms=opts.lease_ms,
-                       transfer_timeout_ms=opts.transfer_timeout_ms, threads=opts.threads),
+                        cpu_pass_tokens=cpu_pass, fault_write_delay_ms=opts.fault_write_delay_ms,
+                        threads=opts.threads),
+        "decode": dict(name="decode", engine_dir=decode_dir, transports=_transports(opts.transport),
+                       kv_pool_bytes=pool, max_batch_size=dm.profile.max_batch_size,
+                       max_num_tokens=pm.profile.max_num_tokens, cpu_pass_tokens=cpu_pass,
+                       chunk_tokens=opts.decode_chunk_tokens, transfer_timeout_s=opts.transfer_timeout_s,
+                       fence_timeout_s=opts.fence_timeout_s, threads=opts.threads),
         "generate": dict(name="generate", engine_dir=prefill_dir, kv_pool_bytes=pool,
                          max_batch_size=opts.colocated_max_batch_size, max_num_tokens=pm.profile.max_num_tokens,
-                         cpu_pass_tokens=pm.profile.cpu_pass_tokens or pm.profile.max_num_tokens,
-                         chunk_tokens=opts.chunk_tokens, threads=opts.threads),
+                         cpu_pass_tokens=cpu_pass, chunk_tokens=opts.chunk_tokens, threads=opts.threads),
     }
 
 

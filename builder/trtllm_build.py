@@ -99,7 +99,7 @@ def build_trtllm(req: BuildRequest, dry_run: bool, log=print) -> None:
                                                                               sort_keys=False)
              for role, o in options.items()}
     files["disagg_config.yaml"] = yaml.safe_dump(disagg.model_dump(), sort_keys=False)
-    compose = DisaggConfig(hostname="0.0.0.0", port=FRONT_PORT,  # deploy/docker-compose.gpu.yml's service names
+    compose = DisaggConfig(hostname="0.0.0.0", port=FRONT_PORT,  # deploy/docker-compose.trtllm.yml's service names
                            context_servers=DisaggServers(urls=[f"prefill:{CTX_PORT}"]),
                            generation_servers=DisaggServers(urls=[f"decode:{GEN_PORT}"]))
     files["disagg_config.compose.yaml"] = yaml.safe_dump(compose.model_dump(), sort_keys=False)

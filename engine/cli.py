@@ -29,7 +29,7 @@ def generate_command(prompt, model, max_tokens, temperature, top_p, top_k, seed,
     from engine.errors import EngineError
     from engine.generate import run_generation
     from engine.load import load_engine
-    from engine.sampling import SamplingParams
+    from tandem.sampling import SamplingParams
     from engine.tokenizer import ChatMessage
 
     try:

@@ -22,7 +22,8 @@ from engine.config import ModelConfig
 from engine.errors import InvalidRequest
 from engine.kv_pool import TORCH_DTYPES, KVCache, PageAllocator
 from engine.model import LlamaModel
-from engine.sampling import SamplingParams, sample
+from engine.sampling import sample
+from tandem.sampling import SamplingParams
 from engine.sequence import FinishReason, Sequence
 from engine.tokenizer import Tokenizer
 from tandem.kv_layout import KVLayout

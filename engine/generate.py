@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass, field
 
 from engine.detokenizer import TextStream
-from engine.sampling import SamplingParams
+from tandem.sampling import SamplingParams
 from engine.scheduler import Scheduler
 
 
@@ -25,8 +25,9 @@ def run_generation(engine, prompt_ids: list[int], params: SamplingParams, on_tex
     """Generate for one prompt; `on_text(str)` receives each piece of final text as it appears."""
     seq = engine.new_sequence("generate-0", prompt_ids, params)
     stream = TextStream(engine.tokenizer, params.stop)
+    engine.admit(seq)  # OutOfPages when the pool cannot hold prompt + max_tokens
     sched = Scheduler(engine)
-    sched.add(seq)
+    sched.add_prefill(seq)
     t0 = time.perf_counter()
     t_first = None
     text = []
@@ -37,6 +38,7 @@ def run_generation(engine, prompt_ids: list[int], params: SamplingParams, on_tex
             text.append(piece)
             if on_text and piece:
                 on_text(piece)
+    engine.release(seq)
     tail = stream.flush()
     if on_text and tail:
         on_text(tail)

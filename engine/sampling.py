@@ -1,4 +1,4 @@
-"""Per-request sampling parameters and the sampler.
+"""The sampler: logits to token ids, per request (its SamplingParams live in tandem/sampling.py).
 
 Randomness is counter-based: the draw for output token `n` of a request uses a generator seeded from
 (seed, n). A seeded request therefore samples the same tokens whatever batch it runs in, and a
@@ -8,70 +8,11 @@ but its seed.
 
 from __future__ import annotations
 
-import math
-import secrets
-from dataclasses import dataclass, field, replace
-
 import torch
 
-from engine.errors import InvalidRequest
-from tandem.strict import check_keys
+from tandem.sampling import SamplingParams
 
-MAX_STOP_STRINGS = 16
 _SEED_MIX = 0x9E3779B97F4A7C15  # golden-ratio constant: spreads consecutive steps far apart
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """What to generate. temperature 0 means greedy; top_k 0 and top_p 1 mean no truncation."""
-
-    max_tokens: int = 16
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    seed: int | None = None
-    stop: tuple[str, ...] = ()
-    stop_token_ids: tuple[int, ...] = ()
-    ignore_eos: bool = False
-    min_tokens: int = 0
-    logprobs: bool = False
-    extra_eos: tuple[int, ...] = field(default=())  # e.g. a client's end_id, on top of the model's EOS
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
-            raise InvalidRequest(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
-        if not math.isfinite(self.temperature) or self.temperature < 0:
-            raise InvalidRequest(f"temperature must be >= 0 (0 = greedy), got {self.temperature!r}")
-        if self.top_k < 0:
-            raise InvalidRequest(f"top_k must be >= 0 (0 = disabled), got {self.top_k!r}")
-        if not (0.0 < self.top_p <= 1.0):
-            raise InvalidRequest(f"top_p must be in (0, 1], got {self.top_p!r}")
-        if self.min_tokens < 0 or self.min_tokens > self.max_tokens:
-            raise InvalidRequest(f"min_tokens must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens!r}")
-        if len(self.stop) > MAX_STOP_STRINGS or any(not s for s in self.stop):
-            raise InvalidRequest(f"stop takes at most {MAX_STOP_STRINGS} non-empty strings, got {list(self.stop)!r}")
-        if self.seed is not None and not (0 <= self.seed < 2**64):
-            raise InvalidRequest(f"seed must be in [0, 2**64), got {self.seed!r}")
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0.0
-
-    def with_seed(self) -> "SamplingParams":
-        """A copy with a concrete seed, so every process that samples for this request agrees."""
-        return self if self.seed is not None or self.greedy else replace(self, seed=secrets.randbits(63))
-
-    def to_dict(self) -> dict:
-        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.__dict__.items()}
-
-    @classmethod
-    def from_dict(cls, data: dict) -> "SamplingParams":
-        check_keys(cls, data, "sampling fields", InvalidRequest)
-        data = {k: (tuple(v) if isinstance(v, list) else v) for k, v in data.items()}
-        try:
-            return cls(**data)
-        except TypeError as e:
-            raise InvalidRequest(f"bad sampling parameters: {e}") from None
 
 
 def _generator(seed: int, step: int, device: torch.device) -> torch.Generator:

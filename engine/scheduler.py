@@ -1,12 +1,19 @@
-"""Continuous batching inside one engine: `tandem generate` and the co-located baselines.
+"""Continuous batching over one engine: decode steps for running sequences, and local prefill.
 
-A request waits until its whole page budget fits, then runs until it finishes, then its pages go
-back. Each `step()` is one forward pass:
-- co-located (`chunk_tokens=None`): while prompts wait and fit, a packed prefill of as many as fit in
-  `max_num_tokens` (a longer prompt alone) runs first (the running decodes stall for it); otherwise
-  one decode step.
-- chunked (`chunk_tokens=N`): every pass decodes one token for each running request and adds up to
-  N prompt tokens of admitted prompts, so a long prompt is spread over many passes.
+Sequences arrive with their pages already reserved (the worker reserves them when a request opens,
+so a full pool is an answer, not an unbounded queue in here), in one of two ways:
+- `add_prefill(seq)`: the tokens after `seq.num_cached` (the prompt, or the part of it no cached
+  prefix covers) are computed here: a co-located worker, or a decode worker prefilling a short suffix.
+- `add_running(seq)`: K/V of everything but its newest token are in its pages (a remote prefill wrote
+  them); the next decode step continues it.
+
+Each `step()` is one forward pass, by one of two policies for local prefill:
+- prefill-first (`chunk_tokens=None`): while prompts wait, one packed pass of as many of them as fit in
+  `pass_tokens` (the oldest first; a longer prompt runs alone) runs and the decodes stall for it;
+  otherwise one decode step of every running sequence.
+- chunked (`chunk_tokens=N`): every pass decodes one token for each running sequence and adds up to N
+  prompt tokens of waiting prompts (oldest first), so a long prompt is spread over many passes.
+The scheduler frees nothing: the caller releases a finished sequence's pages.
 """
 
 from __future__ import annotations
@@ -15,7 +22,6 @@ from collections import deque
 from dataclasses import dataclass
 
 from engine.engine import Engine
-from engine.errors import InvalidRequest
 from engine.sequence import Sequence
 
 
@@ -27,85 +33,86 @@ class TokenEvent:
 
 
 class Scheduler:
-    def __init__(self, engine: Engine, max_batch_size: int = 64, max_num_tokens: int = 8192,
+    def __init__(self, engine: Engine, max_batch_size: int = 64, pass_tokens: int = 8192,
                  chunk_tokens: int | None = None):
         if chunk_tokens is not None and chunk_tokens < 1:
-            raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
+            raise ValueError(f"chunk_tokens must be >= 1 (or None for prefill-first), got {chunk_tokens}")
+        if pass_tokens < 1 or max_batch_size < 1:
+            raise ValueError("pass_tokens and max_batch_size must be >= 1")
         self.engine = engine
         self.max_batch_size = max_batch_size
-        self.max_num_tokens = max_num_tokens
+        self.pass_tokens = pass_tokens
         self.chunk_tokens = chunk_tokens
-        self.waiting: deque[Sequence] = deque()
-        self.prefilling: list[Sequence] = []  # admitted, prompt partly cached (chunked mode)
+        self.waiting: deque[Sequence] = deque()  # prompts (partly) to compute here, oldest first
         self.running: list[Sequence] = []
 
     @property
     def has_work(self) -> bool:
-        return bool(self.waiting or self.prefilling or self.running)
+        return bool(self.waiting or self.running)
 
-    def add(self, seq: Sequence) -> None:
-        pages = self.engine.cache.layout.pages_for(seq.budget)
-        if pages > self.engine.allocator.num_pages:
-            raise InvalidRequest(f"request needs {pages} KV pages but the whole pool has "
-                                 f"{self.engine.allocator.num_pages}; lower max_tokens or the prompt")
+    @property
+    def size(self) -> int:
+        return len(self.waiting) + len(self.running)
+
+    @property
+    def has_room(self) -> bool:
+        return self.size < self.max_batch_size
+
+    def add_prefill(self, seq: Sequence) -> None:
         self.waiting.append(seq)
 
-    def abort(self, request_id: str) -> bool:
-        """Stop a request wherever it is and free its pages. False if it is not here."""
-        for queue in (self.waiting, self.prefilling, self.running):
-            for seq in list(queue):
-                if seq.request_id == request_id:
-                    queue.remove(seq)
-                    self.engine.abort(seq)
-                    return True
+    def add_running(self, seq: Sequence) -> None:
+        self.running.append(seq)
+
+    def remove(self, seq: Sequence) -> bool:
+        """Take a sequence out wherever it is (cancelled or released). False if it is not here."""
+        for queue in (self.waiting, self.running):
+            if seq in queue:
+                queue.remove(seq)
+                return True
         return False
 
     def step(self) -> list[TokenEvent]:
-        if self.chunk_tokens is None:
-            batch = self._admit(self.max_num_tokens)
-            events = self._prefill(batch) if batch else self._decode()
-        else:
-            events = self._mixed()
+        """One pass; finished sequences leave the scheduler (their events say so)."""
+        events = self._prefill_first() if self.chunk_tokens is None else self._mixed()
         for ev in events:
-            if ev.seq.finished:
+            if ev.seq.finished and ev.seq in self.running:
                 self.running.remove(ev.seq)
-                self.engine.release(ev.seq)
         return events
 
-    def _admit(self, token_budget: int) -> list[Sequence]:
-        """Move waiting requests whose pages fit into a batch, within the token and batch limits."""
+    def _prefill_first(self) -> list[TokenEvent]:
         batch, tokens = [], 0
-        room = self.max_batch_size - len(self.running) - len(self.prefilling)
-        while self.waiting and len(batch) < room:
-            seq = self.waiting[0]
-            n = len(seq.prompt_ids)
-            if (batch and tokens + n > token_budget) or not self.engine.can_admit(seq):
-                break
-            self.waiting.popleft()
-            self.engine.admit(seq)
+        while self.waiting and (not batch or tokens + self._todo(self.waiting[0]) <= self.pass_tokens):
+            seq = self.waiting.popleft()
             batch.append(seq)
-            tokens += n
-        return batch
+            tokens += self._todo(seq)
+        if batch:
+            return self._prefill(batch)
+        return self._decode() if self.running else []
+
+    def _todo(self, seq: Sequence) -> int:
+        return seq.num_tokens - seq.num_cached
 
     def _prefill(self, batch: list[Sequence]) -> list[TokenEvent]:
-        outs = self.engine.prefill(batch)
+        fresh = [s for s in batch if s.num_cached == 0]
+        rest = [s for s in batch if s.num_cached > 0]  # a cached prefix: continue against its pages
+        out = list(zip(fresh, self.engine.prefill(fresh))) if fresh else []
+        if rest:
+            out += list(zip(rest, self.engine.extend(rest, [self._todo(s) for s in rest])))
         self.running.extend(batch)
-        return [TokenEvent(s, t, lp) for s, (t, lp) in zip(batch, outs)]
+        return [TokenEvent(s, t, lp) for s, (t, lp) in out]
 
     def _decode(self) -> list[TokenEvent]:
-        if not self.running:
-            return []
         batch = list(self.running)
         return [TokenEvent(s, t, lp) for s, (t, lp) in zip(batch, self.engine.decode_step(batch))]
 
     def _mixed(self) -> list[TokenEvent]:
-        self.prefilling.extend(self._admit(token_budget=1 << 30))
         seqs, counts = list(self.running), [1] * len(self.running)
         budget = self.chunk_tokens
-        for seq in self.prefilling:
+        for seq in self.waiting:
             if budget == 0:
                 break
-            n = min(budget, len(seq.prompt_ids) - seq.num_cached)
+            n = min(budget, self._todo(seq))
             seqs.append(seq)
             counts.append(n)
             budget -= n
@@ -114,9 +121,9 @@ class Scheduler:
         events = []
         for seq, out in zip(seqs, self.engine.extend(seqs, counts)):
             if out is None:
-                continue
-            if seq in self.prefilling:
-                self.prefilling.remove(seq)
+                continue  # a prompt chunk with more to come
+            if seq in self.waiting:
+                self.waiting.remove(seq)
                 self.running.append(seq)
             events.append(TokenEvent(seq, *out))
         return events

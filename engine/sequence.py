@@ -6,7 +6,7 @@ import enum
 from dataclasses import dataclass, field
 
 from engine.detokenizer import Decoder, TextStream
-from engine.sampling import SamplingParams
+from tandem.sampling import SamplingParams
 
 
 class FinishReason(str, enum.Enum):
@@ -15,7 +15,7 @@ class FinishReason(str, enum.Enum):
     ABORT = "abort"  # cancelled by the client or failed
 
 
-@dataclass
+@dataclass(eq=False)  # identity: two requests are never "equal"
 class Sequence:
     request_id: str
     prompt_ids: list[int]

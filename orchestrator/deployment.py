@@ -5,9 +5,14 @@
     mode: disaggregated            # or colocated / chunked (the baselines)
     prefill: {count: 1}            # local Triton instances to start ...
     decode: {count: 1, urls: []}   # ... and/or running ones elsewhere (host:grpc_port)
-    transport: shm                 # or nixl
+    replicas: 1                    # colocated / chunked: co-located workers, each on its own cores
+    transport: shm                 # shm (one host), nixl, or auto (shm on one host, NIXL across hosts)
     router: least-loaded           # or round-robin
-    front_door: {host: 127.0.0.1, grpc_port: 8001, http_port: 8000, model_name: ensemble}
+    chunk_tokens: 256              # chunked mode: prompt tokens mixed into each decode step
+    front_door: {host: 127.0.0.1, grpc_port: 8001, http_port: 8000, model_name: ensemble,
+                 served_model_name: null}   # OpenAI model id; null: the model's own name
+    limits: {max_in_flight: 256, max_queued_tokens: 65536, request_timeout_s: 600}
+    health: {heartbeat_s: 1.0, stall_s: 3.0}
 
 Unknown keys are rejected with the list of allowed ones.
 """
@@ -38,7 +43,21 @@ class FrontDoor(_Strict):
     host: str = "127.0.0.1"
     grpc_port: int = Field(8001, ge=0, le=65535)
     http_port: int = Field(8000, ge=0, le=65535)
-    model_name: str = Field("ensemble", min_length=1)
+    model_name: str = Field("ensemble", min_length=1)  # the Triton model name (gRPC, KServe HTTP)
+    served_model_name: str | None = Field(None, min_length=1)  # the OpenAI model id (default: the model's name)
+
+
+class Limits(_Strict):
+    max_in_flight: int = Field(256, ge=1)  # requests admitted at once; more get 429 / RESOURCE_EXHAUSTED
+    max_queued_tokens: int = Field(65536, ge=1)  # prompt tokens waiting for their first token
+    request_timeout_s: float = Field(600.0, gt=0)  # default deadline of a request (every wait is bounded by it)
+    max_body_bytes: int = Field(16 << 20, ge=1024)  # HTTP bodies over this are refused before being read whole
+    max_prompt_chars: int = Field(1 << 20, ge=1)  # refused before tokenizing
+
+
+class Health(_Strict):
+    heartbeat_s: float = Field(1.0, gt=0)  # how often an idle worker says it is alive
+    stall_s: float = Field(3.0, gt=0)  # silence after which a worker leaves routing
 
 
 class Deployment(_Strict):
@@ -47,12 +66,15 @@ class Deployment(_Strict):
     mode: Literal["disaggregated", "colocated", "chunked"] = "disaggregated"
     prefill: WorkerPool = WorkerPool()
     decode: WorkerPool = WorkerPool()
-    transport: Literal["shm", "nixl"] = "shm"
+    replicas: int = Field(1, ge=1, le=64)
+    transport: Literal["shm", "nixl", "auto"] = "shm"
     router: Literal["least-loaded", "round-robin"] = "least-loaded"
     kv_pool_bytes: int | None = Field(None, ge=1 << 20)
     chunk_tokens: int = Field(256, ge=1)
     max_retries: int = Field(2, ge=0)
     front_door: FrontDoor = FrontDoor()
+    limits: Limits = Limits()
+    health: Health = Health()
 
     @model_validator(mode="after")
     def _workers(self):

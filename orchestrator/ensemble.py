@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from orchestrator.requests import BadRequest, GenerationRequest
+from orchestrator.requests import GenerationRequest
+from tandem.status import InvalidArgument
 
 MAX_BATCH_SIZE = 64
 
@@ -69,9 +70,9 @@ def _rows(name: str, arr: np.ndarray, batch: int) -> list:
     """One value (or list for [-1] inputs) per batch row of an input shaped [batch, ...]."""
     spec = _BY_NAME[name]
     if arr.ndim == 0 or arr.shape[0] != batch:
-        raise BadRequest(f"input {name!r} has shape {list(arr.shape)}; expected [{batch}, ...] like text_input")
+        raise InvalidArgument(f"input {name!r} has shape {list(arr.shape)}; expected [{batch}, ...] like text_input")
     if spec.dims == (1,) and int(np.prod(arr.shape[1:])) != 1:
-        raise BadRequest(f"input {name!r} must hold one value per request, got shape {list(arr.shape)}")
+        raise InvalidArgument(f"input {name!r} must hold one value per request, got shape {list(arr.shape)}")
     return [row.tolist() if spec.dims == (-1,) else row.tolist()[0] for row in arr.reshape(batch, -1)]
 
 
@@ -79,12 +80,12 @@ def check_types(inputs: dict[str, tuple[str, np.ndarray]]) -> None:
     for name, (datatype, _) in inputs.items():
         spec = _BY_NAME.get(name)
         if spec is None:
-            raise BadRequest(f"unknown input {name!r}; this model takes {', '.join(_BY_NAME)}")
+            raise InvalidArgument(f"unknown input {name!r}; this model takes {', '.join(_BY_NAME)}")
         if datatype != spec.datatype:
-            raise BadRequest(f"input {name!r} must be {spec.datatype}, got {datatype}")
+            raise InvalidArgument(f"input {name!r} must be {spec.datatype}, got {datatype}")
     for spec in INPUTS:
         if not spec.optional and spec.name not in inputs:
-            raise BadRequest(f"missing required input {spec.name!r} ({spec.datatype}, shape [batch, 1])")
+            raise InvalidArgument(f"missing required input {spec.name!r} ({spec.datatype}, shape [batch, 1])")
 
 
 def parse_requests(inputs: dict[str, tuple[str, np.ndarray]], request_id: str) -> tuple[list[GenerationRequest], bool]:
@@ -93,24 +94,24 @@ def parse_requests(inputs: dict[str, tuple[str, np.ndarray]], request_id: str) -
     text = inputs["text_input"][1]
     batch = text.shape[0] if text.ndim >= 1 else 1
     if batch < 1 or batch > MAX_BATCH_SIZE:
-        raise BadRequest(f"batch size must be 1..{MAX_BATCH_SIZE}, got {batch}")
+        raise InvalidArgument(f"batch size must be 1..{MAX_BATCH_SIZE}, got {batch}")
     cols = {name: _rows(name, arr if arr.ndim else arr.reshape(1), batch) for name, (_, arr) in inputs.items()}
     stream = bool(cols.get("stream", [False])[0])
     if stream and batch != 1:
-        raise BadRequest(f"streaming takes one prompt per request (batch 1), got batch {batch}")
+        raise InvalidArgument(f"streaming takes one prompt per request (batch 1), got batch {batch}")
     out = []
     for i in range(batch):
         row = {name: vals[i] for name, vals in cols.items()}
         for name, neutral in _NEUTRAL.items():
             if name in row and row[name] != neutral:
-                raise BadRequest(f"{name}={row[name]!r} is not supported; only {neutral!r}")
+                raise InvalidArgument(f"{name}={row[name]!r} is not supported; only {neutral!r}")
         if row.get("bad_words") and any(w for w in row["bad_words"]):
-            raise BadRequest("bad_words is not supported; send an empty list")
+            raise InvalidArgument("bad_words is not supported; send an empty list")
         raw = row["text_input"]
         try:
             prompt = raw.decode("utf-8") if isinstance(raw, bytes) else str(raw)
         except UnicodeDecodeError:
-            raise BadRequest("text_input is not valid UTF-8") from None
+            raise InvalidArgument("text_input is not valid UTF-8") from None
         seed = row.get("seed", row.get("random_seed"))
         out.append(GenerationRequest(
             request_id=f"{request_id}-{i}" if batch > 1 else request_id, prompt=prompt,

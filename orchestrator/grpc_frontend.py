@@ -5,63 +5,38 @@ genai-perf talk to it as to a Triton server holding one decoupled LLM model (nam
 default) with TensorRT-LLM's ensemble tensor contract. Implemented: ServerLive/Ready/Metadata,
 ModelReady/Metadata/Config/Statistics, ModelInfer (whole answer) and ModelStreamInfer (one response
 per piece of new text). Other RPCs answer UNIMPLEMENTED, and only what is implemented is advertised.
+A failure's gRPC code comes from its status (tandem/status.py); on a stream it is an error response
+whose message starts with the code's name, as Triton's own streams do.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import time
 
 import grpc
 import numpy as np
-from tritonclient.grpc import model_config_pb2 as mc
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
-from orchestrator.ensemble import INPUTS, MAX_BATCH_SIZE, OUTPUTS, parse_requests
-from orchestrator.requests import BadRequest, Unavailable
-from orchestrator.service import Orchestrator
+from orchestrator.ensemble import INPUTS, OUTPUTS, parse_requests
+from orchestrator.protocol_status import describe, grpc_code
+from orchestrator.served_model import ServedModel
 from orchestrator.tensors import TensorError, encode_bytes, from_raw, to_raw
 from tandem import __version__
+from tandem.status import InvalidArgument, NotFound, TandemError, status_of
 
 EXTENSIONS = ("model_configuration", "statistics")
-_TYPE = {"BYTES": mc.TYPE_STRING, "INT32": mc.TYPE_INT32, "UINT64": mc.TYPE_UINT64, "FP32": mc.TYPE_FP32,
-         "BOOL": mc.TYPE_BOOL}
-
-
-def model_config(name: str) -> mc.ModelConfig:
-    cfg = mc.ModelConfig(name=name, backend="python", max_batch_size=MAX_BATCH_SIZE)
-    cfg.model_transaction_policy.decoupled = True
-    for t in INPUTS:
-        cfg.input.add(name=t.name, data_type=_TYPE[t.datatype], dims=list(t.dims), optional=t.optional)
-    for t in OUTPUTS:
-        cfg.output.add(name=t.name, data_type=_TYPE[t.datatype], dims=list(t.dims))
-    return cfg
-
-
-class Stats:
-    """Per-model counters for ModelStatistics (perf_analyzer reads them)."""
-
-    def __init__(self):
-        self.success = self.fail = self.success_ns = self.fail_ns = 0
-        self.last_ms = 0
-
-    def record(self, ok: bool, start: float) -> None:
-        ns = int((time.perf_counter() - start) * 1e9)
-        if ok:
-            self.success, self.success_ns = self.success + 1, self.success_ns + ns
-        else:
-            self.fail, self.fail_ns = self.fail + 1, self.fail_ns + ns
-        self.last_ms = int(time.time() * 1000)
 
 
 class TritonProtocolServicer(pb_grpc.GRPCInferenceServiceServicer):
-    def __init__(self, service: Orchestrator, model_name: str = "ensemble"):
-        self.service = service
-        self.model = model_name
-        self.config = model_config(model_name)
-        self.stats = Stats()
+    def __init__(self, served: ServedModel):
+        self.served = served
+        self.service = served.service
+        self.model = served.triton_name
+        self.stats = served.stats
         self._ids = itertools.count()
 
     # -- health and metadata ------------------------------------------------------------------------
@@ -88,7 +63,7 @@ class TritonProtocolServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     async def ModelConfig(self, request, context):
         await self._require_model(request.name, request.version, context, grpc.StatusCode.NOT_FOUND)
-        return pb.ModelConfigResponse(config=self.config)
+        return pb.ModelConfigResponse(config=self.served.config)
 
     async def ModelStatistics(self, request, context):
         if request.name:
@@ -101,7 +76,7 @@ class TritonProtocolServicer(pb_grpc.GRPCInferenceServiceServicer):
             execution_count=s.success, inference_stats=infer)])
 
     def _known(self, name: str, version: str) -> bool:
-        return name == self.model and version in ("", "1")
+        return self.served.known_triton(name, version)
 
     async def _require_model(self, name, version, context, code):
         if not self._known(name, version):
@@ -112,56 +87,44 @@ class TritonProtocolServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     def _parse(self, request: pb.ModelInferRequest):
         if not self._known(request.model_name, request.model_version):
-            raise BadRequest(f"unknown model '{request.model_name}'; this server has '{self.model}'")
+            raise NotFound(f"unknown model '{request.model_name}'; this server has '{self.model}'")
         if request.raw_input_contents and len(request.raw_input_contents) != len(request.inputs):
-            raise BadRequest("raw_input_contents must have one entry per input")
+            raise InvalidArgument("raw_input_contents must have one entry per input")
         inputs = {}
         for i, t in enumerate(request.inputs):
             if t.name in inputs:
-                raise BadRequest(f"input {t.name!r} given twice")
+                raise InvalidArgument(f"input {t.name!r} given twice")
             raw = request.raw_input_contents[i] if request.raw_input_contents else _contents(t)
             try:
                 inputs[t.name] = (t.datatype, from_raw(t.name, t.datatype, list(t.shape), raw))
             except TensorError as e:
-                raise BadRequest(str(e)) from None
+                raise InvalidArgument(str(e)) from None
         rid = request.id or f"grpc-{next(self._ids)}"
         reqs, stream = parse_requests(inputs, rid)
         empty_final = request.parameters.get("triton_enable_empty_final_response")
         wanted = frozenset(o.name for o in request.outputs)
         unknown = wanted - {t.name for t in OUTPUTS}
         if unknown:
-            raise BadRequest(f"unknown outputs {sorted(unknown)}; this model has {', '.join(t.name for t in OUTPUTS)}")
+            raise InvalidArgument(f"unknown outputs {sorted(unknown)}; this model has "
+                                  f"{', '.join(t.name for t in OUTPUTS)}")
         return reqs, stream, bool(empty_final and empty_final.bool_param), rid, wanted
 
     async def ModelInfer(self, request, context):
         start = time.perf_counter()
         try:
             reqs, _, _, rid, wanted = self._parse(request)
-            preps = [self.service.prepare(r) for r in reqs]
-            results = await asyncio.gather(*[self._collect(p) for p in preps])
-        except BadRequest as e:
+            preps = [await self.service.prepare(r) for r in reqs]
+            results = await asyncio.gather(*[self.served.collect(p) for p in preps])
+        except TandemError as e:
             self.stats.record(False, start)
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-        except Unavailable as e:
-            self.stats.record(False, start)
-            await context.abort(grpc.StatusCode.UNAVAILABLE, str(e))
+            await context.abort(grpc_code(status_of(e)), str(e))
         self.stats.record(True, start)
-        texts = [(p.request.prompt if not p.request.exclude_input else "") + text for p, (text, _, _) in
+        texts = [(p.request.prompt if not p.request.exclude_input else "") + text for p, (text, *_) in
                  zip(preps, results)]
-        width = max(len(lp) for _, lp, _ in results)
-        logprobs = np.array([lp + [0.0] * (width - len(lp)) for _, lp, _ in results], dtype=np.float32)
-        return self._response(rid, texts, logprobs, [len(p.prompt_ids) for p in preps], [n for _, _, n in results],
+        width = max(len(lp) for _, lp, *_ in results)
+        logprobs = np.array([lp + [0.0] * (width - len(lp)) for _, lp, *_ in results], dtype=np.float32)
+        return self._response(rid, texts, logprobs, [len(p.prompt_ids) for p in preps], [r[2] for r in results],
                               final=None, wanted=wanted)
-
-    async def _collect(self, prep):
-        text, logprobs, n = [], [], 0
-        async for d in self.service.stream(prep):
-            text.append(d.text)
-            if d.token is not None:
-                n += 1
-                if d.logprob is not None:
-                    logprobs.append(d.logprob)
-        return "".join(text), logprobs, n
 
     async def ModelStreamInfer(self, request_iterator, context):
         """Requests on one stream are served concurrently; responses interleave, tagged with ids."""
@@ -172,14 +135,13 @@ class TritonProtocolServicer(pb_grpc.GRPCInferenceServiceServicer):
             start = time.perf_counter()
             ok = False
             try:
-                async for resp in self._stream_one(request):
-                    await queue.put(resp)
-                    await asyncio.sleep(0)  # let the writer send it before this task starts the next step
+                async with contextlib.aclosing(self._stream_one(request)) as responses:
+                    async for resp in responses:
+                        await queue.put(resp)
+                        await asyncio.sleep(0)  # let the writer send it before this task starts the next step
                 ok = True
-            except BadRequest as e:
-                await queue.put(_stream_error(request, f"INVALID_ARGUMENT: {e}"))
-            except Unavailable as e:
-                await queue.put(_stream_error(request, f"UNAVAILABLE: {e}"))
+            except TandemError as e:
+                await queue.put(_stream_error(request, describe(e)))
             finally:
                 self.stats.record(ok, start)
 
@@ -203,26 +165,30 @@ class TritonProtocolServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     async def _stream_one(self, request):
         reqs, stream, empty_final, rid, wanted = self._parse(request)
-        prep = self.service.prepare(reqs[0]) if len(reqs) == 1 else None
-        if prep is None:
-            raise BadRequest("ModelStreamInfer takes one prompt per request")
+        if len(reqs) != 1:
+            raise InvalidArgument("ModelStreamInfer takes one prompt per request")
+        prep = await self.service.prepare(reqs[0])
         n_in = len(prep.prompt_ids)
         if not stream:  # a non-streaming request on the stream: one response with the whole text
-            text, lp, n = await self._collect(prep)
+            text, lp, n, _ = await self.served.collect(prep)
             text = ("" if prep.request.exclude_input else prep.request.prompt) + text
             yield pb.ModelStreamInferResponse(infer_response=self._response(
                 rid, [text], np.array([lp], dtype=np.float32), [n_in], [n], final=True if empty_final else None,
                 wanted=wanted))
             return
-        n = 0
-        async for d in self.service.stream(prep):
-            n += d.token is not None
-            last = d.finish_reason is not None
-            if not d.text and not (last and empty_final):
-                continue  # never an empty response, except Triton's requested empty final one
-            lp = np.array([[d.logprob] if d.logprob is not None else []], dtype=np.float32)
-            yield pb.ModelStreamInferResponse(infer_response=self._response(
-                rid, [d.text], lp, [n_in], [n], final=last if empty_final else None, wanted=wanted))
+        n = sent = 0
+        async with contextlib.aclosing(self.service.stream(prep)) as deltas:  # a cancel cleans up at once
+            async for d in deltas:
+                n += d.token is not None
+                last = d.finish_reason is not None
+                # never an empty response, except Triton's requested empty final one, or the only one
+                # there is (an answer whose first token ends it still gets one response)
+                if not d.text and not (last and (empty_final or not sent)):
+                    continue
+                sent += 1
+                lp = np.array([[d.logprob] if d.logprob is not None else []], dtype=np.float32)
+                yield pb.ModelStreamInferResponse(infer_response=self._response(
+                    rid, [d.text], lp, [n_in], [n], final=last if empty_final else None, wanted=wanted))
 
     def _response(self, rid: str, texts: list[str], logprobs: np.ndarray, n_in: list[int], n_out: list[int],
                   final: bool | None, wanted: frozenset = frozenset()) -> pb.ModelInferResponse:
@@ -263,11 +229,12 @@ def _contents(t) -> bytes:
              "FP32": (c.fp32_contents, np.float32), "BOOL": (c.bool_contents, np.bool_),
              "INT64": (c.int64_contents, np.int64)}.get(t.datatype)
     if field is None:
-        raise BadRequest(f"input {t.name!r}: datatype {t.datatype} is not used by this model")
+        raise InvalidArgument(f"input {t.name!r}: datatype {t.datatype} is not used by this model")
     return np.array(list(field[0]), dtype=field[1]).tobytes()
 
 
 async def start_grpc(servicer: TritonProtocolServicer, host: str, port: int) -> grpc.aio.Server:
+    """Serve on host:port; new calls are refused with UNAVAILABLE once the service drains."""
     server = grpc.aio.server(options=[("grpc.max_receive_message_length", 64 << 20),
                                       ("grpc.max_send_message_length", 64 << 20)])
     pb_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)

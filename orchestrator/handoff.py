@@ -1,48 +1,44 @@
-"""The handoff protocol, orchestrator side: one request through a decode worker and a prefill worker.
+"""The handoff protocol, orchestrator side: one attempt of one request on a decode and a prefill worker.
 
-    RESERVE    decode.reserve(request, tokens to write, tokens to generate) -> lease (pages, deadline)
-       │ fail: no pages / worker down -> nothing to undo; the caller may try another decode worker
-    PREFILL    prefill(prompt, destination = decode pool + leased pages + lease token)
-       │       the prefill worker writes each layer's K/V straight into the leased pages
-       │ fail: release the lease (if the release is lost, the lease expires by itself)
-    FIRST      the first token goes to the client at once
-       │       a first token that already ends the request -> release the lease, done
-    GENERATE   decode.generate(lease) commits the lease; tokens stream until stop/length
-       │ fail / client gone: release the lease; the decode worker also frees pages on cancel
-    DONE       the decode worker freed the pages when the stream ended
+    OPEN      decode.open(prompt, writer)  -> Reserved(lease, destination: pages + fence slot/epoch)
+      │       the Open call stays open for the request's whole life: the reservation lives exactly as
+      │       long as it; it cannot expire while the prompt waits in a live prefill worker's queue
+    PREFILL   prefill(prompt, destination) -> the first token; the prefill worker writes each layer's
+      │       K/V straight into the leased pages while the next layer computes
+    FIRST     the first token goes to the client at once (a first token that ends the request: done)
+    START     decode.start(lease, first token) -> the Open call streams the remaining tokens
+    DONE      the decode worker ended the Open call and freed the pages
 
-No state can leak pages: every exit either releases the lease, or leaves pages to a worker that
-frees them itself (finished stream, cancelled stream, expired lease). No KV bytes pass through here.
+Every exit that is not DONE ends the lease with a Release (sent without waiting, so a request that
+is being torn down never blocks on it) and, if the prefill is still running, an Abort; if this
+process dies, Triton cancels its calls and the workers drop them. No KV byte passes through here.
+
+Why no late writer can land a write in pages another request holds (the fence):
+- a lease's pages go back to the free list only when the decode worker knows its writer is done:
+  the prefill answered (Start, or Release with writer_closed), or the writer was fenced out;
+- shm (and inproc): the writer checks the lease's epoch in the pool's fence table under a read lock
+  around every layer copy; the decode worker revokes the slot under the write lock. After a revoke no
+  check can pass and no copy can be in flight (it would hold the lock), whatever the writer does next,
+  even if it was stopped and resumes later;
+- NIXL: writes are one-sided RDMA into registered memory and cannot be checked remotely. The writer
+  sends a `done` or `closed` notice after its last WRITE completed (or after draining them on abort);
+  until that notice, or until the writer is known dead, a released lease's pages stay quarantined
+  (`pages_fenced` in the worker's stats). A writer that is neither heard from nor known dead within
+  the fence timeout (60 s) is presumed gone: the one bounded assumption, documented in docs/.
 A request resumed after a failure carries the tokens already streamed (`sent`): they are prefilled
 with the prompt and not streamed again.
 """
 
 from __future__ import annotations
 
-import asyncio
-import enum
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from engine.sampling import SamplingParams
-from orchestrator.worker_client import DecodeClient, PrefillClient, WorkerError
-from tandem.wire import DecodeOp, Destination, PrefillRequest
-
-
-class Stage(str, enum.Enum):
-    RESERVE = "reserve"
-    PREFILL = "prefill"
-    GENERATE = "generate"
-
-
-class HandoffError(Exception):
-    """A stage failed. `stage` says where; `error.kind` whether another worker may succeed."""
-
-    def __init__(self, stage: Stage, error: WorkerError):
-        super().__init__(f"{stage.value} failed: {error}")
-        self.stage = stage
-        self.error = error
+from orchestrator.fleet import WorkerState
+from tandem.sampling import SamplingParams
+from tandem.status import TandemError, Unavailable
+from tandem.wire import Open, Prefill, Prefilled, Reserved, Start, Token
 
 
 @dataclass
@@ -50,69 +46,54 @@ class Timings:
     start: float = field(default_factory=time.perf_counter)
     reserved: float = 0.0
     first_token: float = 0.0
-    kv_bytes: int = 0
-    kv_seconds: float = 0.0
-    prefill_seconds: float = 0.0
+    prefilled: Prefilled | None = None
 
 
-@dataclass(frozen=True)
-class Token:
-    token: int | None  # None: the stream ended without a new token (e.g. finish_reason "abort")
-    logprob: float | None
-    finish_reason: str | None
+def blame(e: TandemError, worker: WorkerState) -> TandemError:
+    """Tag an error with the worker it came from (the retry loop avoids that worker next time)."""
+    if getattr(e, "worker", None) is None:
+        e.worker = worker
+    return e
 
 
-async def handoff(prefill: PrefillClient, decode: DecodeClient, request_id: str, prompt_ids: list[int],
-                  params: SamplingParams, sent: list[int] = (), timings: Timings | None = None,
-                  lease_ms: int = 0) -> AsyncIterator[Token]:
-    """Yield the request's tokens after `sent`. Raises HandoffError; never leaves a lease behind.
-
-    Iterate it inside `contextlib.aclosing(...)` so that a consumer that stops early (the client went
-    away) still runs the release.
-    """
-    t = timings or Timings()
-    sent = list(sent)  # a snapshot: the caller appends to its own list as tokens stream
-    n_ctx = len(prompt_ids) + len(sent)
-    try:
-        res = await decode.reserve(DecodeOp(op="reserve", request_id=request_id, num_tokens=n_ctx,
-                                            max_tokens=params.max_tokens - len(sent), lease_ms=lease_ms))
-    except WorkerError as e:
-        raise HandoffError(Stage.RESERVE, e) from None
-    t.reserved = time.perf_counter()
-    released = False
-
-    async def release():
-        nonlocal released
-        if not released:
-            released = True
-            try:
-                await decode.release(request_id, res.lease)
-            except WorkerError:
-                pass  # the worker is gone or already freed it; its lease would expire anyway
-
+async def handoff(decode: WorkerState, prefill: WorkerState, request_id: str, prompt_ids: list[int],
+                  params: SamplingParams, sent: list[int], timings: Timings) -> AsyncIterator[Token]:
+    """Yield the request's tokens after `sent`; raises a TandemError tagged with the failing worker."""
+    opened = decode.client.open(Open(request_id, list(prompt_ids), params, list(sent), writer=prefill.name,
+                                     writer_host=prefill.host))
+    lease, writer_running, done = "", False, False
     try:
         try:
-            first = await prefill.prefill(prompt_ids, PrefillRequest(
-                request_id, params.to_dict(), Destination(res.pool, res.page_ids, res.lease), list(sent)))
-        except WorkerError as e:
-            raise HandoffError(Stage.PREFILL, e) from None
-        t.first_token = time.perf_counter()
-        t.kv_bytes, t.kv_seconds, t.prefill_seconds = first.kv_bytes, first.kv_seconds, first.prefill_seconds
+            reserved = await opened.__anext__()
+        except StopAsyncIteration:
+            raise Unavailable(f"{decode.name} ended the request before reserving pages") from None
+        if not isinstance(reserved, Reserved):
+            raise Unavailable(f"{decode.name} answered Open with {type(reserved).__name__}, not Reserved")
+        lease, timings.reserved = reserved.lease, time.perf_counter()
+        writer_running = True
+        try:
+            first = await prefill.client.prefill(Prefill(request_id, list(prompt_ids), params, list(sent),
+                                                         reserved.destination))
+        except TandemError as e:
+            raise blame(e, prefill) from None
+        writer_running = False  # it answered: its writer is closed, whatever the answer was
+        timings.first_token, timings.prefilled = time.perf_counter(), first
         yield Token(first.token, first.logprob, first.finish_reason)
         if first.finish_reason:
-            await release()
             return
-        op = DecodeOp(op="generate", request_id=request_id, lease=res.lease, prompt_ids=list(prompt_ids),
-                      output_ids=list(sent) + [first.token], sampling=params.to_dict())
-        try:
-            async for token, logprob, reason in decode.generate(op):
-                if token is not None or reason:
-                    yield Token(token, logprob, reason)
-                if reason:
-                    released = True  # the worker freed the pages when it ended the stream
-                    return
-        except WorkerError as e:
-            raise HandoffError(Stage.GENERATE, e) from None
+        await decode.client.start(Start(request_id, lease, first.token, first.logprob))
+        async for tok in opened:
+            if tok.token is not None or tok.finish_reason:
+                yield tok
+            if tok.finish_reason:
+                done = True
+                return
+        raise Unavailable(f"{decode.name} ended the stream of {request_id} without a finish reason")
+    except TandemError as e:
+        raise blame(e, decode) from None
     finally:
-        if not released:
-            await asyncio.shield(release())
+        if writer_running:
+            prefill.client.abort(request_id)
+        if not done and lease:
+            decode.client.release(request_id, lease, writer_closed=not writer_running)
+        await opened.aclose()

@@ -36,9 +36,26 @@ class Metrics:
         self.in_flight = Gauge("tandem_requests_in_flight", "Requests being served", registry=r)
         self.requests = Counter("tandem_worker_requests", "Requests sent to a worker", ["worker", "role"], registry=r)
         self.tokens = Counter("tandem_output_tokens", "Tokens streamed to clients", ["mode"], registry=r)
-        self.failures = Counter("tandem_request_failures", "Requests that ended in an error", ["reason"], registry=r)
+        self.failures = Counter("tandem_request_failures", "Requests that ended in an error, by status", ["status"],
+                                registry=r)
         self.recoveries = Counter("tandem_recoveries", "Requests resumed on another worker after a failure",
-                                  ["stage"], registry=r)
+                                  ["role"], registry=r)
+        self.workers_ready = Gauge("tandem_workers_ready", "Workers in routing", ["role"], registry=r)
+
+    def record_prefill(self, worker: str, t) -> None:
+        """Worker-side timings of one prefill (an orchestrator.handoff.Timings with its Prefilled reply)."""
+        p = t.prefilled
+        self.queue.labels("decode").observe(t.reserved - t.start)
+        self.queue.labels("prefill").observe(p.queue_seconds)
+        self.prefill.labels(worker).observe(p.compute_seconds)
+        self.kv_bytes.labels(worker).inc(p.kv_bytes)
+        self.kv_seconds.labels(worker).observe(p.kv_seconds)
+
+    def record_worker(self, w) -> None:
+        """A worker's pushed stats (an orchestrator.fleet.WorkerState)."""
+        if w.stats is not None and w.stats.pages_total:
+            self.pages_used.labels(w.name).set(w.stats.pages_used)
+            self.pages_total.labels(w.name).set(w.stats.pages_total)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

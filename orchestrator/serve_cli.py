@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import signal
 import sys
@@ -19,22 +20,28 @@ import click
 @click.option("--mode", type=click.Choice(["disaggregated", "colocated", "chunked"]), default=None)
 @click.option("--prefill", type=click.IntRange(0, 64), default=None, help="Local prefill workers (default 1).")
 @click.option("--decode", type=click.IntRange(0, 64), default=None, help="Local decode workers (default 1).")
-@click.option("--transport", type=click.Choice(["shm", "nixl"]), default=None)
+@click.option("--replicas", type=click.IntRange(1, 64), default=None,
+              help="colocated/chunked: co-located workers, each on its own cores (default 1).")
+@click.option("--transport", type=click.Choice(["shm", "nixl", "auto"]), default=None,
+              help="KV handoff: shm (one host), nixl, auto (shm on one host, NIXL across hosts).")
 @click.option("--router", type=click.Choice(["least-loaded", "round-robin"]), default=None)
 @click.option("--host", default=None, help="Front-door address (default 127.0.0.1).")
 @click.option("--grpc-port", type=click.IntRange(0, 65535), default=None, help="Triton gRPC protocol (default 8001).")
 @click.option("--http-port", type=click.IntRange(0, 65535), default=None, help="OpenAI HTTP, /health, /metrics (default 8000).")
-@click.option("--model-name", default=None, help="The served model's name (default ensemble).")
+@click.option("--model-name", default=None, help="The Triton model name on gRPC / KServe HTTP (default ensemble).")
+@click.option("--served-model-name", default=None,
+              help="The OpenAI model id (default: the model's own name, e.g. smollm2-135m).")
 @click.option("--kv-pool-bytes", type=click.IntRange(1 << 20), default=None, help="Decode KV pool per worker.")
 @click.option("--chunk-tokens", type=click.IntRange(1), default=None, help="Chunked mode: prompt tokens per step.")
 @click.option("--workdir", default=None, help="Where worker logs and the model repository go.")
-def serve_command(model, config_path, mode, prefill, decode, transport, router, host, grpc_port, http_port,
-                  model_name, kv_pool_bytes, chunk_tokens, workdir):
+def serve_command(model, config_path, mode, prefill, decode, replicas, transport, router, host, grpc_port, http_port,
+                  model_name, served_model_name, kv_pool_bytes, chunk_tokens, workdir):
     """Serve a model: prefill and decode workers in Triton, behind Triton gRPC and OpenAI HTTP."""
     from orchestrator.deployment import DeploymentError, load_deployment
 
     overrides = {k: v for k, v in {
-        "mode": mode, "prefill.count": prefill, "decode.count": decode, "transport": transport, "router": router,
+        "mode": mode, "prefill.count": prefill, "decode.count": decode, "replicas": replicas, "transport": transport,
+        "router": router, "front_door.served_model_name": served_model_name,
         "front_door.host": host, "front_door.grpc_port": grpc_port, "front_door.http_port": http_port,
         "front_door.model_name": model_name, "kv_pool_bytes": kv_pool_bytes, "chunk_tokens": chunk_tokens,
     }.items() if v is not None}
@@ -54,6 +61,7 @@ def serve_command(model, config_path, mode, prefill, decode, transport, router, 
 async def _serve(dep, workdir) -> None:
     from orchestrator.stack import Stack
 
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     stack = Stack(dep, workdir, log=lambda m: click.echo(m, err=True))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -62,7 +70,8 @@ async def _serve(dep, workdir) -> None:
     try:
         await stack.start()
         fd = dep.front_door
-        click.echo(f"serving '{fd.model_name}' ({dep.mode}); Triton gRPC {fd.host}:{fd.grpc_port}, "
+        click.echo(f"serving '{stack.served.served_name}' ({dep.mode}); Triton gRPC {fd.host}:{fd.grpc_port} "
+                   f"(model '{fd.model_name}'), "
                    f"OpenAI HTTP http://{fd.host}:{fd.http_port}/v1, metrics http://{fd.host}:{fd.http_port}/metrics",
                    err=True)
         click.echo("ready", err=True)

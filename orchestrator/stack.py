@@ -1,25 +1,39 @@
 """A whole deployment in one process: role workers (Triton instances), the orchestrator service, and
-both front doors. `tandem serve` runs one; tests and benchmarks start and stop it the same way."""
+both front doors. `tandem serve` runs one; tests and benchmarks start and stop it the same way.
+
+The serving path (disaggregated, or co-located replicas) is chosen here, once, from the deployment's
+mode; nothing after this point asks which mode it is in.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import tempfile
+import time
 
 from builder.build import BuildError, BuildRequest, build
 from builder.repo import RepoOptions
+from engine.checkpoint import KNOWN_MODELS
 from engine.config import ModelConfig
 from engine.tokenizer import Tokenizer
+from orchestrator.admission import Admission
 from orchestrator.deployment import Deployment, DeploymentError
+from orchestrator.fleet import Fleet
 from orchestrator.grpc_frontend import TritonProtocolServicer, start_grpc
 from orchestrator.http_frontend import HttpFrontend, start_http
 from orchestrator.metrics import Metrics
+from orchestrator.paths import make_path
+from orchestrator.requests import Limits
 from orchestrator.router import ROUTERS
+from orchestrator.served_model import ServedModel
 from orchestrator.service import Orchestrator
 from orchestrator.workers import WorkerSet
-from tandem.manifest import ManifestError, check_pair, read_manifest
+from tandem.manifest import EngineManifest, ManifestError, check_pair, read_manifest
+
+log = logging.getLogger("tandem.serve")
 
 
 def ensure_engines(dep: Deployment, log=print) -> str:
@@ -39,12 +53,29 @@ def ensure_engines(dep: Deployment, log=print) -> str:
     return folder
 
 
+def served_name(dep: Deployment, manifest: EngineManifest) -> str:
+    """The OpenAI model id: the deployment's, else the model's own name (smollm2-135m, a folder's name)."""
+    if dep.front_door.served_model_name:
+        return dep.front_door.served_model_name
+    source = manifest.source
+    if source in KNOWN_MODELS:
+        return source
+    return os.path.basename(os.path.normpath(source)).removesuffix(".gguf")
+
+
+def worker_counts(dep: Deployment) -> dict[str, int]:
+    if dep.mode == "disaggregated":
+        return {"prefill": dep.prefill.count, "decode": dep.decode.count}
+    return {"generate": dep.replicas}
+
+
 class Stack:
     def __init__(self, dep: Deployment, workdir: str | None = None, log=print):
         self.dep = dep
         self.workdir = workdir or tempfile.mkdtemp(prefix="tandem-serve-")
         self.log = log
         self.workers: WorkerSet | None = None
+        self.fleet: Fleet | None = None
         self.service: Orchestrator | None = None
         self.grpc = self.http = None
 
@@ -53,26 +84,47 @@ class Stack:
         loop = asyncio.get_running_loop()
         engines = await loop.run_in_executor(None, ensure_engines, dep, self.log)
         manifest = read_manifest(os.path.join(engines, "decode"))
-        counts = ({"prefill": dep.prefill.count, "decode": dep.decode.count} if dep.mode == "disaggregated"
-                  else {"generate": 1})
+        counts = worker_counts(dep)
         options = RepoOptions(transport=dep.transport, kv_pool_bytes=dep.kv_pool_bytes,
                               chunk_tokens=dep.chunk_tokens if dep.mode == "chunked" else 0)
         self.workers = WorkerSet(engines, self.workdir, counts, options)
         self.log(f"starting {', '.join(f'{n} {r}' for r, n in counts.items() if n)} worker(s) ({dep.mode}) ...")
         await loop.run_in_executor(None, self.workers.start)
         self._record_workers()
+        metrics = Metrics(dep.mode)
+        self.fleet = Fleet(dep.health.heartbeat_s, dep.health.stall_s, on_stats=metrics.record_worker)
+        for name, url, role in self._all_workers():
+            self.fleet.add(name, role, url)
+        path = make_path(dep.mode, self.fleet, ROUTERS[dep.router](), manifest.kv_layout, metrics, dep.max_retries)
+        cfg = _model_config(engines)
         tokenizer = Tokenizer(os.path.join(engines, "prefill"))
-        self.service = Orchestrator(
-            mode=dep.mode, tokenizer=tokenizer, max_context=_max_context(engines), router=ROUTERS[dep.router](),
-            metrics=Metrics(dep.mode), tokens_per_page=manifest.kv_layout.tokens_per_page,
-            prefill_urls=self.workers.urls("prefill") + list(dep.prefill.urls if dep.mode == "disaggregated" else []),
-            decode_urls=self.workers.urls("decode") + list(dep.decode.urls if dep.mode == "disaggregated" else []),
-            generate_urls=self.workers.urls("generate"), max_retries=dep.max_retries)
-        await self.service.start()
-        servicer = TritonProtocolServicer(self.service, dep.front_door.model_name)
+        lim = dep.limits
+        self.service = Orchestrator(path=path, tokenizer=tokenizer, metrics=metrics, mode=dep.mode,
+                                    limits=Limits(cfg.max_position, cfg.vocab_size, lim.max_prompt_chars),
+                                    admission=Admission(lim.max_in_flight, lim.max_queued_tokens),
+                                    timeout_s=lim.request_timeout_s)
+        await self._until_ready()
+        served = ServedModel(self.service, dep.front_door.model_name, served_name(dep, manifest))
         fd = dep.front_door
-        self.grpc = await start_grpc(servicer, fd.host, fd.grpc_port)
-        self.http = await start_http(HttpFrontend(servicer), fd.host, fd.http_port)
+        self.grpc = await start_grpc(TritonProtocolServicer(served), fd.host, fd.grpc_port)
+        self.http = await start_http(HttpFrontend(served, lim.max_body_bytes), fd.host, fd.http_port)
+        self.served = served
+
+    def _all_workers(self) -> list[tuple[str, str, str]]:
+        """(name, gRPC URL, role) of every worker: the ones started here and the remote ones listed."""
+        out = [(name, s.grpc_url, name.rsplit("-", 1)[0]) for name, s in sorted(self.workers.servers.items())]
+        if self.dep.mode == "disaggregated":
+            for role in ("prefill", "decode"):
+                for i, url in enumerate(getattr(self.dep, role).urls):
+                    out.append((f"{role}-remote-{i}", url, role))
+        return out
+
+    async def _until_ready(self, timeout_s: float = 60.0) -> None:
+        """Wait until every role has a routable worker (their watches connected)."""
+        deadline = time.monotonic() + timeout_s
+        while not self.service.path.ready():
+            if not await self.fleet.wait_change(self.fleet.version, deadline):
+                raise DeploymentError(f"workers did not become ready within {timeout_s:.0f}s")
 
     def _record_workers(self) -> None:
         """workdir/workers.json: each worker's pid, URL and cores (for operators, and failure tests)."""
@@ -82,16 +134,20 @@ class Stack:
             json.dump(state, f, indent=2)
 
     async def stop(self) -> None:
+        if self.service is not None:
+            self.service.draining = True
         if self.http is not None:
             await self.http.cleanup()
         if self.grpc is not None:
             await self.grpc.stop(grace=2)
+        if self.fleet is not None:
+            await self.fleet.close()
         if self.service is not None:
-            await self.service.stop()
+            self.service.close()
         if self.workers is not None:
             await asyncio.get_running_loop().run_in_executor(None, self.workers.stop)
 
 
-def _max_context(engines: str) -> int:
+def _model_config(engines: str) -> ModelConfig:
     with open(os.path.join(engines, "prefill", "config.json"), encoding="utf-8") as f:
-        return ModelConfig.from_hf(json.load(f)).max_position
+        return ModelConfig.from_hf(json.load(f))

@@ -25,7 +25,7 @@ import numpy as np
 import tritonclient.grpc.aio as aio
 from tritonclient.grpc import InferInput
 
-from engine.sampling import SamplingParams
+from tandem.sampling import SamplingParams
 from engine.tokenizer import Tokenizer
 from orchestrator.handoff import handoff
 from orchestrator.serve_process import ServeProcess

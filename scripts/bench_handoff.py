@@ -91,7 +91,7 @@ def memcpy_gbs(kv: list, repeats: int) -> float:
 
 def ttft(worker, prompt: list[int], pool: dict | None, repeats: int) -> float:
     """Best seconds for one prefill request (with the handoff when `pool` is given)."""
-    from engine.sampling import SamplingParams
+    from tandem.sampling import SamplingParams
     from tandem.wire import Destination, PrefillRequest
 
     lay = layout()

@@ -19,6 +19,7 @@ def _register() -> None:
     from orchestrator.bench.cli import bench_group
     from orchestrator.serve_cli import chat_command, serve_command
     from orchestrator.workers_cli import workers_group
+    from planner.cli import plan_command, profile_command
 
     main.add_command(generate_command)
     main.add_command(build_command)
@@ -27,6 +28,8 @@ def _register() -> None:
     main.add_command(serve_command)
     main.add_command(chat_command)
     main.add_command(bench_group)
+    main.add_command(profile_command)
+    main.add_command(plan_command)
 
 
 _register()

@@ -1,35 +1,239 @@
-"""Control messages between the orchestrator and the workers: JSON objects, never pickle.
+"""The control messages between the orchestrator and the workers: typed, JSON on the wire, never pickle.
 
-Every message is a frozen dataclass; `parse` rejects unknown or missing keys and wrong types, so a
-malformed message from a peer becomes a clear WireError instead of a crash deeper in.
+One frozen dataclass per operation. A request travels as `{"type": T, "body": {...}}`; a reply as
+`{"status": S, "message": "...", "type": T, "body": {...}}`, where a non-OK status has no body and
+`message` says what went wrong (see tandem/status.py for what each status means). `parse` rejects
+unknown or missing keys and wrong types, so a malformed message from a peer is an INVALID_ARGUMENT
+naming the field, never a crash deeper in.
 
-The decode model takes one `request` tensor holding a JSON object with an `op`:
-  reserve  -> Reservation          (pages leased for a prompt; the lease expires unless committed)
-  generate -> a stream of tokens   (commits the lease; pages must have been written by prefill)
-  release  -> {"released": bool}  (cancel; frees the pages whatever state they are in)
-  stats    -> WorkerStats
-The prefill model takes `input_ids` plus a `request` tensor holding a PrefillRequest.
+Decode and co-located workers (a request's life there: engine/workers/decode.py):
+  Open     -> Reserved (pages leased; remote prefill), then Token... after Start; or Token... at once
+              (local_prefill). The request stays open as long as the reservation lives: its end is
+              the release.
+  Start    -> Ack      the first token (from prefill) is in; the decode stream of that Open begins
+  Release  -> Ack      cancel: the Open request ends with CANCELLED; its pages return once fenced
+Prefill workers:
+  Prefill  -> Prefilled (the first token; K/V written into the Destination)
+  Abort    -> Ack      stop a queued or running prefill; it ends with CANCELLED
+Every worker:
+  Watch    -> WorkerStats... pushed on every change and as a heartbeat; never final while the worker lives
+  Stats    -> WorkerStats
+  Flush    -> Ack      drop the prefix cache's idle pages
 """
 
 from __future__ import annotations
 
+import enum
 import json
 import types
 import typing
 from dataclasses import MISSING, asdict, dataclass, field, fields, is_dataclass
+from typing import ClassVar
+
+from tandem.pool import Destination
+from tandem.sampling import SamplingParams
+from tandem.status import InvalidArgument, Status
 
 
-class WireError(ValueError):
+class WireError(InvalidArgument):
     """A control message is malformed. The message names the field and what was expected."""
 
 
+# -- requests ---------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Open:
+    TYPE: ClassVar[str] = "open"
+    request_id: str
+    prompt_ids: list[int]
+    sampling: SamplingParams
+    output_ids: list[int] = field(default_factory=list)  # tokens already streamed (a resumed request)
+    local_prefill: bool = False  # True: this worker computes the prompt itself (co-located, or a short suffix)
+    writer: str = ""  # remote prefill: the prefill worker that will write the pages (its name)
+    writer_host: str = ""  # ... and its host identity (tandem.pool.host_identity), to pick the transport
+
+
+@dataclass(frozen=True)
+class Start:
+    TYPE: ClassVar[str] = "start"
+    request_id: str
+    lease: str
+    token: int  # the first token, sampled by the prefill worker
+    logprob: float | None = None
+
+
+@dataclass(frozen=True)
+class Release:
+    TYPE: ClassVar[str] = "release"
+    request_id: str
+    lease: str = ""  # empty for a locally prefilled request (it was never handed to a writer)
+    writer_closed: bool = False  # the orchestrator knows no writer can still write these pages
+
+
+@dataclass(frozen=True)
+class Prefill:
+    TYPE: ClassVar[str] = "prefill"
+    request_id: str
+    prompt_ids: list[int]
+    sampling: SamplingParams
+    output_ids: list[int] = field(default_factory=list)  # tokens already streamed (recovery re-prefill)
+    destination: Destination | None = None  # None: compute the first token only (no handoff)
+
+
+@dataclass(frozen=True)
+class Abort:
+    TYPE: ClassVar[str] = "abort"
+    request_id: str
+
+
+@dataclass(frozen=True)
+class Watch:
+    TYPE: ClassVar[str] = "watch"
+    heartbeat_ms: int = 1000
+
+
+@dataclass(frozen=True)
+class Stats:
+    TYPE: ClassVar[str] = "stats"
+
+
+@dataclass(frozen=True)
+class Flush:
+    TYPE: ClassVar[str] = "flush"
+
+
+# -- replies ----------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Reserved:
+    TYPE: ClassVar[str] = "reserved"
+    request_id: str
+    lease: str
+    destination: Destination
+    cached_tokens: int = 0  # prompt tokens whose K/V the decode worker already holds
+
+
+@dataclass(frozen=True)
+class Token:
+    TYPE: ClassVar[str] = "token"
+    token: int | None  # None: the stream ends without a new token
+    logprob: float | None = None
+    finish_reason: str | None = None  # stop | length; set on the last token
+    cached_tokens: int = 0  # on the first token of a locally prefilled request
+
+
+@dataclass(frozen=True)
+class Prefilled:
+    TYPE: ClassVar[str] = "prefilled"
+    request_id: str
+    token: int
+    logprob: float | None
+    finish_reason: str | None  # set when the first token already ends the request
+    kv_bytes: int
+    kv_seconds: float  # waiting for the handoff after compute
+    compute_seconds: float
+    queue_seconds: float
+    cached_tokens: int = 0  # prompt tokens the prefill worker took from its own prefix cache
+
+
+@dataclass(frozen=True)
+class Ack:
+    TYPE: ClassVar[str] = "ack"
+    found: bool = True
+
+
+@dataclass(frozen=True)
+class WorkerStats:
+    TYPE: ClassVar[str] = "stats"
+    role: str
+    host: str = ""  # tandem.pool.host_identity() of the worker (picks the KV transport per pair)
+    pages_total: int = 0
+    pages_used: int = 0  # held by requests
+    pages_cached: int = 0  # idle prefix-cache pages (reclaimable)
+    pages_fenced: int = 0  # released but not yet fenced off from a late writer
+    running: int = 0
+    reserved: int = 0  # leases waiting for their prefill
+    queued_tokens: int = 0  # prompt tokens waiting or in a pass (prefill)
+    kv_bytes_received: int = 0
+    cache_hits: int = 0  # pages
+    cache_misses: int = 0
+    cache_evictions: int = 0
+    stored: list[str] = field(default_factory=list)  # prefix-cache hashes (hex) added since the last push
+    removed: list[str] = field(default_factory=list)
+    resync: bool = False  # stored/removed overflowed: `stored` is the whole cache
+
+
+REQUESTS = {c.TYPE: c for c in (Open, Start, Release, Prefill, Abort, Watch, Stats, Flush)}
+REPLIES = {c.TYPE: c for c in (Reserved, Token, Prefilled, Ack, WorkerStats)}
+
+
+@dataclass(frozen=True)
+class Reply:
+    """One reply as received: a status, and a body when the status is OK."""
+
+    status: Status
+    message: str = ""
+    body: object = None
+
+
+# -- encoding ---------------------------------------------------------------------------------------
+
+def encode_request(msg) -> bytes:
+    return json.dumps({"type": msg.TYPE, "body": asdict(msg)}, separators=(",", ":")).encode()
+
+
+def decode_request(raw: bytes | str):
+    """The typed request in `raw`; raises WireError naming what is wrong."""
+    env = _object(raw, "request")
+    cls = REQUESTS.get(env.get("type"))
+    if cls is None or set(env) != {"type", "body"}:
+        raise WireError(f"request must be {{'type': one of {sorted(REQUESTS)}, 'body': {{...}}}}, "
+                        f"got type {env.get('type')!r} and keys {sorted(env)}")
+    return parse(cls, env["body"])
+
+
+def encode_reply(body=None, status: Status = Status.OK, message: str = "") -> bytes:
+    env = {"status": status.value, "message": message}
+    if body is not None:
+        env.update(type=body.TYPE, body=asdict(body))
+    return json.dumps(env, separators=(",", ":")).encode()
+
+
+def decode_reply(raw: bytes | str) -> Reply:
+    env = _object(raw, "reply")
+    try:
+        status = Status(env.get("status"))
+    except ValueError:
+        raise WireError(f"reply has unknown status {env.get('status')!r}") from None
+    body = None
+    if status is Status.OK and "type" in env:
+        cls = REPLIES.get(env["type"])
+        if cls is None:
+            raise WireError(f"reply has unknown type {env['type']!r}; known: {sorted(REPLIES)}")
+        body = parse(cls, env.get("body"))
+    return Reply(status, str(env.get("message", "")), body)
+
+
+def _object(raw, what: str) -> dict:
+    try:
+        data = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError, TypeError) as e:
+        raise WireError(f"{what} is not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise WireError(f"{what} must be a JSON object, got {type(data).__name__}")
+    return data
+
+
+# -- typed parsing ----------------------------------------------------------------------------------
+
 def parse(cls, data):
-    """Build dataclass `cls` from a JSON object (dict or bytes/str), checking keys and value types."""
+    """Build dataclass `cls` from a JSON object (dict, bytes or str), checking keys and value types.
+
+    Constructing the dataclass runs its own checks (e.g. SamplingParams' ranges), so what comes out
+    is a valid message or an InvalidArgument naming the field.
+    """
     if isinstance(data, (bytes, str)):
-        try:
-            data = json.loads(data)
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise WireError(f"{cls.__name__}: not valid JSON ({e})") from None
+        data = _object(data, cls.__name__)
     if not isinstance(data, dict):
         raise WireError(f"{cls.__name__}: expected a JSON object, got {type(data).__name__}")
     hints = typing.get_type_hints(cls)
@@ -43,11 +247,11 @@ def parse(cls, data):
             if f.default is MISSING and f.default_factory is MISSING:
                 raise WireError(f"{cls.__name__}: missing field {name!r}")
             continue
-        kwargs[name] = _check(cls.__name__, name, data[name], hints[name])
+        kwargs[name] = _check(f"{cls.__name__}.{name}", data[name], hints[name])
     return cls(**kwargs)
 
 
-def _check(owner: str, name: str, value, hint):
+def _check(where: str, value, hint):
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
@@ -56,81 +260,27 @@ def _check(owner: str, name: str, value, hint):
         origin, args = typing.get_origin(hint), typing.get_args(hint)
     if is_dataclass(hint):
         return parse(hint, value)
-    if origin is list:
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        try:
+            return hint(value)
+        except ValueError:
+            raise WireError(f"{where}: {value!r} is not one of {[m.value for m in hint]}") from None
+    if origin in (list, tuple):
         if not isinstance(value, list):
-            raise WireError(f"{owner}.{name}: expected a list, got {type(value).__name__}")
-        return [_check(owner, name, v, args[0]) for v in value]
+            raise WireError(f"{where}: expected a list, got {type(value).__name__}")
+        if args[0] is int:  # token id lists are long: one pass, no per-item recursion
+            if not all(type(v) is int for v in value):
+                raise WireError(f"{where}: expected a list of integers")
+            items = value
+        else:
+            items = [_check(where, v, args[0]) for v in value]
+        return items if origin is list else tuple(items)
     if hint is dict or origin is dict:
         if not isinstance(value, dict):
-            raise WireError(f"{owner}.{name}: expected an object, got {type(value).__name__}")
+            raise WireError(f"{where}: expected an object, got {type(value).__name__}")
         return value
     if hint is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if hint in (int, float, str, bool) and (not isinstance(value, hint) or (hint is int and isinstance(value, bool))):
-        raise WireError(f"{owner}.{name}: expected {hint.__name__}, got {type(value).__name__}")
+        raise WireError(f"{where}: expected {hint.__name__}, got {type(value).__name__}")
     return value
-
-
-def dump(msg) -> bytes:
-    return json.dumps(asdict(msg), separators=(",", ":")).encode()
-
-
-@dataclass(frozen=True)
-class Destination:
-    """Where a prefill worker writes a request's K/V: pages leased in a decode worker's pool."""
-
-    pool: dict  # the decode pool's transport descriptor (see engine/transports); holds access keys
-    page_ids: list[int]
-    lease: str
-
-
-@dataclass(frozen=True)
-class PrefillRequest:
-    request_id: str
-    sampling: dict  # engine.sampling.SamplingParams fields
-    destination: Destination | None = None  # None: compute the first token only (no handoff)
-    output_ids: list[int] = field(default_factory=list)  # tokens already streamed (recovery re-prefill)
-
-
-@dataclass(frozen=True)
-class PrefillResult:
-    request_id: str
-    token: int
-    logprob: float | None
-    finish_reason: str | None  # set when the first token already ends the request
-    kv_bytes: int
-    kv_seconds: float  # time spent waiting for the handoff after compute
-    prefill_seconds: float
-
-
-@dataclass(frozen=True)
-class DecodeOp:
-    op: str  # reserve | generate | release | stats
-    request_id: str = ""
-    num_tokens: int = 0  # reserve: prompt (+ already generated) tokens whose pages prefill will write
-    max_tokens: int = 0  # reserve: tokens still to generate (pages are reserved for them too)
-    lease_ms: int = 0  # reserve: 0 = the worker's default lease
-    lease: str = ""  # generate / release: the token reserve returned
-    prompt_ids: list[int] = field(default_factory=list)  # generate
-    output_ids: list[int] = field(default_factory=list)  # generate: tokens produced so far (>= 1)
-    sampling: dict = field(default_factory=dict)  # generate
-
-
-@dataclass(frozen=True)
-class Reservation:
-    request_id: str
-    lease: str
-    page_ids: list[int]
-    expires_in_ms: int
-    pool: dict  # transport descriptor of this worker's pool
-
-
-@dataclass(frozen=True)
-class WorkerStats:
-    role: str
-    pages_total: int = 0
-    pages_used: int = 0
-    running: int = 0
-    leased: int = 0
-    waiting_for_pages: int = 0
-    kv_bytes_received: int = 0

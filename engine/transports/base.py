@@ -1,48 +1,61 @@
 """The KV transport interface: how a prefill worker's K/V reach pages a decode worker reserved.
 
 Two sides, a handful of methods, and one state enum:
-- `PoolEndpoint` (decode side, owns the pool): `descriptor()` tells writers how to reach the pool;
-  `poll()` returns the request ids whose pages have fully landed (for transports that notify).
-  It never blocks and never touches pages itself.
-- `KVSender` (prefill side, one per process): `writer(pool, request_id, page_ids)` opens a
-  `LayerWriter` for one request. `write_layer` may return before the bytes land (overlapping the
-  next layer's compute); `finish` returns only when every layer landed, or raises TransferError;
-  `abort` stops a writer and sends no completion.
+- `PoolEndpoint` (decode side, one per transport the pool offers): `part()` is its piece of the pool
+  descriptor (tandem/pool.py); `poll()` returns the notices that arrived (pages ready, writers closed)
+  for transports that notify. It never blocks and never touches pages itself.
+- `KVSender` (prefill side, one per transport and process): `writer(destination, request_id)` opens a
+  `LayerWriter` for one request. `write_layer` may return before the bytes land (overlapping the next
+  layer's compute) and never raises: a failure (fence revoked, peer gone) is recorded, the writer stops
+  writing, and `finish` raises it. `finish` returns only when every layer landed; `abort` stops a writer
+  and, for notifying transports, tells the decode side that this writer is closed.
 
-A descriptor is a JSON object: {"transport": name, "layout": KVLayout dict, "num_pages": N, ...}.
-It may carry access keys (NIXL agent metadata), so it travels only on the control channel.
+Fencing (see orchestrator/handoff.py for the whole argument): shm and inproc writers check the lease's
+epoch in the fence table (engine/transports/fence.py) around every copy, so a revoke is final at once
+(`strict_fence`). A NIXL writer writes one-sided into remote memory and cannot be checked; its fence is
+its own close notice (sent after its last WRITE completed), so the decode side keeps a released lease's
+pages out of use until that notice arrives or the writer is known dead.
 """
 
 from __future__ import annotations
 
 import enum
 from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
 
 import torch
 
 from tandem.kv_layout import KVLayout, check_kv_compatible
+from tandem.pool import Destination
+from tandem.status import TandemError, TransferFailed
 
 
 class TransferState(str, enum.Enum):
     WRITING = "writing"  # layers are being written
     DONE = "done"  # every layer landed and the decode side has been (or will be) told
-    FAILED = "failed"  # the peer vanished, a write failed, or a descriptor was bad; pages must be released
-    ABORTED = "aborted"  # stopped on purpose; no completion was sent
+    FAILED = "failed"  # a write failed or the lease was revoked; nothing more is written
+    ABORTED = "aborted"  # stopped on purpose; nothing more is written
 
 
-class TransferError(Exception):
-    """A transfer cannot be done or did not complete. The message names the cause."""
+@dataclass
+class Notices:
+    """What a notifying transport reported since the last poll."""
+
+    ready: set[str] = field(default_factory=set)  # request ids whose pages all landed
+    closed: set[tuple[int, int]] = field(default_factory=set)  # (slot, epoch) of writers that will write no more
 
 
 class PoolEndpoint(ABC):
+    name: str
     notifies: bool = False  # True: pages are ready only once poll() reports the request id
+    strict_fence: bool = True  # True: revoking the fence slot stops its writer at once
 
     @abstractmethod
-    def descriptor(self) -> dict: ...
+    def part(self):
+        """This transport's piece of the PoolDescriptor (ShmPool, NixlPool, InprocPool)."""
 
-    def poll(self) -> set[str]:
-        """Request ids whose pages completed since the last call (empty for non-notifying transports)."""
-        return set()
+    def poll(self) -> Notices:
+        return Notices()
 
     def close(self) -> None:
         return None
@@ -75,69 +88,92 @@ def copy_into_pages(pages: torch.Tensor, runs: list[tuple[int, int, int]], x: to
 class LayerWriter(ABC):
     """Writes one request's K/V, layer by layer, into its destination pages."""
 
-    def __init__(self, request_id: str, page_ids: list[int], layout: KVLayout, num_pages: int):
-        if not page_ids:
-            raise TransferError(f"request {request_id}: destination has no pages")
-        bad = [p for p in page_ids if not 0 <= p < num_pages]
-        if bad or len(set(page_ids)) != len(page_ids):
-            raise TransferError(f"request {request_id}: destination pages {bad or page_ids} are not distinct "
-                                f"pages of a pool with {num_pages} pages")
+    def __init__(self, request_id: str, dest: Destination, layout: KVLayout):
+        num_pages = dest.pool.num_pages
+        bad = [p for p in dest.page_ids if not 0 <= p < num_pages]
+        if not dest.page_ids or bad or len(set(dest.page_ids)) != len(dest.page_ids):
+            raise TransferFailed(f"request {request_id}: destination pages must be distinct pages of a pool "
+                                 f"with {num_pages} pages")
+        if dest.start % layout.tokens_per_page:
+            raise TransferFailed(f"request {request_id}: destination start {dest.start} is not on a page boundary")
         self.request_id = request_id
-        self.page_ids = page_ids
+        self.dest = dest
         self.layout = layout
         self.state = TransferState.WRITING
+        self.error: TandemError | None = None
         self.bytes_written = 0
 
-    def _pages(self, n_tokens: int, start: int) -> list[int]:
-        """Destination pages holding positions [start, start + n_tokens); `start` must begin a page."""
-        tpp = self.layout.tokens_per_page
-        if start % tpp:
-            raise TransferError(f"request {self.request_id}: a write must start on a page boundary "
-                                f"(multiple of {tpp}), got position {start}")
-        n = self.layout.pages_for(start + n_tokens)
-        if n > len(self.page_ids):
-            raise TransferError(f"request {self.request_id}: {start + n_tokens} tokens need {n} pages, "
-                                f"destination has {len(self.page_ids)}")
-        return self.page_ids[start // tpp:n]
+    def write_layer(self, layer: int, k: torch.Tensor, v: torch.Tensor, start: int = 0) -> None:
+        """k, v: [tokens, kv_heads, head_dim] for positions start..start+tokens-1 of the request (a prompt
+        written in chunks calls this once per chunk and layer). Positions before the destination's
+        `start` (already held by the decode worker) are skipped. Never raises; see `finish`."""
+        if self.state is not TransferState.WRITING:
+            return
+        skip = max(0, self.dest.start - start)
+        if skip >= k.shape[0]:
+            return
+        start, k, v = start + skip, k[skip:], v[skip:]
+        try:
+            self._write(layer, k, v, self._runs(k.shape[0], start))
+        except TandemError as e:
+            self.fail(e)
+
+    def stop(self) -> None:
+        """From any thread: write no further layer (the loop thread calls `abort` afterwards)."""
+        if self.state is TransferState.WRITING:
+            self.state = TransferState.ABORTED
+
+    def fail(self, e: TandemError) -> None:
+        """Record the first failure; nothing more is written."""
+        if self.error is None:
+            self.error = e
+        self.state = TransferState.FAILED
 
     def _runs(self, n_tokens: int, start: int) -> list[tuple[int, int, int]]:
-        """The runs of consecutive destination pages those positions fill (see page_runs)."""
-        return page_runs(self._pages(n_tokens, start))
+        """Runs of consecutive destination pages holding positions [start, start + n_tokens)."""
+        tpp = self.layout.tokens_per_page
+        if start % tpp:
+            raise TransferFailed(f"request {self.request_id}: a write must start on a page boundary "
+                                 f"(multiple of {tpp}), got position {start}")
+        n = self.layout.pages_for(start + n_tokens)
+        if n > len(self.dest.page_ids):
+            raise TransferFailed(f"request {self.request_id}: {start + n_tokens} tokens need {n} pages, "
+                                 f"destination has {len(self.dest.page_ids)}")
+        return page_runs(self.dest.page_ids[start // tpp:n])
 
     @abstractmethod
-    def write_layer(self, layer: int, k: torch.Tensor, v: torch.Tensor, start: int = 0) -> None:
-        """k, v: [tokens, kv_heads, head_dim] for positions start..start+tokens-1 of this request
-        (a prompt written in chunks calls this once per chunk and layer)."""
+    def _write(self, layer: int, k: torch.Tensor, v: torch.Tensor, runs: list) -> None:
+        """Copy (or start copying) one layer into the runs; raise a TandemError on failure."""
 
     @abstractmethod
-    def finish(self) -> None: ...
+    def finish(self) -> None:
+        """Block until every layer landed; raise the recorded error (LeaseLost, TransferFailed) if any."""
 
     @abstractmethod
-    def abort(self) -> None: ...
+    def abort(self) -> None:
+        """Stop; wait until nothing is in flight; tell the decode side this writer is closed."""
 
 
 class KVSender(ABC):
+    name: str
+
     def __init__(self, layout: KVLayout):
         self.layout = layout  # the prefill engine's layout; a destination pool must match it
 
-    def check_descriptor(self, pool: dict, name: str) -> tuple[KVLayout, int]:
-        if not isinstance(pool, dict) or pool.get("transport") != name:
+    def check(self, dest: Destination):
+        """The destination's part for this transport; TransferFailed if absent or incompatible."""
+        part = getattr(dest.pool, self.name, None)
+        if part is None:
             # never echo the descriptor: it may hold another pool's access keys
-            got = pool.get("transport") if isinstance(pool, dict) else type(pool).__name__
-            raise TransferError(f"destination pool is not a {name!r} pool (it says {got!r})")
+            raise TransferFailed(f"destination pool offers {list(dest.pool.transports)}, not {self.name!r}")
         try:
-            remote = KVLayout.from_dict(pool["layout"])
-            num_pages = int(pool["num_pages"])
-        except (KeyError, TypeError, ValueError) as e:
-            raise TransferError(f"destination pool descriptor is malformed: {e}") from None
-        try:
-            check_kv_compatible(self.layout, remote)
+            check_kv_compatible(self.layout, dest.pool.layout)
         except ValueError as e:
-            raise TransferError(str(e)) from None
-        return remote, num_pages
+            raise TransferFailed(str(e)) from None
+        return part
 
     @abstractmethod
-    def writer(self, pool: dict, request_id: str, page_ids: list[int]) -> LayerWriter: ...
+    def writer(self, dest: Destination, request_id: str) -> LayerWriter: ...
 
     def close(self) -> None:
         return None

@@ -1,8 +1,8 @@
-"""`inproc`: writer and pool in one process (unit tests, and the co-located engine's own pool).
+"""`inproc`: writer and pool in one process (unit tests of the workers and the handoff protocol).
 
-Writes synchronously into a KVCache object found in a registry (a dict the caller shares between
-endpoints and senders) by the descriptor's id. It notifies like NIXL does (the endpoint's `poll`
-reports finished requests), so it exercises the notification path of the handoff without any IPC.
+Writes synchronously into a KVCache found in a registry (a dict the caller shares between endpoints
+and senders) by the descriptor's id, inside the fence like shm. It notifies like NIXL does (the
+endpoint's `poll` reports finished requests), so it exercises the notification path without IPC.
 """
 
 from __future__ import annotations
@@ -12,66 +12,78 @@ import itertools
 import torch
 
 from engine.kv_pool import KVCache
-from engine.transports.base import (KVSender, LayerWriter, PoolEndpoint, TransferError, TransferState,
-                                    copy_into_pages)
+from engine.transports.base import KVSender, LayerWriter, Notices, PoolEndpoint, TransferState, copy_into_pages
+from engine.transports.fence import FenceGuard
 from tandem.kv_layout import KVLayout
+from tandem.pool import Destination, InprocPool
+from tandem.status import TandemError, TransferFailed
 
 NAME = "inproc"
 _IDS = itertools.count()
 
 
 class InprocEndpoint(PoolEndpoint):
+    name = NAME
     notifies = True
 
-    def __init__(self, cache: KVCache, registry: dict):
+    def __init__(self, cache: KVCache, fence_name: str, registry: dict):
         self.cache = cache
+        self.fence_name = fence_name
         self.id = f"inproc-{next(_IDS)}"
         self._arrived: set[str] = set()
         self.registry = registry
         registry[self.id] = self
 
-    def descriptor(self) -> dict:
-        return {"transport": NAME, "id": self.id, "num_pages": self.cache.num_pages,
-                "layout": self.cache.layout.to_dict()}
+    def part(self) -> InprocPool:
+        return InprocPool(id=self.id)
 
-    def poll(self) -> set[str]:
+    def poll(self) -> Notices:
         out, self._arrived = self._arrived, set()
-        return out
+        return Notices(ready=out)
 
     def close(self) -> None:
         self.registry.pop(self.id, None)
 
 
 class InprocWriter(LayerWriter):
-    def __init__(self, endpoint: InprocEndpoint, request_id: str, page_ids: list[int], layout: KVLayout):
-        super().__init__(request_id, page_ids, layout, endpoint.cache.num_pages)
+    def __init__(self, endpoint: InprocEndpoint, request_id: str, dest: Destination, layout: KVLayout):
+        super().__init__(request_id, dest, layout)
         self.endpoint = endpoint
+        self.guard = FenceGuard(endpoint.fence_name)
 
-    def write_layer(self, layer: int, k: torch.Tensor, v: torch.Tensor, start: int = 0) -> None:
-        if self.state is not TransferState.WRITING:
-            raise TransferError(f"request {self.request_id}: writer is {self.state.value}")
-        runs = self._runs(k.shape[0], start)
-        copy_into_pages(self.endpoint.cache.data[layer, 0], runs, k)
-        copy_into_pages(self.endpoint.cache.data[layer, 1], runs, v)
+    def _write(self, layer: int, k: torch.Tensor, v: torch.Tensor, runs: list) -> None:
+        try:
+            with self.guard.hold(self.dest.slot, self.dest.epoch):
+                copy_into_pages(self.endpoint.cache.data[layer, 0], runs, k)
+                copy_into_pages(self.endpoint.cache.data[layer, 1], runs, v)
+        except TandemError as e:
+            self.fail(e)
+            return
         self.bytes_written += 2 * k.numel() * k.element_size()
 
     def finish(self) -> None:
-        if self.state is TransferState.WRITING:
-            self.state = TransferState.DONE
-            self.endpoint._arrived.add(self.request_id)
+        self.guard.close()
+        if self.error is not None:
+            raise self.error
+        self.state = TransferState.DONE
+        self.endpoint._arrived.add(self.request_id)
 
     def abort(self) -> None:
-        self.state = TransferState.ABORTED
+        if self.state is TransferState.WRITING:
+            self.state = TransferState.ABORTED
+        self.guard.close()
 
 
 class InprocSender(KVSender):
+    name = NAME
+
     def __init__(self, layout: KVLayout, registry: dict):
         super().__init__(layout)
         self.registry = registry
 
-    def writer(self, pool: dict, request_id: str, page_ids: list[int]) -> InprocWriter:
-        layout, _ = self.check_descriptor(pool, NAME)
-        endpoint = self.registry.get(pool.get("id"))
+    def writer(self, dest: Destination, request_id: str) -> InprocWriter:
+        part = self.check(dest)
+        endpoint = self.registry.get(part.id)
         if endpoint is None:
-            raise TransferError(f"no in-process pool {pool.get('id')!r} (closed, or in another process)")
-        return InprocWriter(endpoint, request_id, page_ids, layout)
+            raise TransferFailed(f"no in-process pool {part.id!r} (closed, or in another process)")
+        return InprocWriter(endpoint, request_id, dest, self.layout)

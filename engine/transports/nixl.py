@@ -2,12 +2,13 @@
 
 The decode pool is registered memory. The prefill worker copies each layer's K/V into a registered
 staging area laid out in pages, posts a WRITE of those pages into the reserved remote pages, and goes
-on computing; `finish` waits for every WRITE and then notifies the decode worker with the request id.
+on computing; `finish` waits for every WRITE and then notifies the decode worker (`done`); `abort` waits
+for what is in flight and sends `closed`. Those notices are this transport's fence (see base.py).
 The same code moves DRAM to DRAM here and VRAM to VRAM over NVLink/RDMA on GPU nodes.
 
 Settings learned the hard way: UCX backend with `ucx_error_handling_mode: none` (shared-memory-only
-transports do not start otherwise); no progress thread (it spins a core), we poll; UCX on loopback
-only; no metadata listener: agent metadata travels in our descriptor over the control channel, and
+transports do not start otherwise); no progress thread (it spins a core), we poll with back-off; UCX on
+loopback unless UCX_NET_DEVICES says otherwise (docs/deploy.md); no metadata listener: agent metadata travels in our descriptor over the control channel, and
 nothing from a peer is ever unpickled (no get_serialized_descs).
 """
 
@@ -22,9 +23,11 @@ import numpy as np
 import torch
 
 from engine.kv_pool import TORCH_DTYPES, KVCache, PageAllocator
-from engine.transports.base import (KVSender, LayerWriter, PoolEndpoint, TransferError, TransferState,
-                                    copy_into_pages, page_runs)
+from engine.transports.base import (KVSender, LayerWriter, Notices, PoolEndpoint, TransferState, copy_into_pages,
+                                    page_runs)
 from tandem.kv_layout import KVLayout
+from tandem.pool import Destination, NixlPool
+from tandem.status import TransferFailed
 
 NAME = "nixl"
 STAGING_BYTES = 64 << 20  # registered staging for layers in flight; writers wait when it is full
@@ -40,7 +43,7 @@ def _agent(name: str):
         try:
             from nixl_cu12._api import nixl_agent, nixl_agent_config
         except ImportError:
-            raise TransferError("the nixl transport needs NIXL: pip install --no-deps nixl-cu12") from None
+            raise TransferFailed("the nixl transport needs NIXL: pip install --no-deps nixl-cu12") from None
     agent = nixl_agent(name, nixl_agent_config(enable_prog_thread=False, enable_listen_thread=False, backends=[]))
     agent.create_backend("UCX", {"ucx_error_handling_mode": "none"})
     return agent
@@ -60,7 +63,9 @@ def _descs(agent, base: int, block_ids, block_bytes: int):
 
 
 class NixlEndpoint(PoolEndpoint):
+    name = NAME
     notifies = True
+    strict_fence = False  # one-sided writes: the fence is the writer's close notice
 
     def __init__(self, cache: KVCache):
         if cache.device.type != "cpu":
@@ -71,34 +76,51 @@ class NixlEndpoint(PoolEndpoint):
         self.reg = self.agent.register_memory(cache.data)
         self.metadata = base64.b64encode(self.agent.get_agent_metadata()).decode()
 
-    def descriptor(self) -> dict:
-        return {"transport": NAME, "agent": self.agent_name, "metadata": self.metadata,
-                "base": self.cache.data.data_ptr(), "bytes": self.cache.data.numel() * self.cache.data.element_size(),
-                "num_pages": self.cache.num_pages, "layout": self.cache.layout.to_dict()}
+    def part(self) -> NixlPool:
+        return NixlPool(agent=self.agent_name, metadata=self.metadata, base=self.cache.data.data_ptr(),
+                        bytes=self.cache.data.numel() * self.cache.data.element_size())
 
-    def poll(self) -> set[str]:
-        done = set()
+    def poll(self) -> Notices:
+        out = Notices()
         for _peer, messages in self.agent.get_new_notifs().items():
             for m in messages:
-                done.add(m.decode("utf-8", "replace"))  # a request id; unknown ids are ignored by the caller
-        return done
+                notice = _parse_notice(m)
+                if notice is None:
+                    continue  # not ours, or malformed: nothing to act on
+                kind, slot, epoch, rid = notice
+                out.closed.add((slot, epoch))
+                if kind == "done":
+                    out.ready.add(rid)
+        return out
 
     def close(self) -> None:
         self.agent.deregister_memory(self.reg)
         del self.agent
 
 
+def _notice(kind: str, dest: Destination, request_id: str) -> bytes:
+    """A writer's notice to the pool: `done` (every layer landed) or `closed` (aborted; nothing in flight)."""
+    return f"{kind}:{dest.slot}:{dest.epoch}:{request_id}".encode()
+
+
+def _parse_notice(raw: bytes) -> tuple[str, int, int, str] | None:
+    try:
+        kind, slot, epoch, rid = raw.decode("utf-8").split(":", 3)
+        if kind in ("done", "closed"):
+            return kind, int(slot), int(epoch), rid
+    except (UnicodeDecodeError, ValueError):
+        pass  # a malformed notice carries no information we could act on
+    return None
+
+
 class NixlWriter(LayerWriter):
-    def __init__(self, sender: "NixlSender", peer: "_Peer", request_id: str, page_ids: list[int],
-                 layout: KVLayout, num_pages: int):
-        super().__init__(request_id, page_ids, layout, num_pages)
-        self.sender, self.peer, self.num_pages = sender, peer, num_pages
+    def __init__(self, sender: "NixlSender", peer: "_Peer", request_id: str, dest: Destination, layout: KVLayout):
+        super().__init__(request_id, dest, layout)
+        self.sender, self.peer, self.num_pages = sender, peer, dest.pool.num_pages
         self.inflight: list[tuple[object, list[int]]] = []  # (transfer handle, staging pages it reads)
 
-    def write_layer(self, layer: int, k: torch.Tensor, v: torch.Tensor, start: int = 0) -> None:
-        if self.state is not TransferState.WRITING:
-            raise TransferError(f"request {self.request_id}: writer is {self.state.value}")
-        dest = self._pages(k.shape[0], start)
+    def _write(self, layer: int, k: torch.Tensor, v: torch.Tensor, runs: list) -> None:
+        dest = [first + i for _, first, length in runs for i in range(length)]
         n_pages = len(dest)
         staged = self.sender.stage(self, 2 * n_pages)
         ks, vs = staged[:n_pages], staged[n_pages:]
@@ -113,34 +135,35 @@ class NixlWriter(LayerWriter):
         try:
             handle = s.agent.make_prepped_xfer("WRITE", s.local_prep, staged, self.peer.prep, remote_blocks, b"")
             if s.agent.transfer(handle) == "ERR":
-                raise TransferError("NIXL reported ERR")
+                raise TransferFailed("NIXL reported ERR")
         except Exception as e:  # nixl raises its own exception types (peer disconnected, not found, ...)
             s.unstage(staged)
-            self.state = TransferState.FAILED
-            raise TransferError(f"request {self.request_id}: NIXL write failed: {e}") from e
+            raise TransferFailed(f"request {self.request_id}: NIXL write failed: {e}") from e
         self.inflight.append((handle, staged))
 
     def wait(self, budget_s: float = 30.0) -> None:
-        """Block until every posted WRITE completed; raises TransferError (state FAILED) otherwise."""
+        """Block until every posted WRITE completed (sleeping between checks, never spinning a core);
+        on a failed or timed-out WRITE the writer fails (its error is raised by finish)."""
         deadline = time.monotonic() + budget_s
         s = self.sender
+        pause = 20e-6
         while self.inflight:
             handle, staged = self.inflight[0]
             try:
-                state = s.agent.check_xfer_state(handle)
+                state, err = s.agent.check_xfer_state(handle), None
             except Exception as e:  # the peer died mid-transfer
                 state, err = "ERR", e
-            else:
-                err = None
             if state == "PROC" and time.monotonic() < deadline:
+                time.sleep(pause)
+                pause = min(pause * 2, 1e-3)  # a transfer takes 10 us .. ms: back off to 1 ms checks
                 continue
             self.inflight.pop(0)
             s.agent.release_xfer_handle(handle)
             s.unstage(staged)
             if state != "DONE":
-                self.state = TransferState.FAILED
                 self.release_all()
-                raise TransferError(f"request {self.request_id}: NIXL transfer {state}: {err or 'timed out'}")
+                self.fail(TransferFailed(f"request {self.request_id}: NIXL transfer {state}: {err or 'timed out'}"))
+                return
 
     def release_all(self) -> None:
         for handle, staged in self.inflight:
@@ -150,30 +173,38 @@ class NixlWriter(LayerWriter):
 
     def finish(self) -> None:
         self.wait()
-        if self.state is TransferState.WRITING:
-            self.sender.agent.send_notif(self.peer.name, self.request_id.encode())
-            self.state = TransferState.DONE
+        if self.error is not None:
+            self._notify("closed")
+            raise self.error
+        self._notify("done")
+        self.state = TransferState.DONE
 
     def abort(self) -> None:
-        self.state = TransferState.ABORTED
+        if self.state is TransferState.WRITING:
+            self.state = TransferState.ABORTED
+        self.wait(budget_s=5.0)  # staging must not be reused, nor the pages freed, while a WRITE is in flight
+        self._notify("closed")
+
+    def _notify(self, kind: str) -> None:
         try:
-            self.wait(budget_s=5.0)  # staging must not be reused while a WRITE still reads it
-        except TransferError:
-            pass  # aborting anyway; the failure is already recorded in the state
-        self.state = TransferState.ABORTED
+            self.sender.agent.send_notif(self.peer.name, _notice(kind, self.dest, self.request_id))
+        except Exception as e:  # the decode agent is gone: there is nobody left to tell
+            self.fail(TransferFailed(f"request {self.request_id}: cannot notify the decode pool: {e}"))
 
 
 class _Peer:
     """A decode pool we write into: its agent name and a prepared list of all its page blocks."""
 
-    def __init__(self, agent, pool: dict, layout: KVLayout, num_pages: int):
-        self.name = agent.add_remote_agent(base64.b64decode(pool["metadata"])).decode()
+    def __init__(self, agent, part: NixlPool, layout: KVLayout, num_pages: int):
+        self.name = agent.add_remote_agent(base64.b64decode(part.metadata)).decode()
         blocks = layout.num_layers * 2 * num_pages  # block (layer, k|v, page) = (layer * 2 + kv) * pages + page
-        self.prep = agent.prep_xfer_dlist(self.name, _descs(agent, int(pool["base"]), range(blocks), layout.page_bytes),
+        self.prep = agent.prep_xfer_dlist(self.name, _descs(agent, part.base, range(blocks), layout.page_bytes),
                                           "DRAM")
 
 
 class NixlSender(KVSender):
+    name = NAME
+
     def __init__(self, layout: KVLayout):
         super().__init__(layout)
         self.agent = _agent(f"prefill-{os.getpid()}-{secrets.token_hex(4)}")
@@ -189,26 +220,25 @@ class NixlSender(KVSender):
         self.peers: dict[str, _Peer] = {}  # by the descriptor's agent name
         self.writers: list[NixlWriter] = []
 
-    def writer(self, pool: dict, request_id: str, page_ids: list[int]) -> NixlWriter:
-        layout, num_pages = self.check_descriptor(pool, NAME)
-        name = pool.get("agent")
-        if name not in self.peers:
+    def writer(self, dest: Destination, request_id: str) -> NixlWriter:
+        part = self.check(dest)
+        if part.agent not in self.peers:
             try:
-                self.peers[name] = _Peer(self.agent, pool, layout, num_pages)
+                self.peers[part.agent] = _Peer(self.agent, part, dest.pool.layout, dest.pool.num_pages)
             except Exception as e:  # malformed metadata or an agent NIXL cannot reach
-                raise TransferError(f"cannot connect to decode pool agent {name!r}: {e}") from None
-        w = NixlWriter(self, self.peers[name], request_id, page_ids, layout, num_pages)
+                raise TransferFailed(f"cannot connect to decode pool agent {part.agent!r}: {e}") from None
+        w = NixlWriter(self, self.peers[part.agent], request_id, dest, self.layout)
         self.writers = [x for x in self.writers if x.inflight] + [w]
         return w
 
     def stage(self, writer: NixlWriter, n: int) -> list[int]:
         """n free staging pages; waits for in-flight WRITEs to drain when staging is full."""
         if n > self.free.num_pages:
-            raise TransferError(f"a layer needs {n} staging pages, staging has {self.free.num_pages}")
+            raise TransferFailed(f"a layer needs {n} staging pages, staging has {self.free.num_pages}")
         while not self.free.can_allocate(n):
             busy = next((w for w in self.writers if w.inflight), None)
             if busy is None:
-                raise TransferError("staging exhausted with nothing in flight")
+                raise TransferFailed("staging exhausted with nothing in flight")
             busy.wait()
         return self.free.allocate(n)
 

@@ -1,23 +1,27 @@
-"""Shared pieces of the Triton models: parameters, tensors, errors, and the response-sender sink.
+"""Shared pieces of the Triton models: config parameters, the reply sink, and typed dispatch.
 
-Error responses carry a tag the orchestrator maps to its own errors and retry rules:
-  "invalid_argument: ..."  the request is bad; retrying it elsewhere will not help
-  "out_of_pages: ..."      the decode pool is full right now: wait for pages to free, or try another worker
-  "unavailable: ..."       this worker cannot take it now (transfer failed, ...): retry elsewhere
+Every model takes one input `request` (BYTES: a tandem.wire request envelope) and answers through the
+request's response sender with one or more `reply` outputs (BYTES: a reply envelope carrying a typed
+status). Errors are replies with a non-OK status, never Triton errors: the status survives the trip
+typed, and a reply always carries its request id. `dispatch` routes each message by its type to the
+handler the model registered for it, so no message is dispatched by name.
 """
 
 from __future__ import annotations
 
 import json
-import threading
+import logging
+import time
 
 import numpy as np
 import torch
 import triton_python_backend_utils as pb_utils
 
-from engine.errors import EngineError, InvalidRequest, OutOfPages
-from engine.transports import TransferError
-from tandem.wire import WireError
+from tandem.status import InvalidArgument, Status, status_of
+from tandem.wire import decode_request, encode_reply
+
+log = logging.getLogger("tandem.worker")
+CANCEL_CHECK_S = 0.25  # is_cancelled() is an IPC to the server: ask at most this often per request
 
 
 class Params:
@@ -35,6 +39,9 @@ class Params:
     def int(self, key: str) -> int:
         return int(self.str(key))
 
+    def float(self, key: str) -> float:
+        return float(self.str(key))
+
 
 def pass_budget(params: Params, device: torch.device) -> int:
     """Prompt tokens per prefill pass: the profile's max_num_tokens, capped on CPU (see profiles.py)."""
@@ -46,101 +53,72 @@ def setup_threads(params: Params) -> None:
     torch.set_num_threads(max(1, params.int("threads")))
 
 
-def error_tag(e: Exception) -> str:
-    if isinstance(e, OutOfPages):
-        return f"out_of_pages: {e}"
-    if isinstance(e, (InvalidRequest, WireError, ValueError)):
-        return f"invalid_argument: {e}"
-    if isinstance(e, (TransferError, EngineError)):
-        return f"unavailable: {e}"
-    return f"internal: {type(e).__name__}: {e}"
-
-
-def error_response(e: Exception):
-    return pb_utils.InferenceResponse(error=pb_utils.TritonError(error_tag(e)))
-
-
-def input_json(request, name: str = "request") -> bytes:
-    t = pb_utils.get_input_tensor_by_name(request, name)
-    if t is None:
-        raise InvalidRequest(f"missing input tensor {name!r} (BYTES, one JSON object)")
-    arr = t.as_numpy()
-    if arr.dtype != np.object_ or arr.size != 1:
-        raise InvalidRequest(f"input {name!r} must be BYTES with one element, got {arr.dtype} shape {arr.shape}")
-    return arr.reshape(-1)[0]
-
-
-def input_ids(request, name: str = "input_ids", required: bool = True) -> list[int]:
-    t = pb_utils.get_input_tensor_by_name(request, name)
-    if t is None:
-        if required:
-            raise InvalidRequest(f"missing input tensor {name!r} (INT32 token ids)")
-        return []
-    arr = t.as_numpy()
-    if arr.dtype != np.int32:
-        raise InvalidRequest(f"input {name!r} must be INT32, got {arr.dtype}")
-    return arr.reshape(-1).tolist()
-
-
-def token_response(tokens: list[int], logprobs: list[float], info: dict, batched: bool = False):
-    """`batched`: the model has max_batch_size > 0, so every output carries a leading batch dim of 1."""
-    lead = (1,) if batched else ()
-    return pb_utils.InferenceResponse(output_tensors=[
-        pb_utils.Tensor("output_ids", np.array(tokens, dtype=np.int32).reshape(lead + (-1,))),
-        pb_utils.Tensor("logprobs", np.array(logprobs, dtype=np.float32).reshape(lead + (-1,))),
-        pb_utils.Tensor("response", np.array([json.dumps(info).encode()], dtype=np.object_).reshape(lead + (1,))),
-    ])
-
-
-def json_response(obj: dict):
-    return token_response([], [], obj)
-
-
 class ResponseSink:
-    """TokenSink over a decoupled request's response sender: one response per token, then FINAL."""
+    """A Responder over one request's response sender: replies until the final one."""
 
-    def __init__(self, request):
+    def __init__(self, request, batched: bool = False):
         self.sender = request.get_response_sender()
-        self.closed = False
+        self.shape = (1, 1) if batched else (1,)  # a model with max_batch_size > 0 has a batch dimension
+        self.done = False
+        self._gone = False
+        self._checked = 0.0
 
-    def send(self, token: int, logprob: float | None, finish_reason: str | None) -> None:
-        if self.closed:
-            return
-        resp = token_response([token], [logprob] if logprob is not None else [],
-                              {"finish_reason": finish_reason} if finish_reason else {})
-        self._send(resp, final=finish_reason is not None)
+    def send(self, body, final: bool = False) -> None:
+        self._send(encode_reply(body), final)
 
-    def finish(self, reason: str) -> None:
-        self._send(json_response({"finish_reason": reason}), final=True)
-
-    def fail(self, message: str) -> None:
-        self._send(pb_utils.InferenceResponse(error=pb_utils.TritonError(f"unavailable: {message}")), final=True)
+    def fail(self, error: BaseException) -> None:
+        status = status_of(error)
+        if status is Status.INTERNAL:
+            log.error("internal error", exc_info=error)
+        self._send(encode_reply(status=status, message=str(error) or type(error).__name__), final=True)
 
     def cancelled(self) -> bool:
-        return self.closed or self.sender.is_cancelled()
+        if self._gone or self.done:
+            return True
+        now = time.monotonic()
+        if now - self._checked >= CANCEL_CHECK_S:
+            self._checked = now
+            self._gone = self.sender.is_cancelled()
+        return self._gone
 
-    def _send(self, resp, final: bool) -> None:
-        if self.closed:
+    def _send(self, raw: bytes, final: bool) -> None:
+        if self.done:
             return
-        self.sender.send(resp, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0)
-        self.closed = final
+        flags = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0
+        try:
+            if self._gone:  # nobody listens; only the final flag matters: it lets Triton retire the request
+                if final:
+                    self.sender.send(flags=flags)
+            else:
+                self.sender.send(pb_utils.InferenceResponse(output_tensors=[
+                    pb_utils.Tensor("reply", np.array([raw], dtype=np.object_).reshape(self.shape))]), flags=flags)
+        except pb_utils.TritonModelException:  # the request was cancelled or its stream is gone
+            self._gone = True
+            if final:
+                self._send(raw, final)
+            return
+        self.done = final
 
 
-def respond_once(request, resp) -> None:
-    """A decoupled request answered with one response."""
-    request.get_response_sender().send(resp, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-
-
-class BackgroundLoop:
-    """A worker's `run(stop)` loop on a daemon thread, owned by a Triton model instance."""
-
-    def __init__(self, worker, name: str):
-        self.worker = worker
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=worker.run, args=(self.stop,), name=name, daemon=True)
-        self.thread.start()
-
-    def close(self, timeout_s: float = 10.0) -> None:
-        self.stop.set()
-        self.worker.wakeup.set()
-        self.thread.join(timeout=timeout_s)
+def dispatch(requests, handlers: dict, batched: bool = False) -> None:
+    """Route each request's message to `handlers[type(message)](message, sink)`. A handler either
+    returns a reply (sent as the final one) or None (it answers through the sink itself, later)."""
+    for request in requests:
+        sink = ResponseSink(request, batched)
+        try:
+            tensor = pb_utils.get_input_tensor_by_name(request, "request")
+            if tensor is None:
+                raise InvalidArgument("missing input tensor 'request' (BYTES: one JSON envelope)")
+            arr = tensor.as_numpy()
+            if arr.dtype != np.object_ or arr.size != 1:
+                raise InvalidArgument(f"input 'request' must be BYTES with one element, got shape {arr.shape}")
+            msg = decode_request(arr.reshape(-1)[0])
+            handler = handlers.get(type(msg))
+            if handler is None:
+                raise InvalidArgument(f"this model does not take {msg.TYPE!r}; it takes "
+                                      f"{sorted(c.TYPE for c in handlers)}")
+            reply = handler(msg, sink)
+            if reply is not None:
+                sink.send(reply, final=True)
+        except Exception as e:  # every failure becomes this request's reply, with its status; others go on
+            sink.fail(e)

@@ -1,214 +1,315 @@
-"""The decode worker: owns the KV pool, leases pages to requests, runs the continuous-batching loop.
+"""The decode worker: owns a KV pool, leases its pages to requests, runs continuous batching.
 
-A request's life on this side of the handoff (every state has a way out that frees its pages):
+It serves both halves of the house: a *decode* worker (pages written by a remote prefill worker,
+or a short prompt prefilled here: conditional disaggregation) and a *co-located* worker (every
+prompt prefilled here), which is the same worker with `pool=None` (no writers from outside).
+A request's life is the Lease state machine of engine/workers/leases.py.
 
-    reserve ──▶ LEASED ──generate──▶ COMMITTED ──pages ready──▶ RUNNING ──stop/length──▶ done, freed
-                  │                      │                        │
-          lease deadline            transfer deadline       cancel / error
-                  ▼                      ▼                        ▼
-                freed                freed + error           freed + "abort"
-    release (from any state) ──▶ freed
-
-"Pages ready" is the transport's completion notice (nixl, inproc), or the generate call itself for
-shm, whose prefill reply comes only after the last page was written. Calls from Triton's threads
-(`reserve`, `generate`, `release`, `stats`) only touch bookkeeping under a lock; the model runs on
-the loop thread (`step`), outside the lock.
+Threads: control calls (`open`, `start`, `release`, `watch`, `writer_gone`) come from Triton's
+threads and only touch bookkeeping under the lock: a reservation is answered at once, never after a
+model pass. Everything else (state changes, the model, freeing pages) happens on the loop thread,
+which sleeps on its inbox and a deadline heap (engine/workers/loop.py) when there is nothing to do.
 """
 
 from __future__ import annotations
 
-import enum
 import secrets
 import threading
 import time
-from dataclasses import dataclass
+from collections import deque
 
 from engine.engine import Engine
 from engine.errors import InvalidRequest
-from engine.sampling import SamplingParams
-from engine.sequence import Sequence
-from engine.transports import PoolEndpoint
-from engine.workers.sink import TokenSink
-from tandem.wire import DecodeOp, Reservation, WorkerStats
+from engine.scheduler import Scheduler
+from engine.transports.host import PoolHost
+from engine.workers.leases import Lease, LeaseState
+from engine.workers.loop import Deadlines, Loop
+from engine.workers.sink import Responder
+from engine.workers.watchers import Watchers
+from tandem.pool import host_identity
+from tandem.status import Cancelled, DeadlineExceeded, LeaseLost, TandemError, TransferFailed
+from tandem.wire import Ack, Open, Release, Reserved, Start, Token, WorkerStats
 
-
-class LeaseState(str, enum.Enum):
-    LEASED = "leased"
-    COMMITTED = "committed"  # generate arrived; waiting for the pages to be ready
-    RUNNING = "running"
-
-
-@dataclass
-class Lease:
-    request_id: str
-    token: str
-    pages: list[int]
-    num_tokens: int
-    deadline: float
-    state: LeaseState = LeaseState.LEASED
-    pages_ready: bool = False
-    seq: Sequence | None = None
-    sink: TokenSink | None = None
-    abort_requested: bool = False
+# How often open requests are checked for a caller that vanished without a Release (an orchestrator that
+# died: Triton marks its requests cancelled, but tells no one). Only while requests are open.
+CANCEL_SWEEP_S = 1.0
+SWEEP = ("sweep", "")
 
 
 class DecodeWorker:
-    def __init__(self, engine: Engine, endpoint: PoolEndpoint, *, lease_s: float = 30.0,
-                 transfer_timeout_s: float = 30.0, max_batch_size: int = 256, clock=time.monotonic):
-        self.engine = engine
-        self.endpoint = endpoint
-        self.lease_s = lease_s
-        self.transfer_timeout_s = transfer_timeout_s
-        self.max_batch_size = max_batch_size
+    def __init__(self, engine: Engine, pool: PoolHost | None, *, role: str = "decode", max_batch_size: int = 256,
+                 pass_tokens: int = 512, chunk_tokens: int | None = 64, transfer_timeout_s: float = 30.0,
+                 fence_timeout_s: float = 60.0, clock=time.monotonic):
+        """`pool` None: a co-located worker (every request prefilled here). `chunk_tokens` is the local
+        prefill policy (None: prefill-first, see engine/scheduler.py)."""
+        self.engine, self.pool, self.role = engine, pool, role
+        self.host = pool.host if pool is not None else host_identity()
+        self.scheduler = Scheduler(engine, max_batch_size, pass_tokens, chunk_tokens)
+        self.transfer_timeout_s, self.fence_timeout_s = transfer_timeout_s, fence_timeout_s
         self.clock = clock
         self.leases: dict[str, Lease] = {}
-        self.running: list[Lease] = []  # touched by the loop thread only
+        self.fencing: dict[int, Lease] = {}  # by slot
+        self.inbox: deque[Lease] = deque()  # leases whose state the loop must look at
+        self.fenced_slots: deque[int] = deque()  # fence revocations finished by the fence thread
+        self.gone_writers: deque[str] = deque()
+        self.arrived: set[str] = set()  # "pages ready" notices for leases not yet started
         self.lock = threading.Lock()
-        self.wakeup = threading.Event()
+        self.deadlines = Deadlines(clock)
+        self.watchers = Watchers(self.stats, clock)
         self.kv_bytes_received = 0
+        self.loop = Loop(self._iterate, self._next_due, f"{role}-loop", clock)
+
+    def launch(self) -> "DecodeWorker":
+        self.loop.start()
+        return self
 
     # -- control calls (any thread) -----------------------------------------------------------------
 
-    def reserve(self, op: DecodeOp) -> Reservation:
-        if not op.request_id:
-            raise InvalidRequest("reserve needs a request_id")
-        if op.num_tokens < 1 or op.max_tokens < 1:
-            raise InvalidRequest(f"reserve needs num_tokens >= 1 and max_tokens >= 1, got {op.num_tokens}, "
-                                 f"{op.max_tokens}")
-        budget = min(op.num_tokens + op.max_tokens, self.engine.max_context)
-        if op.num_tokens >= self.engine.max_context:
-            raise InvalidRequest(f"{op.num_tokens} tokens do not fit the model's context of {self.engine.max_context}")
-        lease_s = op.lease_ms / 1000 if op.lease_ms > 0 else self.lease_s
+    def open(self, msg: Open, sink: Responder) -> None:
+        """Lease pages for a request (OutOfPages at once when they are not there). A remote prefill gets
+        a Reserved reply naming them; a local one is queued for the loop."""
+        if self.pool is None and not msg.local_prefill:
+            raise InvalidRequest("this co-located worker prefills every request itself: send local_prefill=true")
+        seq = self.engine.new_sequence(msg.request_id, msg.prompt_ids, msg.sampling, msg.output_ids)
         with self.lock:
-            if op.request_id in self.leases:
-                raise InvalidRequest(f"request {op.request_id!r} already holds a reservation here")
-            pages = self.engine.allocator.allocate(self.engine.cache.layout.pages_for(budget))  # OutOfPages
-            lease = Lease(op.request_id, secrets.token_hex(8), pages, op.num_tokens, self.clock() + lease_s)
-            self.leases[op.request_id] = lease
-        return Reservation(op.request_id, lease.token, pages, int(lease_s * 1000), self.endpoint.descriptor())
+            if msg.request_id in self.leases:
+                raise InvalidRequest(f"request {msg.request_id!r} is already open here")
+            pages = self.engine.allocator.allocate(self.engine.cache.layout.pages_for(seq.budget))  # OutOfPages
+            seq.page_table = pages
+            lease = Lease(msg.request_id, secrets.token_hex(8), seq, pages, sink, LeaseState.PREFILLING)
+            if not msg.local_prefill:
+                try:
+                    self._hand_out(lease, msg)
+                except BaseException:
+                    self.engine.allocator.free(pages)
+                    raise
+            self.leases[msg.request_id] = lease
+            self.inbox.append(lease)
+        if lease.handed_out:
+            sink.send(Reserved(msg.request_id, lease.token, self.pool.destination(
+                lease.transport, pages, lease.slot, lease.epoch)))
+        self.loop.wake()
 
-    def generate(self, op: DecodeOp, sink: TokenSink) -> None:
-        """Commit a lease and queue the request; tokens go to `sink`. Raises InvalidRequest at once."""
-        params = SamplingParams.from_dict(op.sampling)
-        if not op.output_ids:
-            raise InvalidRequest("generate needs output_ids: at least the first token from prefill")
+    def _hand_out(self, lease: Lease, msg: Open) -> None:
+        lease.transport = self.pool.choose(msg.writer_host)
+        lease.slot, lease.epoch = self.pool.lease_slot()
+        lease.writer, lease.state = msg.writer, LeaseState.RESERVED
+        lease.seq.num_cached = lease.seq.num_tokens  # the writer fills every position so far
+
+    def start(self, msg: Start) -> Ack:
+        """The first token arrived (the prefill finished writing): the request may decode."""
         with self.lock:
-            lease = self._owned(op)
-            if lease.state is not LeaseState.LEASED:
-                raise InvalidRequest(f"request {op.request_id!r} is already {lease.state.value}")
-            if len(op.prompt_ids) + len(op.output_ids) != lease.num_tokens + 1:
-                raise InvalidRequest(f"request {op.request_id!r} reserved pages for {lease.num_tokens} tokens; "
-                                     f"generate sent {len(op.prompt_ids)} prompt + {len(op.output_ids)} output "
-                                     f"tokens (expected a total of {lease.num_tokens + 1})")
-            seq = self.engine.new_sequence(op.request_id, op.prompt_ids, params, op.output_ids)
-            need = self.engine.cache.layout.pages_for(seq.budget)
-            if need > len(lease.pages):
-                raise InvalidRequest(f"request {op.request_id!r} needs {need} pages for max_tokens "
-                                     f"{params.max_tokens}; it reserved {len(lease.pages)}")
-            seq.page_table, seq.num_cached = lease.pages, lease.num_tokens
-            lease.seq, lease.sink, lease.state = seq, sink, LeaseState.COMMITTED
-            lease.pages_ready = lease.pages_ready or not self.endpoint.notifies
-            lease.deadline = self.clock() + self.transfer_timeout_s
-        self.wakeup.set()
+            lease = self._owned(msg.request_id, msg.lease)
+            if lease.state is not LeaseState.RESERVED:
+                raise InvalidRequest(f"request {msg.request_id!r} is {lease.state.value}, not reserved")
+            lease.seq.append(msg.token, msg.logprob)
+            lease.writer_done = True  # the prefill replied only after its last write landed
+            lease.pages_ready = lease.transport not in self.pool.notifies or msg.request_id in self.arrived
+            self.arrived.discard(msg.request_id)
+            lease.state = LeaseState.WAITING_KV
+            if not lease.pages_ready:
+                self.deadlines.after(self.transfer_timeout_s, ("transfer", msg.request_id))
+            self.inbox.append(lease)
+        self.loop.wake()
+        return Ack()
 
-    def release(self, op: DecodeOp) -> bool:
-        """Free a request's pages in whatever state it is; a committed or running stream ends with 'abort'.
-
-        A running request is stopped by the loop thread before its next step (it owns that stream).
-        """
+    def release(self, msg: Release) -> Ack:
+        """End a request in whatever state it is; its Open request ends with CANCELLED."""
         with self.lock:
-            lease = self._owned(op)
-            if lease.state is LeaseState.RUNNING:
-                lease.abort_requested = True
-            else:
-                self._free(lease)
-                if lease.sink is not None:
-                    lease.sink.finish("abort")
-        self.wakeup.set()
-        return True
+            lease = self.leases.get(msg.request_id)
+            if lease is None:
+                return Ack(found=False)  # already ended (finished, or released twice): nothing to do
+            self._owned(msg.request_id, msg.lease)
+            lease.writer_done = lease.writer_done or msg.writer_closed
+            lease.end_status = lease.end_status or Cancelled(f"request {msg.request_id} was released")
+            self.inbox.append(lease)
+        self.loop.wake()
+        return Ack()
+
+    def writer_gone(self, writer: str) -> None:
+        """A prefill worker is dead: no write of it can land any more (frees its fenced leases)."""
+        with self.lock:
+            self.gone_writers.append(writer)
+        self.loop.wake()
+
+    def watch(self, sink: Responder, heartbeat_s: float) -> None:
+        self.watchers.add(sink, heartbeat_s)
+        self.loop.wake()
+
+    def _owned(self, request_id: str, token: str) -> Lease:
+        lease = self.leases.get(request_id)
+        if lease is None:
+            raise LeaseLost(f"request {request_id!r} holds no pages here (it ended, or this worker restarted)")
+        if lease.handed_out and not secrets.compare_digest(lease.token, token):
+            raise InvalidRequest(f"request {request_id!r}: its pages are leased to someone else (lease mismatch)")
+        return lease
 
     def stats(self) -> WorkerStats:
         with self.lock:
             states = [lease.state for lease in self.leases.values()]
             a = self.engine.allocator
-            return WorkerStats(role="decode", pages_total=a.num_pages, pages_used=a.num_used,
-                               running=states.count(LeaseState.RUNNING), leased=states.count(LeaseState.LEASED),
-                               waiting_for_pages=states.count(LeaseState.COMMITTED),
+            return WorkerStats(role=self.role, host=self.host, pages_total=a.num_pages, pages_used=a.num_used,
+                               pages_fenced=sum(len(x.pages) for x in self.fencing.values()),
+                               running=self.scheduler.size,
+                               reserved=states.count(LeaseState.RESERVED) + states.count(LeaseState.WAITING_KV),
                                kv_bytes_received=self.kv_bytes_received)
-
-    def _owned(self, op: DecodeOp) -> Lease:
-        lease = self.leases.get(op.request_id)
-        if lease is None:
-            raise InvalidRequest(f"unknown request id {op.request_id!r}: no reservation here (expired or released?)")
-        if not secrets.compare_digest(lease.token, op.lease):
-            raise InvalidRequest(f"request {op.request_id!r}: pages are leased to someone else (lease token mismatch)")
-        return lease
-
-    def _free(self, lease: Lease) -> None:
-        """Forget the lease and return its pages (caller holds the lock)."""
-        self.leases.pop(lease.request_id, None)
-        if lease.pages:
-            self.engine.allocator.free(lease.pages)
-            lease.pages = []
-            if lease.seq is not None:
-                lease.seq.page_table = []
 
     # -- the loop (one thread) ----------------------------------------------------------------------
 
-    def step(self) -> bool:
-        """Admit ready requests, run one decode step for the batch, stream tokens. True if work was done."""
+    def _iterate(self) -> bool:
         with self.lock:
-            self._housekeeping()
-        batch = list(self.running)
-        if not batch:
-            return False
-        outs = self.engine.decode_step([lease.seq for lease in batch])
-        done = []
-        for lease, (token, logprob) in zip(batch, outs):
-            reason = lease.seq.finish_reason.value if lease.seq.finished else None
-            lease.sink.send(token, logprob, reason)
-            if reason:
-                done.append(lease)
-        if done:
+            changed = self._housekeeping()
+        events = self.scheduler.step() if self.scheduler.has_work else []
+        if events:
             with self.lock:
-                for lease in done:
-                    self._free(lease)
-            self.running = [lease for lease in self.running if lease not in done]
-        return True
+                for ev in events:
+                    self._deliver(self.leases.get(ev.seq.request_id), ev)
+        self.watchers.push(force=changed or any(ev.seq.finished for ev in events))
+        return bool(events) or self.scheduler.has_work
 
-    def _housekeeping(self) -> None:
-        """Expire leases, note arrived pages, stop released or cancelled streams, admit ready requests."""
-        for rid in self.endpoint.poll():
-            if rid in self.leases:
-                self.leases[rid].pages_ready = True
-        now = self.clock()
-        for lease in list(self.leases.values()):
-            cancelled = lease.sink is not None and lease.sink.cancelled()
-            if lease.state is LeaseState.RUNNING:
-                if lease.abort_requested or cancelled:
-                    self._free(lease)
-                    self.running.remove(lease)
-                    lease.sink.finish("abort")
-            elif cancelled:
-                self._free(lease)
-                lease.sink.finish("abort")
-            elif now > lease.deadline:
-                self._free(lease)
-                if lease.sink is not None:
-                    lease.sink.fail(f"request {lease.request_id}: KV pages never arrived (transfer timed out); "
-                                    f"pages freed")
-            elif lease.state is LeaseState.COMMITTED and lease.pages_ready and \
-                    len(self.running) < self.max_batch_size:
-                lease.state = LeaseState.RUNNING
-                self.running.append(lease)
-                self.kv_bytes_received += lease.num_tokens * self.engine.cache.layout.bytes_per_token
+    def _deliver(self, lease: Lease | None, ev) -> None:
+        if lease is None:
+            return
+        reason = ev.seq.finish_reason.value if ev.seq.finished else None
+        lease.state = LeaseState.RUNNING
+        lease.sink.send(Token(ev.token, ev.logprob, reason), final=reason is not None)
+        if reason is not None:
+            self._end(lease, None)
 
-    def run(self, stop: threading.Event) -> None:
-        """The loop thread's body: step while there is work; when idle, wait for a call or a deadline.
+    def _housekeeping(self) -> bool:
+        """Apply notices, fence completions, timeouts and calls; admit ready requests. True if anything changed."""
+        changed = self._notices()
+        if self.leases and not self.deadlines.armed(SWEEP):
+            self.deadlines.after(CANCEL_SWEEP_S, SWEEP)
+        for key in self.deadlines.due():
+            changed = True
+            self._deadline(key)
+        while self.inbox:
+            changed = True
+            lease = self.inbox.popleft()
+            if self.leases.get(lease.request_id) is lease:
+                self._advance(lease)
+        for lease in [x for x in self.leases.values() if x.state is LeaseState.WAITING_KV]:
+            changed |= self._advance(lease)
+        return changed
 
-        Leases and notifying transports need polling, so an idle loop with leases wakes every 2 ms.
-        """
-        while not stop.is_set():
-            if not self.step():
-                self.wakeup.wait(0.002 if self.leases else 0.1)
-                self.wakeup.clear()
+    def _notices(self) -> bool:
+        changed = False
+        if self.pool is not None:
+            notices = self.pool.poll()
+            for rid in notices.ready:
+                lease = self.leases.get(rid)
+                if lease is not None and lease.state is LeaseState.WAITING_KV:
+                    lease.pages_ready = True
+                elif lease is not None:
+                    self.arrived.add(rid)
+            for slot, epoch in notices.closed:
+                lease = self.fencing.get(slot)
+                if lease is not None and lease.epoch == epoch:
+                    self._fenced(slot)
+                elif (lease := self._lease_in_slot(slot, epoch)) is not None:
+                    lease.writer_done = True
+            changed = bool(notices.ready or notices.closed)
+        while self.fenced_slots:
+            changed = True
+            self._fenced(self.fenced_slots.popleft())
+        while self.gone_writers:
+            writer = self.gone_writers.popleft()
+            for slot in [s for s, x in self.fencing.items() if x.writer == writer]:
+                self._fenced(slot)
+            changed = True
+        return changed
+
+    def _lease_in_slot(self, slot: int, epoch: int) -> Lease | None:
+        return next((x for x in self.leases.values() if x.slot == slot and x.epoch == epoch), None)
+
+    def _advance(self, lease: Lease) -> bool:
+        """Move one lease along its state machine; True if it moved."""
+        if lease.end_status is None and lease.sink.cancelled():
+            lease.end_status = Cancelled(f"request {lease.request_id}: the caller went away")
+        if lease.end_status is not None:
+            self._end(lease, lease.end_status)
+            return True
+        if lease.state is LeaseState.PREFILLING and not lease.scheduled:
+            lease.scheduled = True
+            self.scheduler.add_prefill(lease.seq)
+            return True
+        if lease.state is LeaseState.WAITING_KV and lease.pages_ready and self.scheduler.has_room:
+            self.deadlines.cancel(("transfer", lease.request_id))
+            lease.state, lease.scheduled = LeaseState.RUNNING, True
+            self.scheduler.add_running(lease.seq)
+            self.kv_bytes_received += (lease.seq.num_cached) * self.engine.cache.layout.bytes_per_token
+            return True
+        return False
+
+    def _deadline(self, key) -> None:
+        kind, rid = key
+        if kind == "transfer":
+            lease = self.leases.get(rid)
+            if lease is not None and lease.state is LeaseState.WAITING_KV:
+                self._end(lease, TransferFailed(f"request {rid}: KV pages never arrived within "
+                                                f"{self.transfer_timeout_s:.0f}s; pages freed"))
+        elif kind == "fence":
+            lease = self.fencing.get(rid)
+            if lease is not None:
+                self._fenced(rid)  # the documented limit of a non-strict fence: see leases.py
+        elif kind == "sweep":
+            for lease in list(self.leases.values()):
+                if lease.sink.cancelled():
+                    lease.end_status = Cancelled(f"request {lease.request_id}: the caller went away")
+                    self.inbox.append(lease)
+
+    def _end(self, lease: Lease, error: TandemError | None) -> None:
+        """Take the lease out of service and answer its Open request; free its pages unless a writer may
+        still write them (then they wait in `fencing`)."""
+        self.leases.pop(lease.request_id, None)
+        self.deadlines.cancel(("transfer", lease.request_id))
+        self.scheduler.remove(lease.seq)
+        if error is not None and not lease.sink.done:
+            lease.sink.fail(error)
+        if not lease.handed_out:
+            self._free(lease)
+            return
+        if lease.needs_fence() and not self.pool.strict(lease.transport):
+            self._quarantine(lease)  # NIXL: wait for the writer's close notice
+        elif self.pool.revoke(lease.slot, self._on_fenced):
+            self._free(lease)
+            self.pool.free_slot(lease.slot)
+        else:
+            self._quarantine(lease)  # a copy is in flight: the fence thread reports when it is out
+
+    def _quarantine(self, lease: Lease) -> None:
+        lease.state = LeaseState.FENCING
+        self.fencing[lease.slot] = lease
+        if not self.pool.strict(lease.transport):
+            self.deadlines.after(self.fence_timeout_s, ("fence", lease.slot))
+
+    def _on_fenced(self, slot: int) -> None:  # the fence thread
+        with self.lock:
+            self.fenced_slots.append(slot)
+        self.loop.wake()
+
+    def _fenced(self, slot: int) -> None:
+        lease = self.fencing.pop(slot, None)
+        if lease is None:
+            return
+        self.deadlines.cancel(("fence", slot))
+        if self.pool.strict(lease.transport) or self.pool.revoke(slot, self._on_fenced):
+            self._free(lease)
+            self.pool.free_slot(slot)
+        else:
+            self.fencing[slot] = lease
+
+    def _free(self, lease: Lease) -> None:
+        if lease.pages:
+            self.engine.allocator.free(lease.pages)
+            lease.pages, lease.seq.page_table = [], []
+
+    def _next_due(self) -> float | None:
+        with self.lock:
+            due = [t for t in (self.deadlines.next(), self.watchers.next_due()) if t is not None]
+        return min(due) if due else None
+
+    def close(self) -> None:
+        self.loop.stop()
+        self.watchers.close()

@@ -1,19 +1,21 @@
-"""Where a worker sends a request's tokens: one Triton response sender, or a test's list."""
+"""Where a worker sends a request's replies: a Triton response sender (engine/triton/common.py), or a
+test's list. One request gets one or more replies; the last one is final."""
 
 from __future__ import annotations
 
 from typing import Protocol
 
 
-class TokenSink(Protocol):
-    def send(self, token: int, logprob: float | None, finish_reason: str | None) -> None:
-        """One generated token; a finish_reason ends the stream."""
+class Responder(Protocol):
+    def send(self, body, final: bool = False) -> None:
+        """One OK reply (a tandem.wire reply dataclass); `final` ends the request."""
 
-    def finish(self, reason: str) -> None:
-        """End the stream without a new token (e.g. 'abort' after a release)."""
-
-    def fail(self, message: str) -> None:
-        """End the stream with an error (the request was not completed)."""
+    def fail(self, error: BaseException) -> None:
+        """End the request with the status of `error` (tandem.status.status_of) and its message."""
 
     def cancelled(self) -> bool:
-        """True once the client has gone away or cancelled; the worker then frees the request."""
+        """True once the caller has gone away or cancelled, or a send failed; the worker then drops it."""
+
+    @property
+    def done(self) -> bool:
+        """True once a final reply was sent."""

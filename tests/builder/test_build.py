@@ -51,7 +51,7 @@ def test_rebuild_is_a_noop_and_fast(built_engines):
 
 def test_int8_decode_engine_is_smaller_and_loads(tmp_path, default_engine):
     from engine.load import load_engine
-    from engine.sampling import SamplingParams
+    from tandem.sampling import SamplingParams
 
     build(BuildRequest(model="smollm2-135m", out=str(tmp_path), roles=(Role.DECODE,), weight_quant="int8-dynamic"),
           log=lambda *_: None)

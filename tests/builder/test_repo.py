@@ -9,13 +9,20 @@ import shutil
 import subprocess
 import sys
 
+import queue
+
+import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
 from builder.repo import MODELS, RenderError, RepoOptions, render, render_repo
 from orchestrator.triton_process import TritonServer
-from orchestrator.worker_client import ColocatedClient, WorkerError
+from orchestrator.worker_client import CLIENTS, GenerateClient
+from tandem.sampling import SamplingParams
+from tandem.status import InvalidArgument
+from tandem.wire import Open
 from tests.conftest import leak_check, leak_snapshot
 
 PROMPT = "Name three planets of the solar system."
@@ -70,29 +77,61 @@ def test_triton_loads_every_model_and_generate_matches_tandem_generate(triton_al
     want = json.loads(cli.stdout)
 
     async def run():
-        client = ColocatedClient(triton_all_models.grpc_url)
+        clients = {m: CLIENTS[m](triton_all_models.grpc_url) for m in MODELS}
         try:
-            assert all([await ColocatedClient(triton_all_models.grpc_url, m).ready() for m in MODELS])
-            return [t async for t in client.generate("g1", want["prompt_token_ids"], {"max_tokens": 24})]
+            stats = {m: (await c.stats()).role for m, c in clients.items()}  # each model answers
+            tokens = [t async for t in clients["generate"].open(Open("g1", want["prompt_token_ids"],
+                                                                      SamplingParams(max_tokens=24), local_prefill=True))]
+            return stats, tokens
         finally:
-            await client.close()
+            for c in clients.values():
+                await c.close()
 
-    got = asyncio.run(run())
-    assert [t for t, _, _ in got] == want["token_ids"]
-    assert got[-1][2] == want["finish_reason"]
+    stats, got = asyncio.run(run())
+    assert stats == {"prefill": "prefill", "decode": "decode", "generate": "generate"}
+    assert [t.token for t in got] == want["token_ids"]
+    assert got[-1].finish_reason == want["finish_reason"]
 
 
 def test_generate_model_refuses_bad_input_and_keeps_serving(triton_all_models):
     async def run():
-        client = ColocatedClient(triton_all_models.grpc_url)
+        client = GenerateClient(triton_all_models.grpc_url)
         try:
-            with pytest.raises(WorkerError, match="prompt is empty") as e:
-                [t async for t in client.generate("bad", [], {"max_tokens": 4})]
-            assert e.value.kind == "invalid_argument"
-            with pytest.raises(WorkerError, match="max_tokens must be an integer >= 1"):
-                [t async for t in client.generate("bad2", [1, 2], {"max_tokens": 0})]
-            return [t async for t in client.generate("good", [1, 2, 3], {"max_tokens": 3})]
+            with pytest.raises(InvalidArgument, match="prompt is empty"):
+                [t async for t in client.open(Open("bad", [], SamplingParams(max_tokens=4), local_prefill=True))]
+            return [t async for t in client.open(Open("good", [1, 2, 3], SamplingParams(max_tokens=3),
+                                                      local_prefill=True))]
         finally:
             await client.close()
 
     assert len(asyncio.run(run())) == 3
+
+
+def raw_reply(url: str, model: str, envelope: dict) -> dict:
+    """Send one request envelope with plain tritonclient (as any peer could) and return the first reply."""
+    c = grpcclient.InferenceServerClient(url)
+    q: queue.Queue = queue.Queue()
+    c.start_stream(callback=lambda result, error: q.put((result, error)))
+    try:
+        t = grpcclient.InferInput("request", [1], "BYTES")
+        t.set_data_from_numpy(np.array([json.dumps(envelope).encode()], dtype=np.object_))
+        c.async_stream_infer(model, [t], request_id="raw")
+        result, error = q.get(timeout=60)
+        assert error is None, error
+        return json.loads(result.as_numpy("reply").reshape(-1)[0])
+    finally:
+        c.stop_stream()
+        c.close()
+
+
+def test_a_malformed_message_is_a_typed_invalid_argument(triton_all_models):
+    url = triton_all_models.grpc_url
+    cases = [({"type": "open", "body": {"request_id": "b", "prompt_ids": [1], "sampling": {"max_tokens": 0},
+                                        "local_prefill": True}}, "max_tokens must be an integer >= 1"),
+             ({"type": "open", "body": {"request_id": "b", "prompt_ids": "nope", "sampling": {}}}, "expected a list"),
+             ({"type": "explode", "body": {}}, "request must be"),
+             ({"type": "prefill", "body": {"request_id": "b", "prompt_ids": [1], "sampling": {}}},
+              "does not take 'prefill'")]
+    for envelope, message in cases:
+        reply = raw_reply(url, "generate", envelope)
+        assert reply["status"] == "INVALID_ARGUMENT" and message in reply["message"], (envelope, reply)

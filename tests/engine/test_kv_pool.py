@@ -12,7 +12,7 @@ import torch
 
 from engine.errors import OutOfPages
 from engine.kv_pool import KVCache, PageAllocator
-from engine.sampling import SamplingParams
+from tandem.sampling import SamplingParams
 from engine.shm import our_segments
 from tandem.kv_layout import KVLayout
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.errors import InvalidRequest
-from engine.sampling import SamplingParams, sample
+from tandem.status import InvalidArgument
+from engine.sampling import sample
+from tandem.sampling import SamplingParams
 from engine.tokenizer import ChatMessage
 
 PROMPT = "Tell me a short story about a robot."
@@ -94,12 +95,12 @@ def test_min_tokens_suppresses_eos(default_engine):
     (dict(temperature=-0.5), "temperature must be >= 0"),
     (dict(top_p=0.0), "top_p must be in (0, 1]"),
     (dict(top_p=1.5), "top_p must be in (0, 1]"),
-    (dict(top_k=-1), "top_k must be >= 0"),
+    (dict(top_k=-1), "top_k must be an integer >= 0"),
     (dict(min_tokens=5, max_tokens=2), "min_tokens must be in [0, max_tokens=2]"),
     (dict(stop=("",)), "non-empty strings"),
-    (dict(seed=-1), "seed must be in"),
+    (dict(seed=-1), "seed must be an integer in"),
 ])
 def test_bad_parameters_are_refused_with_the_limit(kwargs, message):
-    with pytest.raises(InvalidRequest) as e:
+    with pytest.raises(InvalidArgument) as e:
         SamplingParams(**kwargs)
     assert message in str(e.value)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.sampling import SamplingParams
+from tandem.sampling import SamplingParams
 from engine.scheduler import Scheduler
 from engine.tokenizer import ChatMessage
 from tests.conftest import complete
@@ -17,16 +17,23 @@ PROMPTS = ["Hi", "What is the capital of France?", "Write a long poem about the 
 def test_scheduler_matches_direct_greedy_with_late_arrivals(default_engine, chunk):
     ids = [default_engine.tokenizer.encode_chat([ChatMessage("user", p)]) for p in PROMPTS]
     want = [complete(default_engine, x, SamplingParams(max_tokens=12)).output_ids for x in ids]
-    sched = Scheduler(default_engine, max_batch_size=8, max_num_tokens=4096, chunk_tokens=chunk)
+    sched = Scheduler(default_engine, max_batch_size=8, pass_tokens=4096, chunk_tokens=chunk)
     seqs = [default_engine.new_sequence(f"r{i}", x, SamplingParams(max_tokens=12)) for i, x in enumerate(ids)]
-    sched.add(seqs[0])
-    sched.add(seqs[1])
+
+    def add(seq):
+        default_engine.admit(seq)
+        sched.add_prefill(seq)
+
+    add(seqs[0])
+    add(seqs[1])
     steps = 0
     while sched.has_work:
-        sched.step()
+        for ev in sched.step():
+            if ev.seq.finished:
+                default_engine.release(ev.seq)
         steps += 1
         if steps == 3:  # the rest arrive while the first ones decode
-            sched.add(seqs[2])
-            sched.add(seqs[3])
+            add(seqs[2])
+            add(seqs[3])
     assert [s.output_ids for s in seqs] == want
     assert default_engine.allocator.num_used == 0

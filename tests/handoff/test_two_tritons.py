@@ -1,23 +1,25 @@
-"""Prefill and decode in two real Triton instances, KV pages handed over by shm and by NIXL."""
+"""Prefill and decode in two real Triton instances, KV pages handed over by shm and by NIXL, driven
+through the orchestrator's own clients and handoff protocol."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 
-import numpy as np
 import pytest
-from tritonclient.grpc import InferInput
 
 from builder.repo import RepoOptions
 from engine.generate import run_generation
-from engine.sampling import SamplingParams
 from engine.tokenizer import ChatMessage
 from engine.transports.nixl import available as nixl_available
-from orchestrator.handoff import HandoffError, handoff
-from orchestrator.worker_client import DecodeClient, PrefillClient, WorkerError
+from orchestrator.fleet import WorkerState
+from orchestrator.handoff import Timings, handoff
+from orchestrator.worker_client import DecodeClient, PrefillClient
 from orchestrator.workers import WorkerSet
-from tandem.wire import DecodeOp, Destination, PrefillRequest
+from tandem.sampling import SamplingParams
+from tandem.status import InvalidArgument, LeaseLost, TandemError, TransferFailed
+from tandem.wire import Open, Prefill, Release, Reserved, Start
 from tests.conftest import leak_check, leak_snapshot
 
 LONG = " ".join(f"Item {i}: a lantern, a map and a compass were packed for the trip." for i in range(25))
@@ -37,17 +39,26 @@ def workers(request, built_engines, tmp_path_factory):
     assert leak_check(before) == []
 
 
-def clients(ws):
-    return PrefillClient(ws.urls("prefill")[0]), DecodeClient(ws.urls("decode")[0])
+async def pair(ws) -> tuple[WorkerState, WorkerState]:
+    """(prefill, decode) worker states with their hosts, as the fleet would know them."""
+    p = WorkerState("prefill-0", "prefill", ws.urls("prefill")[0], PrefillClient(ws.urls("prefill")[0]))
+    d = WorkerState("decode-0", "decode", ws.urls("decode")[0], DecodeClient(ws.urls("decode")[0]))
+    p.stats, d.stats = await p.client.stats(), await d.client.stats()
+    return p, d
 
 
-async def collect(p, d, rid, ids, params, **kw):
+async def collect(p, d, rid, ids, params):
     out = []
-    async with contextlib.aclosing(handoff(p, d, rid, ids, params, **kw)) as stream:
+    async with contextlib.aclosing(handoff(d, p, rid, ids, params, [], Timings())) as stream:
         async for t in stream:
             if t.token is not None:
                 out.append(t.token)
     return out
+
+
+async def closing(*states):
+    for s in states:
+        await s.client.close()
 
 
 def test_greedy_through_two_tritons_equals_single_process(workers, default_engine):
@@ -57,110 +68,122 @@ def test_greedy_through_two_tritons_equals_single_process(workers, default_engin
     expected = [run_generation(default_engine, ids, params).token_ids for ids in prompts]
 
     async def run():
-        p, d = clients(workers)
+        p, d = await pair(workers)
         try:
             got = await asyncio.gather(*[collect(p, d, f"req-{i}", ids, params) for i, ids in enumerate(prompts)])
-            return got, await d.stats()
+            await asyncio.sleep(0.2)  # the last Release/stream ends reach the worker
+            return got, await d.client.stats()
         finally:
-            await p.close()
-            await d.close()
+            await closing(p, d)
 
     got, stats = asyncio.run(run())
     assert got == expected
-    assert stats.pages_used == 0 and stats.leased == 0 and stats.running == 0
+    assert stats.pages_used == 0 and stats.reserved == 0 and stats.running == 0
     assert stats.kv_bytes_received == sum(len(ids) for ids in prompts) * default_engine.kv_layout().bytes_per_token
 
 
-def test_a_reservation_never_committed_expires_by_itself(workers):
+def test_a_reservation_is_released_when_its_caller_goes_away(workers):
+    """No lease timer: an Open whose caller vanishes (its stream cancelled) ends. With shm its pages are
+    free at once (the fence revokes any writer); with NIXL they stay quarantined (`pages_fenced`) until a
+    writer's close notice or the fence timeout, since a writer may have been given the destination."""
     async def run():
-        _, d = clients(workers)
+        p, d = await pair(workers)
         try:
-            await d.reserve(DecodeOp(op="reserve", request_id="abandoned", num_tokens=100, max_tokens=50,
-                                     lease_ms=300))
-            held = (await d.stats()).pages_used
-            await asyncio.sleep(0.8)
-            return held, (await d.stats()).pages_used
+            opened = d.client.open(Open("abandoned", [1] * 100, SamplingParams(max_tokens=50), writer_host=p.host))
+            reserved = await opened.__anext__()
+            held = (await d.client.stats()).pages_used
+            await opened.aclose()
+            await d.client.channel.close()  # the connection drops: Triton cancels the call
+            d.client = DecodeClient(workers.urls("decode")[0])
+            for _ in range(150):  # the worker's cancel sweep runs every second
+                await asyncio.sleep(0.1)
+                stats = await d.client.stats()
+                if stats.reserved == 0 and stats.pages_used == stats.pages_fenced:
+                    break
+            return reserved, held, stats
         finally:
-            await d.close()
+            await closing(p, d)
 
-    held, after = asyncio.run(run())
-    assert held == 10 and after == 0  # 150 tokens / 16 per page
+    reserved, held, after = asyncio.run(run())
+    assert isinstance(reserved, Reserved) and held == 10  # 150 tokens / 16 per page
+    assert after.reserved == 0
+    if reserved.destination.transport == "shm":
+        assert after.pages_used == 0
+    else:
+        assert after.pages_fenced == after.pages_used == 10
 
 
-def _raw(name, arr, dtype):
-    t = InferInput(name, list(arr.shape), dtype)
-    t.set_data_from_numpy(arr)
-    return t
-
-
-def test_bad_input_gets_a_clear_error_and_changes_no_other_request(workers, default_engine):
+def test_bad_input_gets_a_typed_error_and_changes_no_other_request(workers, default_engine):
     ids = default_engine.tokenizer.encode("The quick brown fox jumps over the lazy dog")
     params = SamplingParams(max_tokens=6)
 
     async def run():
-        p, d = clients(workers)
+        p, d = await pair(workers)
         errors = {}
         try:
-            good = await d.reserve(DecodeOp(op="reserve", request_id="good", num_tokens=len(ids), max_tokens=6))
-            before = await d.stats()
+            good = d.client.open(Open("good", ids, params, writer=p.name, writer_host=p.host))
+            reserved = await good.__anext__()
+            before = await d.client.stats()
 
             async def expect(name, coro):
                 try:
                     await coro
-                except (WorkerError, Exception) as e:  # tritonclient raises its own exception type for dtype errors
-                    errors[name] = str(e)
+                except TandemError as e:
+                    errors[name] = e
 
-            await expect("wrong dtype", p.call([
-                _raw("input_ids", np.array([ids], dtype=np.float32), "FP32"),
-                _raw("request", np.array([[b"{}"]], dtype=np.object_), "BYTES")], "w1"))
-            await expect("wrong shape", p.call([
-                _raw("input_ids", np.array([ids], dtype=np.int32), "INT32"),
-                _raw("request", np.array([[b"{}", b"{}"]], dtype=np.object_), "BYTES")], "w2"))
-            await expect("not json", p.call([
-                _raw("input_ids", np.array([ids], dtype=np.int32), "INT32"),
-                _raw("request", np.array([[b"{oops"]], dtype=np.object_), "BYTES")], "w3"))
-            await expect("unknown request", d.op(DecodeOp(op="generate", request_id="nobody", lease="x",
-                                                          prompt_ids=ids, output_ids=[1])))
-            await expect("not your pages", d.release("good", "stolen-lease"))
-            await expect("no such pool", p.prefill(ids, PrefillRequest(
-                "ghost", params.to_dict(), Destination(dict(good.pool, segment="tandem-kv-1-dead", agent="decode-x",
-                                                            metadata="bm9wZQ=="), good.page_ids, good.lease))))
-            await expect("unknown op", d.op(DecodeOp(op="explode")))
-            after = await d.stats()
-            # the good request is untouched and still completes
-            first = await p.prefill(ids, PrefillRequest("good", params.to_dict(),
-                                                        Destination(good.pool, good.page_ids, good.lease)))
-            rest = [t async for t in d.generate(DecodeOp(op="generate", request_id="good", lease=good.lease,
-                                                         prompt_ids=ids, output_ids=[first.token],
-                                                         sampling=params.to_dict()))]
-            return errors, before, after, [first.token] + [t for t, _, _ in rest if t is not None], await d.stats()
+            dest = reserved.destination
+            ghost_pool = dataclasses.replace(dest.pool, shm=dest.pool.shm and dataclasses.replace(
+                dest.pool.shm, segment="tandem-kv-1-dead"), nixl=dest.pool.nixl and dataclasses.replace(
+                dest.pool.nixl, agent="decode-x", metadata="bm9wZQ=="))
+            await expect("no such pool", p.client.prefill(Prefill("ghost", ids, params,
+                                                                  destination=dataclasses.replace(dest, pool=ghost_pool))))
+            await expect("empty prompt", p.client.prefill(Prefill("empty", [], params)))
+            await expect("start without a lease", d.client.start(Start("nobody", "x", 1)))
+            after = await d.client.stats()
+            first = await p.client.prefill(Prefill("good", ids, params, destination=dest))
+            await d.client.start(Start("good", reserved.lease, first.token))
+            rest = [t.token async for t in good if t.token is not None]
+            return errors, before, after, [first.token] + rest, await d.client.stats()
         finally:
-            await p.close()
-            await d.close()
+            await closing(p, d)
 
     errors, before, after, tokens, final = asyncio.run(run())
-    assert "FP32" in errors["wrong dtype"] and "INT32" in errors["wrong dtype"]
-    assert "one element" in errors["wrong shape"] or "shape" in errors["wrong shape"]
-    assert "not valid JSON" in errors["not json"]
-    assert "unknown request id 'nobody'" in errors["unknown request"]
-    assert "leased to someone else" in errors["not your pages"]
-    assert "cannot map decode pool" in errors["no such pool"] or "cannot connect" in errors["no such pool"]
-    assert "unknown op 'explode'" in errors["unknown op"]
-    assert before == after
+    assert isinstance(errors["no such pool"], TransferFailed)
+    assert isinstance(errors["empty prompt"], InvalidArgument) and "prompt is empty" in str(errors["empty prompt"])
+    assert isinstance(errors["start without a lease"], LeaseLost)
+    assert before.pages_used == after.pages_used
     assert tokens == run_generation(default_engine, ids, params).token_ids
     assert final.pages_used == 0
 
 
 def test_a_failed_prefill_releases_the_reservation(workers):
     async def run():
-        p, d = clients(workers)
+        p, d = await pair(workers)
         try:
-            with pytest.raises(HandoffError, match="prefill failed") as e:
+            with pytest.raises(InvalidArgument, match="token ids must be in"):
                 await collect(p, d, "bad-prompt", [10**6], SamplingParams(max_tokens=4))
-            assert e.value.error.kind == "invalid_argument"
-            return await d.stats()
+            await asyncio.sleep(0.3)
+            return await d.client.stats()
         finally:
-            await p.close()
-            await d.close()
+            await closing(p, d)
 
-    assert asyncio.run(run()).pages_used == 0
+    stats = asyncio.run(run())
+    assert stats.pages_used == 0 and stats.reserved == 0
+
+
+def test_a_release_from_the_orchestrator_ends_the_open_call(workers):
+    async def run():
+        p, d = await pair(workers)
+        try:
+            opened = d.client.open(Open("rel", [1] * 20, SamplingParams(max_tokens=5), writer=p.name,
+                                        writer_host=p.host))
+            reserved = await opened.__anext__()
+            d.client.channel.send(Release("rel", reserved.lease, writer_closed=True))
+            with pytest.raises(TandemError) as e:
+                await opened.__anext__()
+            return e.value, await d.client.stats()
+        finally:
+            await closing(p, d)
+
+    err, stats = asyncio.run(run())
+    assert type(err).__name__ == "Cancelled" and stats.pages_used == 0

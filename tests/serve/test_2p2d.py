@@ -13,7 +13,7 @@ import urllib.request
 import pytest
 
 from engine.generate import run_generation
-from engine.sampling import SamplingParams
+from tandem.sampling import SamplingParams
 from tests.serve.clients import grpc_stream, post
 from tests.conftest import start_serve, stop_serve
 
@@ -65,7 +65,7 @@ def test_a_decode_worker_dying_mid_stream_loses_no_token(served_2p2d, default_en
     assert status == 200
     assert "".join(e["choices"][0]["text"] for e in events) == want.text
     with urllib.request.urlopen(served_2p2d.http + "/metrics") as r:
-        recoveries = re.findall(r'^tandem_recoveries_total\{stage="(\w+)"\} ([\d.]+)', r.read().decode(), re.M)
+        recoveries = re.findall(r'^tandem_recoveries_total\{role="(\w+)"\} ([\d.]+)', r.read().decode(), re.M)
     assert sum(float(n) for _, n in recoveries) >= 1
     # still serving, on what is left
     status, body = post(served_2p2d.http, "/v1/completions", {"prompt": PROMPTS[0], "max_tokens": 8, "temperature": 0})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import urllib.request
 
 import numpy as np
@@ -11,7 +12,7 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from engine.generate import run_generation
-from engine.sampling import SamplingParams
+from tandem.sampling import SamplingParams
 from engine.tokenizer import ChatMessage
 from tests.serve.clients import ensemble_inputs, grpc_infer, grpc_stream, http_infer, post
 
@@ -95,7 +96,7 @@ def test_model_config_metadata_and_health(served):
                  "tandem_kv_transfer_seconds", "tandem_decode_pages_used", "tandem_requests_in_flight"):
         assert name in text, name
     with urllib.request.urlopen(served.http + "/v1/models") as r:
-        assert b'"id": "ensemble"' in r.read()
+        assert [m["id"] for m in json.loads(r.read())["data"]] == ["smollm2-135m"]  # the served model's name
 
 
 def _grpc_error(url, inputs, model="ensemble") -> InferenceServerException:
@@ -128,7 +129,7 @@ def test_bad_input_gets_the_protocols_error_while_good_requests_go_on(served, ex
             err = _grpc_error(g, inputs)
             assert err.status() == "StatusCode.INVALID_ARGUMENT" and message in err.message(), (name, err)
         err = _grpc_error(g, ensemble_inputs(grpcclient, "hi", 4, False), model="llama-70b")
-        assert err.status() == "StatusCode.INVALID_ARGUMENT" and "unknown model 'llama-70b'" in err.message()
+        assert err.status() == "StatusCode.NOT_FOUND" and "unknown model 'llama-70b'" in err.message()
         http_cases = [
             ({"prompt": "hi", "max_tokens": 4, "model": "gpt-4"}, "unknown model 'gpt-4'"),
             ({"prompt": "", "max_tokens": 4}, "prompt is empty"),

@@ -11,8 +11,11 @@ import pytest
 import torch
 
 from engine.kv_pool import KVCache
-from engine.transports import endpoint, sender
+from engine.transports import sender
+from engine.transports.host import PoolHost
 from engine.transports.nixl import available as nixl_available
+from tandem.pool import Destination, PoolDescriptor
+from tandem.wire import parse
 from tests.transports.peer import LAYOUT, NUM_PAGES
 
 PEER = os.path.join(os.path.dirname(__file__), "peer.py")
@@ -24,9 +27,10 @@ class RemotePool:
     """The pool side in a child process."""
 
     def __init__(self, transport: str):
+        self.transport = transport
         self.proc = subprocess.Popen([sys.executable, PEER, "pool", transport], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True)
-        self.descriptor = self._read()["descriptor"]
+        self.descriptor = parse(PoolDescriptor, self._read()["descriptor"])
 
     def _read(self) -> dict:
         line = self.proc.stdout.readline()
@@ -39,8 +43,15 @@ class RemotePool:
         self.proc.stdin.flush()
         return self._read()
 
+    def destination(self, page_ids: list[int], start: int = 0) -> Destination:
+        lease = self.ask(cmd="lease")
+        return Destination(self.transport, self.descriptor, page_ids, lease["slot"], lease["epoch"], start)
+
+    def revoke(self, slot: int) -> bool:
+        return self.ask(cmd="revoke", slot=slot)["fenced"]
+
     def poll(self) -> dict:
-        return self.ask(cmd="poll")["done"]
+        return self.ask(cmd="poll")
 
     def pages(self, ids: list[int]) -> torch.Tensor:
         return torch.tensor(self.ask(cmd="pages", ids=ids)["data"])  # [layers, 2, n, tpp, Hkv, hd]
@@ -55,23 +66,35 @@ class RemotePool:
 class LocalPool:
     """The pool side in this process (inproc transport)."""
 
+    transport = "inproc"
+
     def __init__(self):
         self.registry: dict = {}
         self.cache = KVCache(LAYOUT, NUM_PAGES)
-        self.ep = endpoint("inproc", self.cache, self.registry)
-        self.descriptor = self.ep.descriptor()
+        self.host = PoolHost(self.cache, ("inproc",), self.registry)
+        self.descriptor = self.host.descriptor
         self.seen: dict = {}
+        self.closed: set = set()
+
+    def destination(self, page_ids: list[int], start: int = 0) -> Destination:
+        slot, epoch = self.host.lease_slot()
+        return Destination("inproc", self.descriptor, page_ids, slot, epoch, start)
+
+    def revoke(self, slot: int) -> bool:
+        return self.host.revoke(slot, lambda s: None)
 
     def poll(self) -> dict:
-        for rid in self.ep.poll():
+        notices = self.host.poll()
+        for rid in notices.ready:
             self.seen[rid] = float(self.cache.data.abs().sum())
-        return self.seen
+        self.closed |= notices.closed
+        return {"done": self.seen, "closed": sorted(self.closed)}
 
     def pages(self, ids: list[int]) -> torch.Tensor:
         return self.cache.data[:, :, ids].clone()
 
     def close(self) -> None:
-        self.ep.close()
+        self.host.close()
 
 
 @pytest.fixture(params=TRANSPORTS)

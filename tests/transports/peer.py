@@ -1,10 +1,12 @@
 """A transport peer in its own process, driven over stdin/stdout with JSON lines (test helper).
 
     python peer.py pool  TRANSPORT          -> prints {"descriptor": ...}; then answers commands:
-        {"cmd": "poll"}                        -> {"done": [ids...]} (with per-id page checksums at arrival)
+        {"cmd": "lease"}                       -> {"slot": s, "epoch": e}   (a fence slot armed for a writer)
+        {"cmd": "revoke", "slot": s}           -> {"fenced": bool}           (True: no write of it can land now)
+        {"cmd": "poll"}                        -> {"done": {id: checksum at arrival}, "closed": [[slot, epoch]...]}
         {"cmd": "pages", "ids": [...]}         -> {"data": nested list [layers][2][pages][...]}
         {"cmd": "exit"}
-    python peer.py write TRANSPORT          -> reads {"pool":..., "request_id":..., "pages":..., "seed":..., "tokens":...,
+    python peer.py write TRANSPORT          -> reads {"destination":..., "request_id":..., "seed":..., "tokens":...,
                                                "crash_after": layer or -1} and writes; exits 0 when done.
 """
 
@@ -13,12 +15,16 @@ from __future__ import annotations
 import json
 import os
 import sys
+from dataclasses import asdict
 
 import torch
 
 from engine.kv_pool import KVCache
-from engine.transports import endpoint, sender
+from engine.transports import sender
+from engine.transports.host import PoolHost
 from tandem.kv_layout import KVLayout
+from tandem.pool import Destination
+from tandem.wire import parse
 
 LAYOUT = KVLayout(num_layers=3, num_kv_heads=2, head_dim=8, dtype="float32", tokens_per_page=4)
 NUM_PAGES = 24
@@ -41,27 +47,35 @@ PROTO = sys.stdout
 
 def run_pool(transport: str) -> None:
     cache = KVCache(LAYOUT, NUM_PAGES, shared=transport == "shm")
-    ep = endpoint(transport, cache)
-    say({"descriptor": ep.descriptor()})
+    host = PoolHost(cache, (transport,))
+    say({"descriptor": asdict(host.descriptor)})
     seen: dict[str, float] = {}
+    closed: set = set()
     for line in sys.stdin:
         cmd = json.loads(line)
-        if cmd["cmd"] == "poll":
-            for rid in ep.poll():
+        if cmd["cmd"] == "lease":
+            slot, epoch = host.lease_slot()
+            say({"slot": slot, "epoch": epoch})
+        elif cmd["cmd"] == "revoke":
+            say({"fenced": host.revoke(cmd["slot"], lambda slot: None)})
+        elif cmd["cmd"] == "poll":
+            notices = host.poll()
+            for rid in notices.ready:
                 seen[rid] = float(cache.data.abs().sum())  # what was visible when the notice arrived
-            say({"done": seen})
+            closed |= notices.closed
+            say({"done": seen, "closed": sorted(closed)})
         elif cmd["cmd"] == "pages":
             say({"data": cache.data[:, :, cmd["ids"]].tolist()})
         elif cmd["cmd"] == "exit":
             break
-    ep.close()
+    host.close()
     cache.close()
 
 
 def run_write(transport: str) -> None:
     job = json.loads(sys.stdin.readline())
     s = sender(transport, LAYOUT)
-    w = s.writer(job["pool"], job["request_id"], job["pages"])
+    w = s.writer(parse(Destination, job["destination"]), job["request_id"])
     for layer in range(LAYOUT.num_layers):
         if layer == job.get("crash_after", -1):
             os._exit(17)  # die mid-transfer, without cleanup, like a killed worker

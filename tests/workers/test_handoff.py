@@ -1,4 +1,5 @@
-"""The handoff protocol as a state machine: prefill worker -> pages -> decode worker, every exit frees pages."""
+"""The workers in one process (inproc transport, real model): the handoff protocol as a state machine,
+every exit frees the pages, and the fence keeps a late writer out of pages another request holds."""
 
 from __future__ import annotations
 
@@ -10,12 +11,15 @@ import pytest
 from engine.engine import Engine
 from engine.errors import InvalidRequest, OutOfPages
 from engine.kv_pool import KVCache
-from engine.sampling import SamplingParams
 from engine.tokenizer import ChatMessage
-from engine.transports import endpoint, sender
+from engine.transports import sender
+from engine.transports.host import PoolHost
 from engine.workers.decode import DecodeWorker
 from engine.workers.prefill import PrefillWorker
-from tandem.wire import DecodeOp, Destination, PrefillRequest
+from tandem.pool import host_identity
+from tandem.sampling import SamplingParams
+from tandem.status import Cancelled, LeaseLost, Status, TransferFailed, status_of
+from tandem.wire import Open, Prefill, Prefilled, Release, Reserved, Start, Token
 from tests.conftest import complete
 
 PROMPTS = ["What is the capital of France?", "Write a haiku about rain.", "Count from one to five.",
@@ -23,55 +27,75 @@ PROMPTS = ["What is the capital of France?", "Write a haiku about rain.", "Count
 
 
 class ListSink:
+    """A Responder that records what a worker answers."""
+
     def __init__(self):
-        self.tokens, self.reason, self.error, self.gone = [], None, None, False
-        self.done = threading.Event()
+        self.replies, self.error, self.gone, self.done = [], None, False, False
+        self.finished = threading.Event()
 
-    def send(self, token, logprob, finish_reason):
-        self.tokens.append(token)
-        if finish_reason:
-            self.reason = finish_reason
-            self.done.set()
+    def send(self, body, final=False):
+        self.replies.append(body)
+        if final:
+            self.done = True
+            self.finished.set()
 
-    def finish(self, reason):
-        self.reason = reason
-        self.done.set()
-
-    def fail(self, message):
-        self.error = message
-        self.done.set()
+    def fail(self, error):
+        self.error, self.done = error, True
+        self.finished.set()
 
     def cancelled(self):
-        return self.gone
+        return self.gone or self.done
+
+    @property
+    def tokens(self):
+        return [r.token for r in self.replies if isinstance(r, Token) and r.token is not None]
 
 
 @pytest.fixture
 def pair(default_engine):
-    """A prefill worker (no pool) and a decode worker with its own pool, sharing the model weights."""
+    """A prefill worker (no pool of its own) and a decode worker with an inproc pool, sharing weights."""
     registry: dict = {}
-    decode_engine = Engine(default_engine.model, default_engine.tokenizer,
-                           KVCache(default_engine.cache.layout, 256))
-    ep = endpoint("inproc", decode_engine.cache, registry)
-    decode = DecodeWorker(decode_engine, ep, lease_s=5.0, transfer_timeout_s=5.0)
-    prefill = PrefillWorker(Engine(default_engine.model, default_engine.tokenizer, None))
-    prefill.senders["inproc"] = sender("inproc", decode_engine.cache.layout, registry)
+    decode_engine = Engine(default_engine.model, default_engine.tokenizer, KVCache(default_engine.cache.layout, 256))
+    host = PoolHost(decode_engine.cache, ("inproc",), registry)
+    decode = DecodeWorker(decode_engine, host, transfer_timeout_s=5.0).launch()
+    prefill = PrefillWorker(Engine(default_engine.model, default_engine.tokenizer, None), registry=registry).launch()
     yield prefill, decode
     prefill.close()
-    ep.close()
+    decode.close()
+    host.close()
     assert decode_engine.allocator.num_used == 0, "a test leaked decode pages"
 
 
-def run_loop(decode: DecodeWorker, sinks, timeout=60.0):
+def reserve(decode, prompt_ids, params, rid):
+    sink = ListSink()
+    decode.open(Open(rid, prompt_ids, params, writer="p", writer_host=host_identity()), sink)
+    reserved = sink.replies[0]
+    assert isinstance(reserved, Reserved)
+    return reserved, sink
+
+
+def prefill_into(prefill, prompt_ids, params, rid, reserved, timeout=60):
+    sink = ListSink()
+    prefill.submit(Prefill(rid, prompt_ids, params, destination=reserved.destination), sink)
+    assert sink.finished.wait(timeout)
+    return sink
+
+
+def run_one(prefill, decode, prompt_ids, params, rid):
+    reserved, dsink = reserve(decode, prompt_ids, params, rid)
+    psink = prefill_into(prefill, prompt_ids, params, rid, reserved)
+    first = psink.replies[0]
+    assert isinstance(first, Prefilled), psink.error
+    decode.start(Start(rid, reserved.lease, first.token, first.logprob))
+    assert dsink.finished.wait(60)
+    return [first.token] + dsink.tokens, dsink
+
+
+def wait_until(cond, timeout=10.0):
     deadline = time.monotonic() + timeout
-    while not all(s.done.is_set() for s in sinks) and time.monotonic() < deadline:
-        decode.step()
-
-
-def handoff(prefill, decode, prompt_ids, params, rid):
-    res = decode.reserve(DecodeOp(op="reserve", request_id=rid, num_tokens=len(prompt_ids),
-                                  max_tokens=params.max_tokens))
-    req = PrefillRequest(rid, params.to_dict(), Destination(res.pool, res.page_ids, res.lease))
-    return res, req
+    while not cond() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return cond()
 
 
 def test_disaggregated_greedy_equals_single_engine(default_engine, pair):
@@ -79,136 +103,177 @@ def test_disaggregated_greedy_equals_single_engine(default_engine, pair):
     params = SamplingParams(max_tokens=16)
     prompts = [default_engine.tokenizer.encode_chat([ChatMessage("user", p)]) for p in PROMPTS]
     expected = [complete(default_engine, p, params).output_ids for p in prompts]
-    reservations = [handoff(prefill, decode, p, params, f"r{i}") for i, p in enumerate(prompts)]
-    results = prefill.prefill_all([(p, req) for p, (_, req) in zip(prompts, reservations)])
-    sinks = []
-    for p, (res, req), out in zip(prompts, reservations, results):
-        sink = ListSink()
-        decode.generate(DecodeOp(op="generate", request_id=req.request_id, lease=res.lease, prompt_ids=p,
-                                 output_ids=[out.token], sampling=params.to_dict()), sink)
-        sinks.append((out.token, sink))
-    run_loop(decode, [s for _, s in sinks])
-    for (first, sink), want in zip(sinks, expected):
-        assert [first] + sink.tokens == want and sink.reason in ("stop", "length")
-    assert decode.stats().pages_used == 0
+    got = [run_one(prefill, decode, p, params, f"r{i}")[0] for i, p in enumerate(prompts)]
+    assert got == expected
+    assert wait_until(lambda: decode.stats().pages_used == 0)
 
 
-def test_lease_expires_by_itself(pair):
+def test_a_reservation_lives_as_long_as_its_request_however_long_the_prefill_waits(default_engine, pair):
+    """No lease timer: a reservation opened long before its prefill still holds its pages."""
+    prefill, decode = pair
+    params = SamplingParams(max_tokens=6)
+    ids = default_engine.tokenizer.encode("The quick brown fox")
+    reserved, dsink = reserve(decode, ids, params, "patient")
+    time.sleep(1.5)  # longer than any timeout the worker has for a reserved lease (it has none)
+    assert decode.stats().reserved == 1
+    first = prefill_into(prefill, ids, params, "patient", reserved).replies[0]
+    decode.start(Start("patient", reserved.lease, first.token))
+    assert dsink.finished.wait(60)
+    assert [first.token] + dsink.tokens == complete(default_engine, ids, params).output_ids
+
+
+def test_pages_that_never_arrive_time_out(default_engine, pair):
     _, decode = pair
-    decode.reserve(DecodeOp(op="reserve", request_id="lost", num_tokens=40, max_tokens=8, lease_ms=50))
-    assert decode.stats().leased == 1 and decode.stats().pages_used > 0
-    time.sleep(0.1)
-    decode.step()
-    assert decode.stats().pages_used == 0 and decode.stats().leased == 0
-
-
-def test_pages_that_never_arrive_time_out(pair):
-    _, decode = pair
-    decode.transfer_timeout_s = 0.1
-    res = decode.reserve(DecodeOp(op="reserve", request_id="x", num_tokens=3, max_tokens=4))
-    sink = ListSink()
-    decode.generate(DecodeOp(op="generate", request_id="x", lease=res.lease, prompt_ids=[1, 2, 3], output_ids=[5],
-                             sampling=SamplingParams(max_tokens=4).to_dict()), sink)
-    time.sleep(0.15)
-    decode.step()
-    assert "transfer timed out" in sink.error and decode.stats().pages_used == 0
+    decode.transfer_timeout_s = 0.2
+    reserved, dsink = reserve(decode, [1, 2, 3], SamplingParams(max_tokens=4), "x")
+    decode.start(Start("x", reserved.lease, 5))  # no prefill ever wrote or notified
+    assert dsink.finished.wait(5)
+    assert isinstance(dsink.error, TransferFailed) and "never arrived" in str(dsink.error)
+    assert wait_until(lambda: decode.stats().pages_used == 0)
 
 
 def test_release_and_cancel_stop_a_running_stream(default_engine, pair):
     prefill, decode = pair
     params = SamplingParams(max_tokens=200, ignore_eos=True)
     prompt = default_engine.tokenizer.encode("Once upon a time")
-    sinks = []
+    sinks = {}
     for rid in ("rel", "can"):
-        res, req = handoff(prefill, decode, prompt, params, rid)
-        out = prefill.prefill_all([(prompt, req)])[0]
-        sink = ListSink()
-        decode.generate(DecodeOp(op="generate", request_id=rid, lease=res.lease, prompt_ids=prompt,
-                                 output_ids=[out.token], sampling=params.to_dict()), sink)
-        sinks.append((res, sink))
-    for _ in range(3):
-        decode.step()
-    assert decode.stats().running == 2
-    decode.release(DecodeOp(op="release", request_id="rel", lease=sinks[0][0].lease))
-    sinks[1][1].gone = True
-    decode.step()
-    assert sinks[0][1].reason == "abort" and 0 < len(sinks[0][1].tokens) < 10
-    assert decode.stats().pages_used == 0 and decode.stats().running == 0
+        reserved, dsink = reserve(decode, prompt, params, rid)
+        first = prefill_into(prefill, prompt, params, rid, reserved).replies[0]
+        decode.start(Start(rid, reserved.lease, first.token))
+        sinks[rid] = (reserved, dsink)
+    assert wait_until(lambda: len(sinks["rel"][1].tokens) >= 2 and len(sinks["can"][1].tokens) >= 2)
+    decode.release(Release("rel", sinks["rel"][0].lease))
+    sinks["can"][1].gone = True  # the caller vanished without a Release: the cancel sweep finds it
+    assert sinks["rel"][1].finished.wait(5) and isinstance(sinks["rel"][1].error, Cancelled)
+    assert wait_until(lambda: decode.stats().pages_used == 0 and decode.stats().running == 0, 5)
+    assert 0 < len(sinks["rel"][1].tokens) < 100
 
 
 def test_bad_calls_are_refused_and_change_nothing_else(default_engine, pair):
     _, decode = pair
-    good = decode.reserve(DecodeOp(op="reserve", request_id="good", num_tokens=10, max_tokens=5))
+    good, _ = reserve(decode, [1] * 10, SamplingParams(max_tokens=5), "good")
     before = decode.stats()
-    ops = [
-        (DecodeOp(op="generate", request_id="nobody", lease="x", prompt_ids=[1], output_ids=[2]), "unknown request id"),
-        (DecodeOp(op="generate", request_id="good", lease="stolen", prompt_ids=[1] * 10, output_ids=[2]),
-         "leased to someone else"),
-        (DecodeOp(op="release", request_id="good", lease="stolen"), "leased to someone else"),
-        (DecodeOp(op="generate", request_id="good", lease=good.lease, prompt_ids=[1] * 3, output_ids=[2]),
-         "reserved pages for 10 tokens"),
-        (DecodeOp(op="generate", request_id="good", lease=good.lease, prompt_ids=[1] * 10, output_ids=[]),
-         "needs output_ids"),
-        (DecodeOp(op="reserve", request_id="good", num_tokens=1, max_tokens=1), "already holds a reservation"),
-        (DecodeOp(op="reserve", request_id="zero", num_tokens=0, max_tokens=1), "num_tokens >= 1"),
-    ]
-    for op, message in ops:
-        with pytest.raises(InvalidRequest, match=message):
-            (decode.reserve if op.op == "reserve" else decode.release if op.op == "release"
-             else lambda o: decode.generate(o, ListSink()))(op)
-    assert decode.stats() == before
+    with pytest.raises(LeaseLost, match="holds no pages here"):
+        decode.start(Start("nobody", "x", 2))
+    with pytest.raises(InvalidRequest, match="leased to someone else"):
+        decode.start(Start("good", "stolen", 2))
+    with pytest.raises(InvalidRequest, match="leased to someone else"):
+        decode.release(Release("good", "stolen"))
+    with pytest.raises(InvalidRequest, match="already open"):
+        decode.open(Open("good", [1], SamplingParams(max_tokens=1)), ListSink())
+    with pytest.raises(InvalidRequest, match="prompt is empty"):
+        decode.open(Open("empty", [], SamplingParams(max_tokens=1)), ListSink())
     with pytest.raises(OutOfPages):
-        decode.reserve(DecodeOp(op="reserve", request_id="huge", num_tokens=5000, max_tokens=3000))
+        decode.open(Open("huge", [1] * 5000, SamplingParams(max_tokens=3000)), ListSink())
     assert decode.stats() == before
-    decode.release(DecodeOp(op="release", request_id="good", lease=good.lease))
+    assert decode.release(Release("good", good.lease)).found
+    assert wait_until(lambda: decode.stats().pages_used == 0)
 
 
-def test_prefill_batch_with_bad_members_still_serves_the_good_ones(default_engine, pair):
+def test_a_prefill_whose_destination_is_gone_fails_alone(default_engine, pair):
     prefill, decode = pair
     params = SamplingParams(max_tokens=4)
     prompt = default_engine.tokenizer.encode("Hello there")
-    res, req = handoff(prefill, decode, prompt, params, "ok")
-    bad_pool = PrefillRequest("badpool", params.to_dict(),
-                              Destination({"transport": "inproc", "id": "gone", "num_pages": 9,
-                                           "layout": res.pool["layout"]}, [1], "l"))
-    bad_params = PrefillRequest("badparams", {"top_p": 7.0})
-    out = prefill.prefill_all([(prompt, req), ([], PrefillRequest("empty", params.to_dict())), (prompt, bad_pool),
-                       (prompt, bad_params)])
-    assert out[0].token >= 0 and out[0].kv_bytes > 0
-    assert "prompt is empty" in str(out[1])
-    assert "no in-process pool" in str(out[2])
-    assert "top_p must be in (0, 1]" in str(out[3])
-    decode.release(DecodeOp(op="release", request_id="ok", lease=res.lease))
+    reserved, _ = reserve(decode, prompt, params, "ok")
+    ghost = reserved.destination.__class__(**{**reserved.destination.__dict__, "pool": reserved.destination.pool.__class__(
+        **{**reserved.destination.pool.__dict__, "inproc": type(reserved.destination.pool.inproc)(id="gone")})})
+    with pytest.raises(TransferFailed, match="no in-process pool"):
+        prefill.submit(Prefill("ghost", prompt, params, destination=ghost), ListSink())
+    first = prefill_into(prefill, prompt, params, "ok", reserved).replies[0]
+    assert isinstance(first, Prefilled) and first.kv_bytes > 0
+    decode.release(Release("ok", reserved.lease, writer_closed=True))
+
+
+def test_the_fence_keeps_a_late_writer_out_of_pages_given_to_another_request(default_engine, pair):
+    """A slowed writer is still writing when its lease is released; its pages go at once to a new
+    request, which a second prefill worker fills and the decode worker runs while the late writer is
+    still computing layers meant for those pages. The fence refuses every late layer: the new output is
+    exact (without the fence, the late layers overwrite the new request's K/V and it is not)."""
+    prefill, decode = pair
+    fast = PrefillWorker(prefill.engine, registry=prefill.registry).launch()
+    prefill.write_delay_s = 0.1  # 30 layers: the late writer keeps trying for 3 s
+    params = SamplingParams(max_tokens=12)
+    old = default_engine.tokenizer.encode("Tell me about the history of the Roman empire in detail.")
+    new = default_engine.tokenizer.encode("The capital of France is")
+    reserved_old, old_sink = reserve(decode, old, params, "old")
+    late = ListSink()
+    prefill.submit(Prefill("old", old, params, destination=reserved_old.destination), late)
+    time.sleep(0.25)  # a few layers in
+    decode.release(Release("old", reserved_old.lease))  # no writer_closed: the fence must do it
+    assert old_sink.finished.wait(5) and isinstance(old_sink.error, Cancelled)
+    assert wait_until(lambda: decode.stats().pages_used == 0 and decode.stats().pages_fenced == 0, 2)
+    alloc = decode.engine.allocator
+    with decode.lock:  # leave only the old request's pages free, so the new one must get them
+        filler = alloc.allocate(alloc.num_pages - alloc.num_used - len(reserved_old.destination.page_ids))
+    try:
+        reserved_new, new_sink = reserve(decode, new, params, "new")
+        assert set(reserved_new.destination.page_ids) & set(reserved_old.destination.page_ids), \
+            "the test needs the new request to get the old one's pages"
+        first = prefill_into(fast, new, params, "new", reserved_new).replies[0]
+        assert first.finish_reason is None and not late.finished.is_set()  # the late writer is still at it
+        decode.start(Start("new", reserved_new.lease, first.token))
+        assert late.finished.wait(30)
+        assert status_of(late.error) is Status.LEASE_LOST  # its remaining layers were refused
+        assert new_sink.finished.wait(60)
+        assert [first.token] + new_sink.tokens == complete(default_engine, new, params).output_ids
+    finally:
+        fast.close()
+        with decode.lock:
+            alloc.free(filler)
 
 
 def test_long_prompts_are_prefilled_in_chunks_and_short_ones_slip_in_between(default_engine, pair):
-    """A prompt longer than a pass is prefilled chunk by chunk (its pages streaming to the decode
-    worker); a short prompt submitted behind it is answered before the long one, and both decode
-    exactly as in a single engine."""
     prefill, decode = pair
+    prefill.loop.stop()  # drive passes by hand to see their order
     prefill.pass_tokens, prefill.chunk_tokens = 64, 64
     prefill.engine.attach_pool(prefill.layout.pages_for(1024))
     params = SamplingParams(max_tokens=10)
     long_ids = default_engine.tokenizer.encode_chat([ChatMessage("user", "Summarize: " + "the cat sat on the mat. " * 40)])
     short_ids = default_engine.tokenizer.encode("Hello there")
     assert len(long_ids) > 3 * 64
-    answered = []
-    reservations = {}
+    order, reservations = [], {}
     for rid, ids in (("long", long_ids), ("short", short_ids)):
-        res, req = handoff(prefill, decode, ids, params, rid)
-        reservations[rid] = (res, ids)
-        prefill.submit(ids, req, lambda r, rid=rid: answered.append((rid, r)))
+        reserved, dsink = reserve(decode, ids, params, rid)
+        psink = ListSink()
+        psink.send = lambda body, final=False, rid=rid, s=psink: (order.append(rid), ListSink.send(s, body, final))
+        prefill.submit(Prefill(rid, ids, params, destination=reserved.destination), psink)
+        reservations[rid] = (reserved, dsink, psink, ids)
     while prefill.step():
         pass
-    assert [rid for rid, _ in answered] == ["short", "long"]
+    assert order == ["short", "long"]
     assert prefill.engine.allocator.num_used == 0  # the local pool is given back
-    sinks = {}
-    for rid, result in answered:
-        res, ids = reservations[rid]
-        sinks[rid] = (result.token, ListSink())
-        decode.generate(DecodeOp(op="generate", request_id=rid, lease=res.lease, prompt_ids=ids,
-                                 output_ids=[result.token], sampling=params.to_dict()), sinks[rid][1])
-    run_loop(decode, [s for _, s in sinks.values()])
-    for rid, ids in (("long", long_ids), ("short", short_ids)):
-        first, sink = sinks[rid]
-        assert [first] + sink.tokens == complete(default_engine, ids, params).output_ids, rid
+    for rid, (reserved, dsink, psink, ids) in reservations.items():
+        first = psink.replies[0]
+        decode.start(Start(rid, reserved.lease, first.token))
+        assert dsink.finished.wait(60)
+        assert [first.token] + dsink.tokens == complete(default_engine, ids, params).output_ids, rid
+
+
+def test_a_colocated_worker_prefills_locally_and_refuses_remote_writers(default_engine):
+    engine = Engine(default_engine.model, default_engine.tokenizer, KVCache(default_engine.cache.layout, 128))
+    worker = DecodeWorker(engine, None, role="generate", chunk_tokens=None).launch()
+    try:
+        ids = default_engine.tokenizer.encode("The capital of France is")
+        params = SamplingParams(max_tokens=8)
+        with pytest.raises(InvalidRequest, match="prefills every request itself"):
+            worker.open(Open("r", ids, params), ListSink())
+        sink = ListSink()
+        worker.open(Open("r", ids, params, local_prefill=True), sink)
+        assert sink.finished.wait(60)
+        assert sink.tokens == complete(default_engine, ids, params).output_ids
+        assert wait_until(lambda: engine.allocator.num_used == 0)
+    finally:
+        worker.close()
+
+
+def test_the_shm_sender_refuses_a_destination_it_cannot_reach(default_engine, pair):
+    _, decode = pair
+    reserved, _ = reserve(decode, [1, 2, 3], SamplingParams(max_tokens=2), "y")
+    s = sender("shm", default_engine.kv_layout())
+    try:
+        with pytest.raises(TransferFailed, match="offers \\['inproc'\\], not 'shm'"):
+            s.writer(reserved.destination, "y")
+    finally:
+        s.close()
+        decode.release(Release("y", reserved.lease, writer_closed=True))

@@ -1,0 +1,54 @@
+"""A request's lease on a decode (or co-located) worker: its pages, its fence slot, its state.
+
+    Open ──▶ RESERVED ──Start──▶ WAITING_KV ──pages ready, room──▶ RUNNING ──stop/length──▶ freed
+     └─(local prefill)──▶ PREFILLING ─────────────────────────────▶ RUNNING
+    any state ──Release / cancel / error──▶ ended; pages freed at once if no writer can still write
+                                            them, else FENCING ──writer fenced out──▶ freed
+
+A lease is handed to a writer (a prefill worker) from the moment its Reserved reply leaves until the
+writer is known to be done: the prefill answered (Start arrived, or the orchestrator says
+`writer_closed`), the transport's fence revoked it (shm, inproc), or the writer's close notice
+arrived (NIXL). Only then may its pages go back to the free list.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from engine.sequence import Sequence
+from engine.workers.sink import Responder
+
+
+class LeaseState(str, enum.Enum):
+    RESERVED = "reserved"  # pages leased to a writer; waiting for Start
+    WAITING_KV = "waiting_kv"  # first token in; waiting for the pages' arrival notice or batch room
+    PREFILLING = "prefilling"  # this worker computes the prompt
+    RUNNING = "running"
+    FENCING = "fencing"  # ended, but a writer may still write its pages: they stay out of use
+
+
+@dataclass
+class Lease:
+    request_id: str
+    token: str  # shown by Start/Release: only the party that opened the lease can use it
+    seq: Sequence
+    pages: list[int]
+    sink: Responder
+    state: LeaseState
+    transport: str = ""  # "" for a local prefill (no writer)
+    slot: int = -1
+    epoch: int = 0
+    writer: str = ""  # the prefill worker it was handed to (for WriterGone)
+    scheduled: bool = False  # handed to the scheduler
+    pages_ready: bool = False
+    writer_done: bool = False  # no writer can write these pages any more
+    end_status: BaseException | None = None  # why it ends (set by release, cancel, timeout)
+
+    @property
+    def handed_out(self) -> bool:
+        return self.transport != ""
+
+    def needs_fence(self) -> bool:
+        """Whether ending the lease now must wait for its writer to be fenced out."""
+        return self.handed_out and not self.writer_done

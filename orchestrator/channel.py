@@ -1,0 +1,167 @@
+"""One persistent gRPC stream to one worker model, with every call to it multiplexed on it by id.
+
+The worker models are decoupled Triton models, reachable only through the bidirectional
+`ModelStreamInfer`. Opening a stream per call would cost a round trip and a server-side stream each
+time; instead a channel keeps one stream open, sends each call as one request on it (its own Triton
+request id), and a reader task hands each reply to the call it belongs to. When the stream breaks
+(the worker died or restarted), every call still waiting fails with UNAVAILABLE and the next call
+opens a new stream.
+
+Replies are tandem.wire envelopes with a typed status; a non-OK status is raised as its
+tandem.status exception. `send` posts a call whose reply nobody waits for (a Release or Abort from a
+`finally:`, which must not block a request that is being torn down).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import struct
+from collections.abc import AsyncIterator
+
+import grpc
+from tritonclient.grpc import service_pb2 as pb
+from tritonclient.grpc import service_pb2_grpc as pb_grpc
+
+from tandem.status import Status, TandemError, Unavailable, error_for
+from tandem.wire import Reply, decode_reply, encode_request
+
+_OPTIONS = [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20),
+            ("grpc.keepalive_time_ms", 10_000), ("grpc.keepalive_timeout_ms", 5_000)]
+_END = object()
+
+
+class WorkerChannel:
+    def __init__(self, url: str, model: str, batched: bool = False, auth: tuple[tuple[str, str], ...] = ()):
+        """`batched`: the model has a batch dimension (max_batch_size > 0), so inputs are shaped [1, 1].
+        `auth`: request parameters every call carries (the deployment secret, off loopback)."""
+        self.url, self.model, self.batched, self.auth = url, model, batched, auth
+        self._channel = grpc.aio.insecure_channel(url, options=_OPTIONS)
+        self._stub = pb_grpc.GRPCInferenceServiceStub(self._channel)
+        self._ids = itertools.count()
+        self._outbox: asyncio.Queue | None = None
+        self._pending: dict[str, asyncio.Queue] = {}
+        self._reader: asyncio.Task | None = None
+
+    # -- calls --------------------------------------------------------------------------------------
+
+    async def call(self, msg, timeout: float | None = None):
+        """One request answered by one final reply; returns its body (raises its status)."""
+        async for body in self.stream(msg, timeout):
+            return body
+        raise Unavailable(f"{self.model} at {self.url} ended the call without a reply")
+
+    async def stream(self, msg, timeout: float | None = None) -> AsyncIterator:
+        """Each reply body of one request until its final one. `timeout` bounds each wait for a reply."""
+        rid, queue = self._submit(msg)
+        try:
+            while True:
+                try:
+                    item = await asyncio.wait_for(queue.get(), timeout)
+                except asyncio.TimeoutError:
+                    raise Unavailable(f"{self.model} at {self.url} sent nothing for {timeout:.1f}s "
+                                      f"(stalled?)") from None
+                if item is _END:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                reply, final = item
+                if reply.status is not Status.OK:
+                    raise error_for(reply.status, reply.message)
+                if reply.body is not None:
+                    yield reply.body
+                if final:
+                    return
+        finally:
+            self._pending.pop(rid, None)
+
+    def send(self, msg) -> None:
+        """Post a call without waiting for its reply (best effort: lost if the stream is broken)."""
+        rid, _ = self._submit(msg)
+        self._pending.pop(rid, None)
+
+    def _submit(self, msg) -> tuple[str, asyncio.Queue]:
+        self._ensure_stream()
+        rid = f"{getattr(msg, 'request_id', msg.TYPE)}/{next(self._ids)}"
+        queue: asyncio.Queue = asyncio.Queue()
+        self._pending[rid] = queue
+        self._outbox.put_nowait(self._request(rid, encode_request(msg)))
+        return rid, queue
+
+    def _request(self, rid: str, payload: bytes) -> pb.ModelInferRequest:
+        req = pb.ModelInferRequest(model_name=self.model, id=rid)
+        req.inputs.add(name="request", datatype="BYTES", shape=[1, 1] if self.batched else [1])
+        req.raw_input_contents.append(struct.pack("<I", len(payload)) + payload)
+        req.parameters["triton_enable_empty_final_response"].bool_param = True
+        for key, value in self.auth:
+            req.parameters[key].string_param = value
+        return req
+
+    # -- the stream ---------------------------------------------------------------------------------
+
+    def _ensure_stream(self) -> None:
+        if self._reader is not None and not self._reader.done():
+            return
+        self._outbox = asyncio.Queue()
+        call = self._stub.ModelStreamInfer(self._requests(self._outbox))
+        self._reader = asyncio.get_running_loop().create_task(self._read(call, self._outbox))
+
+    @staticmethod
+    async def _requests(outbox: asyncio.Queue):
+        while (req := await outbox.get()) is not None:
+            yield req
+
+    async def _read(self, call, outbox: asyncio.Queue) -> None:
+        why = "the stream ended"
+        try:
+            async for resp in call:
+                self._dispatch(resp)
+        except grpc.aio.AioRpcError as e:
+            why = f"{e.code().name}: {e.details()}"
+        except asyncio.CancelledError:
+            call.cancel()
+            raise
+        finally:
+            outbox.put_nowait(None)
+            if self._outbox is outbox:
+                self._outbox = None
+            self._fail_all(Unavailable(f"{self.model} at {self.url} is unreachable ({why})"))
+
+    def _dispatch(self, resp: pb.ModelStreamInferResponse) -> None:
+        r = resp.infer_response
+        queue = self._pending.get(r.id)
+        if queue is None:
+            return  # a call nobody waits for any more (sent with send(), or abandoned)
+        final_p = r.parameters.get("triton_final_response")
+        final = bool(final_p and final_p.bool_param)
+        if resp.error_message:  # Triton itself refused the request (model not ready, bad tensors, ...)
+            queue.put_nowait(Unavailable(f"{self.model} at {self.url}: {resp.error_message}"))
+            return
+        if r.raw_output_contents:
+            queue.put_nowait((_reply(r.raw_output_contents[0]), final))
+        if final:
+            queue.put_nowait(_END)
+
+    def _fail_all(self, error: TandemError) -> None:
+        for queue in self._pending.values():
+            queue.put_nowait(error)
+        self._pending.clear()
+
+    async def close(self) -> None:
+        if self._reader is not None:
+            self._reader.cancel()
+            try:
+                await self._reader
+            except asyncio.CancelledError:
+                pass  # we cancelled it
+        await self._channel.close()
+
+
+def _reply(raw: bytes) -> Reply:
+    """The reply envelope in a BYTES output holding one element (4-byte length + bytes)."""
+    (n,) = struct.unpack_from("<I", raw, 0)
+    try:
+        return decode_reply(raw[4:4 + n])
+    except TandemError as e:  # a reply we cannot read is the worker's fault, never the client's
+        return Reply(Status.INTERNAL, f"unreadable reply from a worker: {e}")
+

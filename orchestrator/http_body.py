@@ -1,0 +1,46 @@
+"""Reading a JSON request body safely: bad JSON, deep nesting and lone surrogates are a 400 that says so,
+never a 500 (a RecursionError or a UnicodeEncodeError deep inside)."""
+
+from __future__ import annotations
+
+import json
+
+from tandem.status import InvalidArgument
+
+MAX_DEPTH = 64
+
+
+def parse_json(raw: bytes, what: str = "request body"):
+    try:
+        data = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise InvalidArgument(f"{what} is not valid JSON: {e}") from None
+    except RecursionError:
+        raise InvalidArgument(f"{what} is nested too deeply (at most {MAX_DEPTH} levels)") from None
+    _check(data, 0, what)
+    return data
+
+
+def _check(value, depth: int, what: str) -> None:
+    if depth > MAX_DEPTH:
+        raise InvalidArgument(f"{what} is nested too deeply (at most {MAX_DEPTH} levels)")
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise InvalidArgument(f"{what} holds a string that is not valid Unicode (a lone surrogate "
+                                  f"escape such as \\ud800)") from None
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            _check(k, depth + 1, what)
+            _check(v, depth + 1, what)
+    elif isinstance(value, list):
+        for v in value:
+            _check(v, depth + 1, what)
+
+
+async def read_object(request, what: str = "request body") -> dict:
+    data = parse_json(await request.read(), what)
+    if not isinstance(data, dict):
+        raise InvalidArgument(f"{what} must be a JSON object")
+    return data

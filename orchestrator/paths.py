@@ -1,0 +1,154 @@
+"""Serving paths: how one request is served, chosen once when the stack starts.
+
+- `DisaggregatedPath`: a decode worker leases pages, a prefill worker computes the prompt into them
+  (orchestrator/handoff.py), the decode worker streams the rest.
+- `ColocatedPath`: one of N co-located replicas does both (the baselines: prefill-first or chunked).
+
+Both go through the same router and the same `serve` loop, which resumes a failed request elsewhere:
+prompt + tokens already streamed are prefilled again and the stream continues without repeating a
+token. A full pool (OUT_OF_PAGES) or no routable worker makes the request wait for the fleet to change
+(pages freed, a worker back), bounded by the request's deadline; a retryable failure tries another
+worker, at most `max_retries` times; anything else ends the request with its status.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator
+
+from orchestrator.fleet import Fleet, WorkerState
+from orchestrator.handoff import Timings, blame, handoff
+from orchestrator.router import NoWorker, Router
+from tandem.kv_layout import KVLayout
+from tandem.status import (DeadlineExceeded, OutOfPages, Status, TandemError, Unavailable, retryable, status_of)
+from tandem.wire import Open, Token
+
+log = logging.getLogger("tandem.paths")
+
+
+class ServingPath(ABC):
+    roles: tuple[str, ...]
+
+    def __init__(self, fleet: Fleet, router: Router, tokens_per_page: int, metrics, max_retries: int = 2):
+        self.fleet, self.router, self.metrics = fleet, router, metrics
+        self.tokens_per_page, self.max_retries = tokens_per_page, max_retries
+        self._ids = itertools.count()
+
+    def ready(self) -> bool:
+        return self.fleet.ready(self.roles)
+
+    def pages_for(self, tokens: int) -> int:
+        return -(-tokens // self.tokens_per_page)
+
+    @abstractmethod
+    def attempt(self, prep, sent: list[int], avoid: set[str], request_id: str) -> AsyncIterator[Token]:
+        """One try on one choice of workers. Raises a TandemError, tagged `.worker` when one failed."""
+
+    async def serve(self, prep, deadline: float) -> AsyncIterator[Token]:
+        """The request's tokens, resuming after failures; raises the final TandemError."""
+        sent: list[int] = []
+        avoid: set[str] = set()
+        failures = 0
+        uid = f"{next(self._ids)}:{prep.request.request_id}"
+        while True:
+            version = self.fleet.version
+            try:
+                async for tok in self.attempt(prep, sent, avoid, f"{uid}#{failures}.{len(sent)}"):
+                    if tok.token is not None:
+                        sent.append(tok.token)
+                    yield tok
+                return
+            except (OutOfPages, NoWorker) as e:
+                await self._wait(version, deadline, e)
+            except TandemError as e:
+                worker = getattr(e, "worker", None)
+                if not retryable(status_of(e)) or failures >= self.max_retries:
+                    raise
+                failures += 1
+                if worker is not None:
+                    avoid.add(worker.name)
+                    if status_of(e) is Status.UNAVAILABLE:
+                        self.fleet.mark_unreachable(worker, str(e))
+                self.metrics.recoveries.labels(worker.role if worker else "unknown").inc()
+                log.info("request %s: %s; resuming after %d token(s)", uid, e, len(sent))
+
+    async def _wait(self, version: int, deadline: float, why: TandemError) -> None:
+        if not await self.fleet.wait_change(version, deadline):
+            if isinstance(why, OutOfPages):
+                raise OutOfPages(f"no KV pages became free before the request's deadline ({why})")
+            raise DeadlineExceeded(f"{why}; none came back before the request's deadline")
+
+    def _pick(self, role: str, avoid: set[str]) -> list[WorkerState]:
+        """Routable workers of the role, preferring those that did not just fail this request."""
+        workers = self.fleet.routable(role)
+        return [w for w in workers if w.name not in avoid] or workers
+
+
+class DisaggregatedPath(ServingPath):
+    roles = ("prefill", "decode")
+
+    async def attempt(self, prep, sent, avoid, request_id):
+        n_ctx = len(prep.prompt_ids) + len(sent)
+        d = self.router.pick_decode(self._pick("decode", avoid), self.pages_for(n_ctx + prep.params.max_tokens))
+        p = self.router.pick_prefill(self._pick("prefill", avoid), n_ctx)
+        m, timings = self.metrics, Timings()
+        d.running += 1
+        p.inflight_tokens += n_ctx
+        prefill_pending = True
+        m.requests.labels(d.name, "decode").inc()
+        m.requests.labels(p.name, "prefill").inc()
+        try:
+            async for tok in handoff(d, p, request_id, prep.prompt_ids, prep.params, sent, timings):
+                if prefill_pending:
+                    prefill_pending = False
+                    p.inflight_tokens -= n_ctx
+                    m.record_prefill(p.name, timings)
+                yield tok
+        finally:
+            d.running -= 1
+            if prefill_pending:
+                p.inflight_tokens -= n_ctx
+            self.fleet.poke()
+
+
+class ColocatedPath(ServingPath):
+    roles = ("generate",)
+
+    async def attempt(self, prep, sent, avoid, request_id):
+        n_ctx = len(prep.prompt_ids) + len(sent)
+        w = self.router.pick_decode(self._pick("generate", avoid), self.pages_for(n_ctx + prep.params.max_tokens))
+        w.running += 1
+        self.metrics.requests.labels(w.name, "generate").inc()
+        done = False
+        opened = w.client.open(Open(request_id, list(prep.prompt_ids), prep.params, list(sent), local_prefill=True))
+        try:
+            async for tok in opened:
+                yield tok
+                if tok.finish_reason:
+                    done = True
+                    return
+            raise Unavailable(f"{w.name} ended the stream of {request_id} without a finish reason")
+        except TandemError as e:
+            raise blame(e, w) from None
+        finally:
+            w.running -= 1
+            if not done:
+                w.client.release(request_id, "", writer_closed=True)
+            await opened.aclose()
+            self.fleet.poke()
+
+
+PATHS = {"disaggregated": DisaggregatedPath, "colocated": ColocatedPath, "chunked": ColocatedPath}
+
+
+def make_path(mode: str, fleet: Fleet, router: Router, layout: KVLayout, metrics, max_retries: int) -> ServingPath:
+    if mode not in PATHS:
+        raise ValueError(f"unknown mode {mode!r}; allowed: {', '.join(PATHS)}")
+    return PATHS[mode](fleet, router, layout.tokens_per_page, metrics, max_retries)
+
+
+def deadline_after(seconds: float) -> float:
+    return time.monotonic() + seconds

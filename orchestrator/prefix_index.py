@@ -1,0 +1,102 @@
+"""The router's view of which prefix-cache pages each worker holds, to send a prompt where its prefix is.
+
+Each worker's KV pool reports the page hashes (tandem/prefix.py) it started and stopped holding since
+its last report (`PageAllocator.drain_events`), or its whole set after an overflow or on (re)connect
+(`PageAllocator.snapshot`). The index applies those reports in the order the worker made them and
+answers one question: how many leading pages of a prompt would this worker find cached?
+
+The index is advisory. A hash it lacks costs a cache-blind routing choice; a hash it wrongly holds
+costs the worker a cache miss (the worker's own `match` is what decides). Never a wrong answer. That
+is what makes the memory cap safe: each worker's set holds at most `max_hashes_per_worker` hashes,
+and past that the ones reported longest ago are forgotten first. A pool never holds more hashes than
+it has pages, so a cap at least the largest pool's page count only ever trims a misbehaving worker.
+
+Pure Python; no other orchestrator module is imported. Not thread-safe: the router serializes calls.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from itertools import islice
+
+from tandem.prefix import HASH_BYTES
+
+DEFAULT_MAX_HASHES = 1 << 17  # ~20 MiB per worker; more pages than a large GPU pool holds
+
+
+class PrefixIndex:
+    """Per worker, the set of page hashes it reported holding (insertion-ordered, oldest first)."""
+
+    def __init__(self, max_hashes_per_worker: int = DEFAULT_MAX_HASHES):
+        if not isinstance(max_hashes_per_worker, int) or max_hashes_per_worker < 1:
+            raise ValueError(f"max_hashes_per_worker must be an integer >= 1, got {max_hashes_per_worker!r}")
+        self.max_hashes_per_worker = max_hashes_per_worker
+        self._held: dict[str, dict[bytes, None]] = {}
+
+    def apply(self, worker: str, stored: Iterable[bytes], removed: Iterable[bytes]) -> None:
+        """Apply one event batch: `stored` hashes are now held, `removed` ones no longer are.
+
+        The two lists must be disjoint (as `drain_events` makes them). A worker seen for the first time
+        starts empty. A re-stored hash counts as newly reported for the cap.
+        """
+        _check_worker(worker)
+        stored, removed = _checked(stored, "stored"), _checked(removed, "removed")
+        both = set(stored).intersection(removed)
+        if both:
+            raise ValueError(f"worker {worker!r}: {len(both)} hashes are both stored and removed in one "
+                             f"batch (e.g. {next(iter(both)).hex()}); a batch's lists must be disjoint")
+        held = self._held.setdefault(worker, {})
+        for h in removed:
+            held.pop(h, None)
+        for h in stored:
+            held.pop(h, None)  # re-insert at the newest end
+            held[h] = None
+        self._trim(held)
+
+    def replace(self, worker: str, hashes: Iterable[bytes]) -> None:
+        """Replace a worker's whole set with a snapshot; given in the worker's order, oldest first."""
+        _check_worker(worker)
+        held = dict.fromkeys(_checked(hashes, "snapshot"))
+        self._trim(held)
+        self._held[worker] = held
+
+    def drop(self, worker: str) -> None:
+        """Forget a worker (it left, died, or will resend a snapshot). Unknown workers are ignored."""
+        self._held.pop(worker, None)
+
+    def matched_pages(self, worker: str, hashes: Sequence[bytes]) -> int:
+        """The length of the longest leading run of `hashes` the worker holds (0 for an unknown worker)."""
+        held = self._held.get(worker)
+        if not held:
+            return 0
+        n = 0
+        for h in hashes:
+            if h not in held:
+                break
+            n += 1
+        return n
+
+    def workers(self) -> list[str]:
+        return sorted(self._held)
+
+    def num_hashes(self, worker: str) -> int:
+        return len(self._held.get(worker, ()))
+
+    def _trim(self, held: dict[bytes, None]) -> None:
+        excess = len(held) - self.max_hashes_per_worker
+        if excess > 0:
+            for h in list(islice(held, excess)):  # the oldest reports
+                del held[h]
+
+
+def _check_worker(worker: str) -> None:
+    if not isinstance(worker, str) or not worker:
+        raise ValueError(f"a worker name must be a non-empty string, got {worker!r}")
+
+
+def _checked(hashes: Iterable[bytes], what: str) -> list[bytes]:
+    out = list(hashes)
+    for i, h in enumerate(out):
+        if not isinstance(h, bytes) or len(h) != HASH_BYTES:
+            raise ValueError(f"{what}[{i}] is not a {HASH_BYTES}-byte page hash (tandem.prefix): {h!r:.40}")
+    return out

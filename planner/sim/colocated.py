@@ -1,0 +1,143 @@
+"""A simulated co-located engine, with the two batching policies of engine/scheduler.py.
+
+- prefill-first (`chunk_tokens=None`): each step admits waiting requests in order (the oldest
+  blocks the others) while their pages fit, the batch has room and the pass stays within
+  `pass_tokens` (a single longer prompt runs alone); if any were admitted, one prefill pass of them
+  runs (the running decodes pause), else one decode step of all running.
+- chunked (`chunk_tokens=N`): requests are admitted the same way but without a token budget; every
+  step decodes one token for each running sequence and adds up to N prompt tokens of admitted
+  prompts, oldest first, priced as one pass (PassCosts.mixed_time).
+Pages are reserved for prompt + max_tokens at admission and freed when the request finishes.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+
+from planner.costs import PassCosts
+from planner.sim.batch import RunningBatch
+from planner.sim.events import EventLoop
+from planner.sim.pages import PagePool
+from planner.sim.request import SimRequest
+
+
+class ColocatedSim:
+    def __init__(self, loop: EventLoop, costs: PassCosts, pool: PagePool, *, pass_tokens: int, max_batch: int,
+                 chunk_tokens: int | None, on_done: Callable[[SimRequest], None]):
+        self.loop = loop
+        self.costs = costs
+        self.pool = pool
+        self.pass_tokens = pass_tokens
+        self.max_batch = max_batch
+        self.chunk_tokens = chunk_tokens
+        self.on_done = on_done
+        self.waiting: deque[SimRequest] = deque()
+        self.prefilling: list[list] = []  # [request, prompt tokens done] (chunked), in admission order
+        self.in_pass = 0  # admitted into the prefill pass now running (prefill-first)
+        self.batch = RunningBatch()
+        self.busy = False
+        self._pending = False
+
+    @property
+    def load(self) -> int:
+        """Requests here: running, being prefilled and waiting (routing across replicas)."""
+        return self.batch.size + len(self.prefilling) + self.in_pass + len(self.waiting)
+
+    def submit(self, req: SimRequest) -> None:
+        self.waiting.append(req)
+        self._kick()
+
+    def _kick(self) -> None:
+        if not self.busy and not self._pending:
+            self._pending = True
+            self.loop.soon(self._start)
+
+    def _start(self) -> None:
+        self._pending = False
+        if self.busy:
+            return
+        if self.chunk_tokens is None:
+            self._prefill_first()
+        else:
+            self._mixed()
+
+    def _admit(self, token_budget: float) -> list[SimRequest]:
+        out, tokens = [], 0
+        room = self.max_batch - self.batch.size - len(self.prefilling)
+        while self.waiting and len(out) < room:
+            req = self.waiting[0]
+            if (out and tokens + req.prompt_len > token_budget) or not self.pool.can_reserve(req.budget):
+                break
+            self.waiting.popleft()
+            req.pages = self.pool.reserve(req.budget, self.loop.now)
+            req.reserved_at = self.loop.now
+            out.append(req)
+            tokens += req.prompt_len
+        return out
+
+    def _prefill_first(self) -> None:
+        now = self.loop.now
+        group = self._admit(self.pass_tokens)
+        if group:
+            for req in group:
+                req.prefill_start = now
+            self.in_pass = len(group)
+            self._run(self.costs.prefill_time([(0, r.prompt_len) for r in group]), self._prefilled, group)
+        elif self.batch.size:
+            self._run(self.costs.decode_time(self.batch.size, self.batch.context_tokens), self._decoded)
+
+    def _mixed(self) -> None:
+        now = self.loop.now
+        for req in self._admit(float("inf")):
+            req.prefill_start = now
+            self.prefilling.append([req, 0])
+        chunks, budget = [], self.chunk_tokens
+        for req, done in self.prefilling:
+            if budget == 0:
+                break
+            n = min(budget, req.prompt_len - done)
+            chunks.append((done, n))
+            budget -= n
+        rows = self.batch.size
+        if chunks or rows:
+            self._run(self.costs.mixed_time(chunks, rows, self.batch.context_tokens), self._mixed_end, chunks, rows)
+
+    def _run(self, seconds: float, then: Callable, *args) -> None:
+        self.busy = True
+        self.loop.at(self.loop.now + seconds, self._step_end, then, args)
+
+    def _step_end(self, then: Callable, args: tuple) -> None:
+        then(*args)
+        self.busy = False
+        self._kick()
+
+    def _prefilled(self, group: list[SimRequest]) -> None:
+        self.in_pass = 0
+        for req in group:
+            self._first_token(req)
+
+    def _decoded(self) -> None:
+        for req in self.batch.step_done(self.loop.now):
+            self._finish(req)
+
+    def _mixed_end(self, chunks: list[tuple[int, int]], rows: int) -> None:
+        if rows:
+            self._decoded()
+        for entry, (_, n) in zip(list(self.prefilling[:len(chunks)]), chunks):
+            entry[1] += n
+            if entry[1] == entry[0].prompt_len:
+                self.prefilling.remove(entry)
+                self._first_token(entry[0])
+
+    def _first_token(self, req: SimRequest) -> None:
+        req.first_token = self.loop.now
+        if req.output_len == 1:
+            self._finish(req)
+        else:
+            self.batch.join(req)
+
+    def _finish(self, req: SimRequest) -> None:
+        req.done_at = self.loop.now
+        self.pool.free(req.pages, self.loop.now)
+        self.on_done(req)

@@ -1,0 +1,80 @@
+"""The disaggregated system: x prefill workers, y decode workers, and the orchestrator's routing.
+
+A request's life: it waits (FIFO; the oldest blocks the others) until some decode worker has free
+pages for prompt + max_tokens, which are reserved there; a prefill worker takes its prompt; when its
+first token and K/V are ready (pass end plus the handoff's tail) it joins that decode worker's batch.
+Routing is least-loaded, as in orchestrator/router.py: the decode worker with room that holds the
+fewest requests (then the most free pages), and the prefill worker with the fewest prompt tokens
+queued or in flight.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+
+from planner.costs import PassCosts
+from planner.profile import Profile
+from planner.sim.decode import DecodeSim
+from planner.sim.events import EventLoop
+from planner.sim.pages import PagePool
+from planner.sim.prefill import Link, PrefillSim
+from planner.sim.request import SimRequest
+
+
+def pool_pages(profile: Profile, devices: int = 1) -> int:
+    """Pages in the KV pool of one engine on `devices` devices (the profile gives bytes per device)."""
+    s = profile.serving
+    return max(1, devices * s.kv_pool_bytes // (profile.model.kv_bytes_per_token * s.tokens_per_page))
+
+
+class Disaggregated:
+    def __init__(self, loop: EventLoop, profile: Profile, costs: PassCosts, prefill_workers: int,
+                 decode_workers: int, on_done: Callable[[SimRequest], None], trace_pages: bool = False):
+        s = profile.serving
+        self.loop = loop
+        self.on_done = on_done
+        self.decode = [DecodeSim(loop, costs, PagePool(pool_pages(profile), s.tokens_per_page, trace_pages),
+                                 max_batch=s.decode_max_batch, on_done=self._done) for _ in range(decode_workers)]
+        self.prefill = [PrefillSim(loop, costs, Link(profile.handoff.gbytes_per_s, profile.handoff.latency_s),
+                                   pass_tokens=s.pass_tokens, tokens_per_page=s.tokens_per_page,
+                                   kv_bytes_per_token=profile.model.kv_bytes_per_token, on_ready=self._ready)
+                        for _ in range(prefill_workers)]
+        self.waiting: deque[SimRequest] = deque()
+        self._decoder: dict[int, DecodeSim] = {}
+
+    @property
+    def pools(self) -> list[PagePool]:
+        return [d.pool for d in self.decode]
+
+    def submit(self, req: SimRequest) -> None:
+        pool = self.decode[0].pool
+        if pool.pages_for(req.budget) > pool.num_pages:
+            req.failed = (f"needs {pool.pages_for(req.budget)} KV pages; a decode worker's whole pool has "
+                          f"{pool.num_pages}")
+            self.on_done(req)
+            return
+        self.waiting.append(req)
+        self._drain()
+
+    def _drain(self) -> None:
+        """Reserve pages for waiting requests in order, while the oldest fits somewhere."""
+        while self.waiting:
+            req = self.waiting[0]
+            fits = [(d.holding, d.pool.used, i) for i, d in enumerate(self.decode) if d.can_reserve(req)]
+            if not fits:
+                return
+            self.waiting.popleft()
+            d = self.decode[min(fits)[2]]
+            d.reserve(req)
+            self._decoder[req.index] = d
+            p = min(range(len(self.prefill)), key=lambda i: (self.prefill[i].load_tokens, i))
+            self.prefill[p].submit(req)
+
+    def _ready(self, req: SimRequest) -> None:
+        req.first_token = self.loop.now
+        self._decoder.pop(req.index).arrive(req)
+
+    def _done(self, req: SimRequest) -> None:
+        self.on_done(req)
+        self._drain()

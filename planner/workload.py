@@ -1,0 +1,191 @@
+"""Simulated workloads: prompt and output length distributions, and how requests arrive.
+
+Lengths (tokens, integers >= 1) are drawn from one of:
+- `fixed` (value), `uniform` (low..high, inclusive), `normal` (mean, std, rounded and clipped to
+  low..high), `empirical` (values, drawn uniformly with replacement: e.g. lengths from a trace).
+Arrivals are either `poisson` (a rate in requests/s: an open loop, arrivals do not wait for answers)
+or `closed` (`concurrency` clients, each sending its next request the moment its last one finished).
+
+On the command line a length is written `512`, `uniform:128:1024`, `normal:512:128` (clipped to
+1..), `normal:512:128:64:2048`, `list:100,200,300` or `file:PATH` (a JSON list of integers, or one
+integer per line).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Annotated, Literal, Union
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class WorkloadError(ValueError):
+    """A workload that cannot be drawn; the message says what is allowed."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Fixed(_Strict):
+    kind: Literal["fixed"] = "fixed"
+    value: int = Field(ge=1)
+
+    def draw(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        return np.full(n, self.value, dtype=np.int64)
+
+
+class Uniform(_Strict):
+    kind: Literal["uniform"] = "uniform"
+    low: int = Field(ge=1)
+    high: int = Field(ge=1)
+
+    @model_validator(mode="after")
+    def _order(self) -> "Uniform":
+        if self.high < self.low:
+            raise ValueError(f"uniform needs low <= high, got {self.low} > {self.high}")
+        return self
+
+    def draw(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        return rng.integers(self.low, self.high + 1, size=n)
+
+
+class Normal(_Strict):
+    kind: Literal["normal"] = "normal"
+    mean: float = Field(gt=0)
+    std: float = Field(ge=0)
+    low: int = Field(1, ge=1)
+    high: int | None = Field(None, ge=1)
+
+    @model_validator(mode="after")
+    def _order(self) -> "Normal":
+        if self.high is not None and self.high < self.low:
+            raise ValueError(f"normal needs low <= high, got {self.low} > {self.high}")
+        return self
+
+    def draw(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        x = np.rint(rng.normal(self.mean, self.std, size=n))
+        return np.clip(x, self.low, self.high if self.high is not None else np.inf).astype(np.int64)
+
+
+class Empirical(_Strict):
+    kind: Literal["empirical"] = "empirical"
+    values: tuple[Annotated[int, Field(ge=1)], ...] = Field(min_length=1)
+
+    def draw(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        return rng.choice(np.asarray(self.values, dtype=np.int64), size=n, replace=True)
+
+
+Length = Annotated[Union[Fixed, Uniform, Normal, Empirical], Field(discriminator="kind")]
+
+
+class Poisson(_Strict):
+    kind: Literal["poisson"] = "poisson"
+    rate: float = Field(gt=0, description="requests per second")
+
+
+class ClosedLoop(_Strict):
+    kind: Literal["closed"] = "closed"
+    concurrency: int = Field(ge=1)
+
+
+Arrivals = Annotated[Union[Poisson, ClosedLoop], Field(discriminator="kind")]
+
+
+class Workload(_Strict):
+    prompt: Length
+    output: Length
+    arrivals: Arrivals
+    requests: int = Field(ge=1)
+    seed: int = 0
+
+    def with_arrivals(self, arrivals: Poisson | ClosedLoop) -> "Workload":
+        return self.model_copy(update={"arrivals": arrivals})
+
+
+@dataclass(frozen=True)
+class RequestSpec:
+    prompt_len: int
+    output_len: int
+    arrival: float | None  # seconds after the start (Poisson); None: sent by a closed-loop client
+
+
+def draw(workload: Workload) -> list[RequestSpec]:
+    """The workload's requests, the same for the same seed (whatever layout simulates them)."""
+    rng = np.random.default_rng(workload.seed)
+    n = workload.requests
+    prompts = workload.prompt.draw(rng, n)
+    outputs = workload.output.draw(rng, n)
+    if isinstance(workload.arrivals, Poisson):
+        times = np.cumsum(rng.exponential(1.0 / workload.arrivals.rate, size=n))
+        return [RequestSpec(int(p), int(o), float(t)) for p, o, t in zip(prompts, outputs, times)]
+    return [RequestSpec(int(p), int(o), None) for p, o in zip(prompts, outputs)]
+
+
+def parse_length(text: str) -> Fixed | Uniform | Normal | Empirical:
+    """A length distribution from its command-line form (see the module docstring)."""
+    kind, _, rest = text.partition(":")
+    try:
+        if not rest:
+            return Fixed(value=int(kind))
+        if kind == "uniform":
+            lo, hi = rest.split(":")
+            return Uniform(low=int(lo), high=int(hi))
+        if kind == "normal":
+            parts = [float(x) for x in rest.split(":")]
+            if len(parts) not in (2, 4):
+                raise ValueError("normal takes mean:std or mean:std:low:high")
+            extra = {"low": int(parts[2]), "high": int(parts[3])} if len(parts) == 4 else {}
+            return Normal(mean=parts[0], std=parts[1], **extra)
+        if kind == "list":
+            return Empirical(values=tuple(int(x) for x in rest.split(",")))
+        if kind == "file":
+            return Empirical(values=tuple(_read_lengths(rest)))
+    except ValueError as e:  # int() failures and pydantic's ValidationError (a ValueError)
+        raise WorkloadError(f"bad length {text!r}: {_first_line(e)}; {LENGTH_HELP}") from None
+    raise WorkloadError(f"bad length {text!r}: unknown kind {kind!r}; {LENGTH_HELP}")
+
+
+LENGTH_HELP = ("write a length as N, uniform:LOW:HIGH, normal:MEAN:STD[:LOW:HIGH], list:A,B,C or file:PATH "
+               "(a JSON list of integers or one integer per line)")
+
+
+def _read_lengths(path: str) -> list[int]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as e:
+        raise ValueError(f"cannot read {path}: {e.strerror}") from None
+    stripped = text.strip()
+    if stripped.startswith("["):
+        try:
+            values = json.loads(stripped)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path} is not a JSON list: {e.msg}") from None
+        if not isinstance(values, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+            raise ValueError(f"{path} must hold a JSON list of integers")
+        return values
+    return [int(line) for line in stripped.splitlines() if line.strip()]
+
+
+def _first_line(e: Exception) -> str:
+    msg = str(e)
+    if hasattr(e, "errors"):
+        errs = e.errors()
+        if errs:
+            msg = f"{'.'.join(str(p) for p in errs[0]['loc'])}: {errs[0]['msg']}" if errs[0]["loc"] else errs[0]["msg"]
+    return msg.splitlines()[0]
+
+
+def describe_length(d: Fixed | Uniform | Normal | Empirical) -> str:
+    """A short human form of a length distribution, for reports."""
+    if isinstance(d, Fixed):
+        return str(d.value)
+    if isinstance(d, Uniform):
+        return f"uniform {d.low}..{d.high}"
+    if isinstance(d, Normal):
+        hi = "" if d.high is None else f"..{d.high}"
+        return f"normal(mean {d.mean:g}, std {d.std:g}) clipped to {d.low}{hi or '..'}"
+    return f"empirical ({len(d.values)} values, mean {sum(d.values) / len(d.values):.0f})"

@@ -1,0 +1,91 @@
+"""Where a request's K/V go: the typed descriptor of a decode worker's KV pool, and a destination in it.
+
+A decode worker publishes one `PoolDescriptor`; it names every transport the pool can be reached by
+(`shm` on its own host, `nixl` from anywhere UCX reaches) and the host it lives on, so a prefill worker
+picks per pair: shm when both are on one host, NIXL otherwise (or what the deployment forces).
+The NIXL part holds the agent's memory keys: whoever has it can write the pool, so a descriptor only
+ever travels on the control channel and is never echoed in an error message.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+
+from tandem.kv_layout import KVLayout
+
+
+@dataclass(frozen=True)
+class ShmPool:
+    segment: str  # /dev/shm name of the pool: [layers, 2, pages, tokens_per_page, kv_heads, head_dim]
+    bytes: int
+    fence: str  # /dev/shm name of the fence table (one 8-byte epoch per lease slot; see engine/transports/fence.py)
+
+
+@dataclass(frozen=True)
+class NixlPool:
+    agent: str
+    metadata: str  # base64 of the agent's metadata (memory keys: never log it)
+    base: int  # address of the registered pool in the decode process
+    bytes: int
+
+
+@dataclass(frozen=True)
+class InprocPool:
+    id: str  # key of the pool in a registry shared inside one process (tests)
+
+
+@dataclass(frozen=True)
+class PoolDescriptor:
+    layout: KVLayout
+    num_pages: int
+    num_slots: int  # lease slots the fence table has
+    host: str  # host_identity() of the decode worker
+    shm: ShmPool | None = None
+    nixl: NixlPool | None = None
+    inproc: InprocPool | None = None
+
+    @property
+    def transports(self) -> tuple[str, ...]:
+        return tuple(n for n in ("shm", "nixl", "inproc") if getattr(self, n) is not None)
+
+
+@dataclass(frozen=True)
+class Destination:
+    """The pages leased to one request, and the fence that guards them.
+
+    The writer writes token positions [start, num_tokens) of the request into `page_ids` (the whole
+    page table; positions before `start` are already there, e.g. a cached prefix; `start` is a
+    multiple of tokens_per_page). Every write is checked against `epoch` in lease slot `slot`: once
+    the decode worker revokes the slot, no write of this writer can land.
+    """
+
+    transport: str  # which of the pool's transports this writer must use (chosen per prefill/decode pair)
+    pool: PoolDescriptor
+    page_ids: list[int]
+    slot: int
+    epoch: int
+    start: int = 0
+
+
+def host_identity() -> str:
+    """Equal on two processes iff they share a kernel, a /dev/shm and a network namespace.
+
+    The network namespace is part of it so that test "hosts" made of namespaces on one machine (and
+    containers) count as different hosts, as they would be in a cluster.
+    """
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+    except OSError:
+        boot = socket.gethostname()
+    try:
+        shm_dev = os.stat("/dev/shm").st_dev
+    except OSError:
+        shm_dev = 0
+    try:
+        netns = os.stat("/proc/self/ns/net").st_ino
+    except OSError:
+        netns = 0
+    return f"{boot}/{shm_dev}/{netns}"

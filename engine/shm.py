@@ -12,8 +12,6 @@ import mmap
 import os
 import secrets
 
-import torch
-
 SHM_DIR = "/dev/shm"
 SHM_PREFIX = "tandem-"
 
@@ -53,12 +51,16 @@ class SharedBuffer:
     def attach(cls, name: str, size: int) -> "SharedBuffer":
         return cls(name, size, create=False)
 
-    def tensor(self, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
-        """A tensor view of the whole segment; it shares memory with every other process's view."""
+    def tensor(self, dtype, shape: tuple[int, ...]):
+        """A torch tensor view of the whole segment; it shares memory with every other process's view."""
+        import torch  # here, not at import: the orchestrator uses this module's cleanup without torch
+
         return torch.frombuffer(self.mmap, dtype=dtype).view(shape)
 
     def prefault(self) -> None:
         """Touch every OS page once so the first real write does not pay page faults (~3x slower)."""
+        import torch
+
         view = torch.frombuffer(self.mmap, dtype=torch.uint8)
         step = mmap.PAGESIZE
         view[::step] = view[::step]

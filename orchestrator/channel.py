@@ -31,6 +31,20 @@ _OPTIONS = [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_messa
 _END = object()
 
 
+class _Stream:
+    """One open ModelStreamInfer call: what goes out, and the calls waiting for a reply on it."""
+
+    def __init__(self):
+        self.outbox: asyncio.Queue = asyncio.Queue()
+        self.pending: dict[str, asyncio.Queue] = {}
+        self.reader: asyncio.Task | None = None
+
+    def fail_all(self, error: TandemError) -> None:
+        for queue in self.pending.values():
+            queue.put_nowait(error)
+        self.pending.clear()
+
+
 class WorkerChannel:
     def __init__(self, url: str, model: str, batched: bool = False, auth: tuple[tuple[str, str], ...] = ()):
         """`batched`: the model has a batch dimension (max_batch_size > 0), so inputs are shaped [1, 1].
@@ -39,9 +53,7 @@ class WorkerChannel:
         self._channel = grpc.aio.insecure_channel(url, options=_OPTIONS)
         self._stub = pb_grpc.GRPCInferenceServiceStub(self._channel)
         self._ids = itertools.count()
-        self._outbox: asyncio.Queue | None = None
-        self._pending: dict[str, asyncio.Queue] = {}
-        self._reader: asyncio.Task | None = None
+        self._stream: _Stream | None = None
 
     # -- calls --------------------------------------------------------------------------------------
 
@@ -53,7 +65,7 @@ class WorkerChannel:
 
     async def stream(self, msg, timeout: float | None = None) -> AsyncIterator:
         """Each reply body of one request until its final one. `timeout` bounds each wait for a reply."""
-        rid, queue = self._submit(msg)
+        stream, rid, queue = self._submit(msg)
         try:
             while True:
                 try:
@@ -73,20 +85,20 @@ class WorkerChannel:
                 if final:
                     return
         finally:
-            self._pending.pop(rid, None)
+            stream.pending.pop(rid, None)
 
     def send(self, msg) -> None:
         """Post a call without waiting for its reply (best effort: lost if the stream is broken)."""
-        rid, _ = self._submit(msg)
-        self._pending.pop(rid, None)
+        stream, rid, _ = self._submit(msg)
+        stream.pending.pop(rid, None)
 
-    def _submit(self, msg) -> tuple[str, asyncio.Queue]:
-        self._ensure_stream()
+    def _submit(self, msg) -> tuple[_Stream, str, asyncio.Queue]:
+        stream = self._open()
         rid = f"{getattr(msg, 'request_id', msg.TYPE)}/{next(self._ids)}"
         queue: asyncio.Queue = asyncio.Queue()
-        self._pending[rid] = queue
-        self._outbox.put_nowait(self._request(rid, encode_request(msg)))
-        return rid, queue
+        stream.pending[rid] = queue
+        stream.outbox.put_nowait(self._request(rid, encode_request(msg)))
+        return stream, rid, queue
 
     def _request(self, rid: str, payload: bytes) -> pb.ModelInferRequest:
         req = pb.ModelInferRequest(model_name=self.model, id=rid)
@@ -99,37 +111,37 @@ class WorkerChannel:
 
     # -- the stream ---------------------------------------------------------------------------------
 
-    def _ensure_stream(self) -> None:
-        if self._reader is not None and not self._reader.done():
-            return
-        self._outbox = asyncio.Queue()
-        call = self._stub.ModelStreamInfer(self._requests(self._outbox))
-        self._reader = asyncio.get_running_loop().create_task(self._read(call, self._outbox))
+    def _open(self) -> _Stream:
+        if self._stream is not None and not self._stream.reader.done():
+            return self._stream
+        stream = self._stream = _Stream()
+        call = self._stub.ModelStreamInfer(self._requests(stream.outbox))
+        stream.reader = asyncio.get_running_loop().create_task(self._read(call, stream))
+        return stream
 
     @staticmethod
     async def _requests(outbox: asyncio.Queue):
         while (req := await outbox.get()) is not None:
             yield req
 
-    async def _read(self, call, outbox: asyncio.Queue) -> None:
+    async def _read(self, call, stream: _Stream) -> None:
         why = "the stream ended"
         try:
             async for resp in call:
-                self._dispatch(resp)
+                self._dispatch(stream, resp)
         except grpc.aio.AioRpcError as e:
             why = f"{e.code().name}: {e.details()}"
         except asyncio.CancelledError:
+            why = "the worker stopped answering"
             call.cancel()
             raise
         finally:
-            outbox.put_nowait(None)
-            if self._outbox is outbox:
-                self._outbox = None
-            self._fail_all(Unavailable(f"{self.model} at {self.url} is unreachable ({why})"))
+            stream.outbox.put_nowait(None)
+            stream.fail_all(Unavailable(f"{self.model} at {self.url} is unreachable ({why})"))
 
-    def _dispatch(self, resp: pb.ModelStreamInferResponse) -> None:
+    def _dispatch(self, stream: _Stream, resp: pb.ModelStreamInferResponse) -> None:
         r = resp.infer_response
-        queue = self._pending.get(r.id)
+        queue = stream.pending.get(r.id)
         if queue is None:
             return  # a call nobody waits for any more (sent with send(), or abandoned)
         final_p = r.parameters.get("triton_final_response")
@@ -142,16 +154,20 @@ class WorkerChannel:
         if final:
             queue.put_nowait(_END)
 
-    def _fail_all(self, error: TandemError) -> None:
-        for queue in self._pending.values():
-            queue.put_nowait(error)
-        self._pending.clear()
+    def reset(self, why: str) -> None:
+        """Give up on the current stream (its worker stalled): every waiting call fails with UNAVAILABLE
+        now, and the next call opens a new stream."""
+        stream, self._stream = self._stream, None
+        if stream is not None:
+            stream.fail_all(Unavailable(f"{self.model} at {self.url}: {why}"))
+            stream.reader.cancel()
 
     async def close(self) -> None:
-        if self._reader is not None:
-            self._reader.cancel()
+        stream, self._stream = self._stream, None
+        if stream is not None:
+            stream.reader.cancel()
             try:
-                await self._reader
+                await stream.reader
             except asyncio.CancelledError:
                 pass  # we cancelled it
         await self._channel.close()

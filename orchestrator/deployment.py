@@ -13,6 +13,7 @@
                  served_model_name: null}   # OpenAI model id; null: the model's own name
     limits: {max_in_flight: 256, max_queued_tokens: 65536, request_timeout_s: 600}
     health: {heartbeat_s: 1.0, stall_s: 3.0}
+    handoff: {transfer_timeout_s: 30, fence_timeout_s: 60}   # the only timers left on the data path
 
 Unknown keys are rejected with the list of allowed ones.
 """
@@ -55,6 +56,11 @@ class Limits(_Strict):
     max_prompt_chars: int = Field(1 << 20, ge=1)  # refused before tokenizing
 
 
+class Handoff(_Strict):
+    transfer_timeout_s: float = Field(30.0, gt=0)  # a started request whose KV never arrives fails after this
+    fence_timeout_s: float = Field(60.0, gt=0)  # NIXL: a writer never heard from again is presumed gone
+
+
 class Health(_Strict):
     heartbeat_s: float = Field(1.0, gt=0)  # how often an idle worker says it is alive
     stall_s: float = Field(3.0, gt=0)  # silence after which a worker leaves routing
@@ -75,6 +81,7 @@ class Deployment(_Strict):
     front_door: FrontDoor = FrontDoor()
     limits: Limits = Limits()
     health: Health = Health()
+    handoff: Handoff = Handoff()
 
     @model_validator(mode="after")
     def _workers(self):

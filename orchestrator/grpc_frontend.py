@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import time
 
@@ -29,6 +30,7 @@ from tandem import __version__
 from tandem.status import InvalidArgument, NotFound, TandemError, status_of
 
 EXTENSIONS = ("model_configuration", "statistics")
+DEADLINE_MARGIN_S = 0.1  # answer this long before a client's gRPC deadline, so it hears why
 
 
 class TritonProtocolServicer(pb_grpc.GRPCInferenceServiceServicer):
@@ -85,7 +87,7 @@ class TritonProtocolServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     # -- inference ----------------------------------------------------------------------------------
 
-    def _parse(self, request: pb.ModelInferRequest):
+    def _parse(self, request: pb.ModelInferRequest, context=None):
         if not self._known(request.model_name, request.model_version):
             raise NotFound(f"unknown model '{request.model_name}'; this server has '{self.model}'")
         if request.raw_input_contents and len(request.raw_input_contents) != len(request.inputs):
@@ -101,6 +103,9 @@ class TritonProtocolServicer(pb_grpc.GRPCInferenceServiceServicer):
                 raise InvalidArgument(str(e)) from None
         rid = request.id or f"grpc-{next(self._ids)}"
         reqs, stream = parse_requests(inputs, rid)
+        remaining = context.time_remaining() if context is not None else None
+        if remaining is not None:  # the client's gRPC deadline is this request's, less a margin for the reply
+            reqs = [dataclasses.replace(r, timeout_s=max(remaining - DEADLINE_MARGIN_S, 0.001)) for r in reqs]
         empty_final = request.parameters.get("triton_enable_empty_final_response")
         wanted = frozenset(o.name for o in request.outputs)
         unknown = wanted - {t.name for t in OUTPUTS}
@@ -112,7 +117,7 @@ class TritonProtocolServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def ModelInfer(self, request, context):
         start = time.perf_counter()
         try:
-            reqs, _, _, rid, wanted = self._parse(request)
+            reqs, _, _, rid, wanted = self._parse(request, context)
             preps = [await self.service.prepare(r) for r in reqs]
             results = await asyncio.gather(*[self.served.collect(p) for p in preps])
         except TandemError as e:

@@ -44,3 +44,19 @@ async def read_object(request, what: str = "request body") -> dict:
     if not isinstance(data, dict):
         raise InvalidArgument(f"{what} must be a JSON object")
     return data
+
+
+TIMEOUT_HEADER = "Tandem-Timeout"  # seconds: this request's own deadline (the deployment's when absent)
+
+
+def request_timeout(request) -> float | None:
+    raw = request.headers.get(TIMEOUT_HEADER)
+    if raw is None:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0 < value <= 86400:
+        raise InvalidArgument(f"header {TIMEOUT_HEADER} must be a number of seconds in (0, 86400], got {raw!r}")
+    return value

@@ -8,6 +8,7 @@ wrapped around.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 
@@ -17,7 +18,7 @@ from google.protobuf import json_format
 
 from orchestrator.ensemble import OUTPUTS, parse_requests
 from orchestrator.grpc_frontend import EXTENSIONS
-from orchestrator.http_body import parse_json
+from orchestrator.http_body import parse_json, request_timeout
 from orchestrator.served_model import ServedModel
 from orchestrator.tensors import DTYPES, TensorError, from_raw, to_raw
 from tandem import __version__
@@ -69,6 +70,8 @@ class KServeRoutes:
         inputs = _decode_inputs(header, binary)
         rid = str(header.get("id") or f"http-{id(request)}")
         reqs, stream = parse_requests(inputs, rid)
+        timeout = request_timeout(request)
+        reqs = [dataclasses.replace(r, timeout_s=timeout) for r in reqs]
         if stream:
             raise InvalidArgument("streaming needs gRPC ModelStreamInfer or /v1/*/completions with stream=true")
         try:

@@ -8,13 +8,14 @@ after the stream began is sent as a last SSE event carrying the status, then [DO
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 
 from aiohttp import web
 
 from orchestrator import openai_api as oa
-from orchestrator.http_body import read_object
+from orchestrator.http_body import read_object, request_timeout
 from orchestrator.served_model import ServedModel
 from tandem.status import TandemError, status_of
 
@@ -52,7 +53,7 @@ class OpenAIRoutes:
         return await self._answer(request, req, stream, rid, oa.chat_body, body)
 
     async def _answer(self, request, req, stream: bool, rid: str, shape, body: dict):
-        prep = await self.service.prepare(req)
+        prep = await self.service.prepare(dataclasses.replace(req, timeout_s=request_timeout(request)))
         n_in = len(prep.prompt_ids)
         if not stream:
             text, _, n, reason = await self.served.collect(prep)

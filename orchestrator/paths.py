@@ -13,6 +13,7 @@ worker, at most `max_retries` times; anything else ends the request with its sta
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
 import time
@@ -23,7 +24,8 @@ from orchestrator.fleet import Fleet, WorkerState
 from orchestrator.handoff import Timings, blame, handoff
 from orchestrator.router import NoWorker, Router
 from tandem.kv_layout import KVLayout
-from tandem.status import (DeadlineExceeded, OutOfPages, Status, TandemError, Unavailable, retryable, status_of)
+from tandem.status import (DeadlineExceeded, InvalidArgument, OutOfPages, Status, TandemError, Unavailable, retryable,
+                           status_of)
 from tandem.wire import Open, Token
 
 log = logging.getLogger("tandem.paths")
@@ -53,16 +55,22 @@ class ServingPath(ABC):
         avoid: set[str] = set()
         failures = 0
         uid = f"{next(self._ids)}:{prep.request.request_id}"
+        waited: TandemError | None = None  # why the request is waiting (full pools, no worker), if it is
         while True:
             version = self.fleet.version
             try:
-                async for tok in self.attempt(prep, sent, avoid, f"{uid}#{failures}.{len(sent)}"):
+                async for tok in _until(self.attempt(prep, sent, avoid, f"{uid}#{failures}.{len(sent)}"), deadline):
+                    waited = None
                     if tok.token is not None:
                         sent.append(tok.token)
                     yield tok
                 return
             except (OutOfPages, NoWorker) as e:
-                await self._wait(version, deadline, e)
+                waited = e
+                if not await self.fleet.wait_change(version, deadline):
+                    raise _gave_up(e) from None
+            except DeadlineExceeded as e:
+                raise _gave_up(waited) if waited is not None else e from None
             except TandemError as e:
                 worker = getattr(e, "worker", None)
                 if not retryable(status_of(e)) or failures >= self.max_retries:
@@ -75,11 +83,12 @@ class ServingPath(ABC):
                 self.metrics.recoveries.labels(worker.role if worker else "unknown").inc()
                 log.info("request %s: %s; resuming after %d token(s)", uid, e, len(sent))
 
-    async def _wait(self, version: int, deadline: float, why: TandemError) -> None:
-        if not await self.fleet.wait_change(version, deadline):
-            if isinstance(why, OutOfPages):
-                raise OutOfPages(f"no KV pages became free before the request's deadline ({why})")
-            raise DeadlineExceeded(f"{why}; none came back before the request's deadline")
+    def _check_fits(self, role: str, pages: int) -> None:
+        """A request no pool could ever hold is the client's to fix, not something to wait for."""
+        largest = max((w.stats.pages_total for w in self.fleet.role(role) if w.stats), default=0)
+        if largest and pages > largest:
+            raise InvalidArgument(f"the request needs {pages} KV pages (prompt + max_tokens) but the largest "
+                                  f"{role} pool has {largest}; lower max_tokens or shorten the prompt")
 
     def _pick(self, role: str, avoid: set[str]) -> list[WorkerState]:
         """Routable workers of the role, preferring those that did not just fail this request."""
@@ -92,7 +101,9 @@ class DisaggregatedPath(ServingPath):
 
     async def attempt(self, prep, sent, avoid, request_id):
         n_ctx = len(prep.prompt_ids) + len(sent)
-        d = self.router.pick_decode(self._pick("decode", avoid), self.pages_for(n_ctx + prep.params.max_tokens))
+        pages = self.pages_for(n_ctx + prep.params.max_tokens - len(sent))
+        self._check_fits("decode", pages)
+        d = self.router.pick_decode(self._pick("decode", avoid), pages)
         p = self.router.pick_prefill(self._pick("prefill", avoid), n_ctx)
         m, timings = self.metrics, Timings()
         d.running += 1
@@ -119,7 +130,9 @@ class ColocatedPath(ServingPath):
 
     async def attempt(self, prep, sent, avoid, request_id):
         n_ctx = len(prep.prompt_ids) + len(sent)
-        w = self.router.pick_decode(self._pick("generate", avoid), self.pages_for(n_ctx + prep.params.max_tokens))
+        pages = self.pages_for(n_ctx + prep.params.max_tokens - len(sent))
+        self._check_fits("generate", pages)
+        w = self.router.pick_decode(self._pick("generate", avoid), pages)
         w.running += 1
         self.metrics.requests.labels(w.name, "generate").inc()
         done = False
@@ -150,5 +163,24 @@ def make_path(mode: str, fleet: Fleet, router: Router, layout: KVLayout, metrics
     return PATHS[mode](fleet, router, layout.tokens_per_page, metrics, max_retries)
 
 
-def deadline_after(seconds: float) -> float:
-    return time.monotonic() + seconds
+def _gave_up(why: TandemError) -> TandemError:
+    """What a request that waited until its deadline ends with: a full pool is OUT_OF_PAGES (429), no
+    worker UNAVAILABLE (503); both tell the client to retry."""
+    if isinstance(why, OutOfPages):
+        return OutOfPages(f"no KV pages became free before the request's deadline ({why})")
+    return Unavailable(f"{why}, and none came back before the request's deadline")
+
+
+async def _until(tokens: AsyncIterator[Token], deadline: float) -> AsyncIterator[Token]:
+    """The tokens of one attempt, each awaited no later than the request's deadline (monotonic)."""
+    try:
+        while True:
+            try:
+                tok = await asyncio.wait_for(tokens.__anext__(), max(0.0, deadline - time.monotonic()))
+            except StopAsyncIteration:
+                return
+            except asyncio.TimeoutError:
+                raise DeadlineExceeded("the request's deadline passed before it finished") from None
+            yield tok
+    finally:
+        await tokens.aclose()

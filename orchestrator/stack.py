@@ -86,7 +86,9 @@ class Stack:
         manifest = read_manifest(os.path.join(engines, "decode"))
         counts = worker_counts(dep)
         options = RepoOptions(transport=dep.transport, kv_pool_bytes=dep.kv_pool_bytes,
-                              chunk_tokens=dep.chunk_tokens if dep.mode == "chunked" else 0)
+                              chunk_tokens=dep.chunk_tokens if dep.mode == "chunked" else 0,
+                              transfer_timeout_s=dep.handoff.transfer_timeout_s,
+                              fence_timeout_s=dep.handoff.fence_timeout_s)
         self.workers = WorkerSet(engines, self.workdir, counts, options)
         self.log(f"starting {', '.join(f'{n} {r}' for r, n in counts.items() if n)} worker(s) ({dep.mode}) ...")
         await loop.run_in_executor(None, self.workers.start)

@@ -27,7 +27,8 @@ from tritonclient.grpc import InferInput
 
 from tandem.sampling import SamplingParams
 from engine.tokenizer import Tokenizer
-from orchestrator.handoff import handoff
+from orchestrator.fleet import WorkerState
+from orchestrator.handoff import Timings, handoff
 from orchestrator.serve_process import ServeProcess
 from orchestrator.worker_client import DecodeClient, PrefillClient
 
@@ -66,7 +67,7 @@ async def direct(p, d, ids: list[int], n: int, i: int) -> list[float]:
     params = SamplingParams(max_tokens=n, min_tokens=n)
     t0 = time.perf_counter()
     times = []
-    async with contextlib.aclosing(handoff(p, d, f"direct-{i}", ids, params)) as stream:
+    async with contextlib.aclosing(handoff(d, p, f"direct-{i}", ids, params, [], Timings())) as stream:
         async for tok in stream:
             if tok.token is not None:
                 times.append(time.perf_counter() - t0)
@@ -89,7 +90,9 @@ def paired(via: list[list[float]], direct_runs: list[list[float]]) -> tuple[floa
 
 async def measure(grpc_url: str, workers: dict, tokenizer: Tokenizer, requests: int, tokens: int):
     client = aio.InferenceServerClient(grpc_url)
-    p, d = PrefillClient(workers["prefill-0"]["grpc"]), DecodeClient(workers["decode-0"]["grpc"])
+    p = WorkerState("prefill-0", "prefill", workers["prefill-0"]["grpc"], PrefillClient(workers["prefill-0"]["grpc"]))
+    d = WorkerState("decode-0", "decode", workers["decode-0"]["grpc"], DecodeClient(workers["decode-0"]["grpc"]))
+    p.stats, d.stats = await p.client.stats(), await d.client.stats()
     ids = tokenizer.encode(PROMPT)
     via, direct_runs = [], []
     for i in range(requests + 2):  # two warm-up rounds
@@ -99,8 +102,8 @@ async def measure(grpc_url: str, workers: dict, tokenizer: Tokenizer, requests: 
             via.append(a)
             direct_runs.append(b)
     await client.close()
-    await p.close()
-    await d.close()
+    await p.client.close()
+    await d.client.close()
     return summarize(via), summarize(direct_runs), paired(via, direct_runs)
 
 

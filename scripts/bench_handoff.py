@@ -18,13 +18,17 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import asdict
 
 import torch
 
 from engine.kv_pool import KVCache
-from engine.transports import endpoint, sender
+from engine.transports import sender
+from engine.transports.host import PoolHost
 from engine.transports.nixl import available as nixl_available
 from tandem.kv_layout import KVLayout
+from tandem.pool import Destination, PoolDescriptor
+from tandem.wire import parse
 
 LENGTHS = (512, 4096)
 
@@ -34,21 +38,43 @@ def layout() -> KVLayout:
 
 
 def pool_process(transport: str, pages: int) -> None:
-    """The decode side: owns a pool, prints its descriptor, answers 'poll' until 'exit'."""
+    """The decode side: owns a pool, prints its descriptor, then leases a fence slot per 'lease' line."""
     proto = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)
     cache = KVCache(layout(), pages, shared=transport == "shm")
     cache.data.fill_(0)  # fault every page in, as a long-running decode worker's pool would be
-    ep = endpoint(transport, cache)
-    proto.write(json.dumps(ep.descriptor()) + "\n")
+    host = PoolHost(cache, (transport,))
+    proto.write(json.dumps(asdict(host.descriptor)) + "\n")
     proto.flush()
     for line in sys.stdin:
         if line.strip() == "exit":
             break
-        proto.write(json.dumps(sorted(ep.poll())) + "\n")
+        slot, epoch = host.lease_slot()  # one slot per writer; the pool has a slot per page
+        proto.write(json.dumps([slot, epoch]) + "\n")
         proto.flush()
-    ep.close()
+    host.close()
     cache.close()
+
+
+class Pool:
+    """The pool process, seen from the writer's side."""
+
+    def __init__(self, transport: str):
+        self.transport = transport
+        self.proc = subprocess.Popen([sys.executable, __file__, "--pool", transport, "--threads", "1"],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.descriptor = parse(PoolDescriptor, json.loads(self.proc.stdout.readline()))
+
+    def destination(self, n_tokens: int) -> Destination:
+        self.proc.stdin.write("lease\n")
+        self.proc.stdin.flush()
+        slot, epoch = json.loads(self.proc.stdout.readline())
+        return Destination(self.transport, self.descriptor, list(range(layout().pages_for(n_tokens))), slot, epoch)
+
+    def close(self) -> None:
+        self.proc.stdin.write("exit\n")
+        self.proc.stdin.flush()
+        self.proc.wait(timeout=30)
 
 
 def layer_kv(n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -58,14 +84,13 @@ def layer_kv(n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
             for _ in range(lay.num_layers)]
 
 
-def throughput(s, pool: dict, kv: list, repeats: int) -> float:
+def throughput(s, pool: Pool, kv: list, repeats: int) -> float:
     """Best GB/s writing these K/V of all layers into the remote pool's pages."""
     lay = layout()
     n = kv[0][0].shape[0]
-    pages = list(range(lay.pages_for(n)))
     best = float("inf")
     for r in range(repeats + 1):  # the first round warms the connection and the mapping
-        w = s.writer(pool, f"t{n}-{r}", pages)
+        w = s.writer(pool.destination(n), f"t{n}-{r}")
         t = time.perf_counter()
         for layer, (k, v) in enumerate(kv):
             w.write_layer(layer, k, v)
@@ -89,20 +114,18 @@ def memcpy_gbs(kv: list, repeats: int) -> float:
     return kv[0][0].shape[0] * layout().bytes_per_token / best / 1e9
 
 
-def ttft(worker, prompt: list[int], pool: dict | None, repeats: int) -> float:
-    """Best seconds for one prefill request (with the handoff when `pool` is given)."""
+def ttft(engine, s, prompt: list[int], pool: Pool | None, repeats: int) -> float:
+    """Best seconds for one prefill pass (with the handoff when `pool` is given)."""
+    from engine.workers.prefill import DiscardWriter
     from tandem.sampling import SamplingParams
-    from tandem.wire import Destination, PrefillRequest
 
-    lay = layout()
     best = float("inf")
     for r in range(repeats):
-        dest = Destination(pool, list(range(lay.pages_for(len(prompt)))), "bench") if pool else None
-        req = PrefillRequest(f"p{r}", SamplingParams(max_tokens=1).to_dict(), dest)
+        seq = engine.new_sequence(f"p{r}", prompt, SamplingParams(max_tokens=1))
+        writer = s.writer(pool.destination(len(prompt)), f"p{r}") if pool else DiscardWriter()
         t = time.perf_counter()
-        out = worker.prefill_all([(prompt, req)])[0]
-        if isinstance(out, Exception):
-            raise out
+        engine.prefill([seq], [writer])
+        writer.finish()
         best = min(best, time.perf_counter() - t)
     return best
 
@@ -117,9 +140,7 @@ def main() -> None:
     pages = layout().pages_for(max(LENGTHS))
     if args.pool:
         return pool_process(args.pool, pages)
-    from engine.engine import Engine
     from engine.load import load_engine
-    from engine.workers.prefill import PrefillWorker
 
     base = load_engine("smollm2-135m", kv_bytes=None)
     words = ("The orchard behind the old mill grows apples, pears and plums in long rows. " * 400).strip()
@@ -129,27 +150,20 @@ def main() -> None:
     print(f"{'transport':>9} {'tokens':>6} {'MB':>7} {'handoff GB/s':>13} {'memcpy GB/s':>12} {'ratio':>6} "
           f"{'TTFT alone s':>13} {'TTFT+handoff s':>15} {'added':>7}")
     for name in transports:
-        proc = subprocess.Popen([sys.executable, __file__, "--pool", name, "--threads", "1"],
-                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        pool = Pool(name)
         try:
-            pool = json.loads(proc.stdout.readline())
             s = sender(name, layout())
-            worker = PrefillWorker(Engine(base.model, base.tokenizer, None))
-            worker.senders[name] = s
             for n in LENGTHS:
                 kv = layer_kv(n)
                 gbs = throughput(s, pool, kv, args.repeats)
                 mem = memcpy_gbs(kv, args.repeats)
-                alone = ttft(worker, prompts[n], None, args.repeats)
-                with_h = ttft(worker, prompts[n], pool, args.repeats)
+                alone = ttft(base, s, prompts[n], None, args.repeats)
+                with_h = ttft(base, s, prompts[n], pool, args.repeats)
                 print(f"{name:>9} {n:>6} {n * layout().bytes_per_token / 1e6:>7.1f} {gbs:>13.2f} {mem:>12.2f} "
                       f"{gbs / mem:>5.2f}x {alone:>13.3f} {with_h:>15.3f} {(with_h / alone - 1):>+7.1%}")
             s.close()
         finally:
-            proc.stdin.write("exit\n")
-            proc.stdin.flush()
-            proc.wait(timeout=30)
-
+            pool.close()
 
 if __name__ == "__main__":
     main()

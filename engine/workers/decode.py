@@ -307,8 +307,7 @@ class DecodeWorker:
 
     def _next_due(self) -> float | None:
         with self.lock:
-            due = [t for t in (self.deadlines.next(), self.watchers.next_due()) if t is not None]
-        return min(due) if due else None
+            return self.deadlines.next()
 
     def close(self) -> None:
         self.loop.stop()

@@ -97,7 +97,7 @@ class PrefillWorker:
         self._order = itertools.count()
         self._long_turn = False
         self.watchers = Watchers(self.stats)
-        self.loop = Loop(self.step, self.watchers.next_due, "prefill-loop")
+        self.loop = Loop(self.step, lambda: None, "prefill-loop")  # nothing is ever due: it waits for work
 
     def launch(self) -> "PrefillWorker":
         self.loop.start()

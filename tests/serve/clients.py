@@ -65,10 +65,10 @@ def http_infer(url: str, prompt: str, max_tokens: int) -> str:
         c.close()
 
 
-def post(url: str, path: str, body, raw: bytes | None = None) -> tuple[int, dict | list]:
+def post(url: str, path: str, body, raw: bytes | None = None, headers: dict | None = None) -> tuple[int, dict | list]:
     """POST JSON; returns (status, parsed body), or (status, list of SSE events) for a stream."""
     data = raw if raw is not None else json.dumps(body).encode()
-    req = urllib.request.Request(url + path, data=data, headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(url + path, data=data, headers={"Content-Type": "application/json", **(headers or {})})
     try:
         with urllib.request.urlopen(req, timeout=120) as r:
             if r.headers.get("Content-Type", "").startswith("text/event-stream"):

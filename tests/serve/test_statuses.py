@@ -1,0 +1,136 @@
+"""Every status maps to one gRPC code and one HTTP status, from one table; each row is reached for real
+(bad input, unknown model, pool full, over admission limits, deadline, worker died) on a small stack."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import os
+import signal
+import time
+import urllib.request
+
+import grpc
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import yaml
+from tritonclient.utils import InferenceServerException
+
+from orchestrator.http_frontend import error_response
+from orchestrator.protocol_status import grpc_code, http_headers, http_status
+from tandem.status import STATUS_TABLE, Status, error_for, status_of
+from tests.conftest import start_serve, stop_serve
+from tests.serve.clients import ensemble_inputs, post
+
+CLIENT_FAULTS = {Status.INVALID_ARGUMENT, Status.NOT_FOUND, Status.UNAUTHENTICATED}
+
+
+def test_the_table_covers_every_status_and_blames_no_client_for_a_server_fault():
+    assert set(STATUS_TABLE) == set(Status)
+    for status, info in STATUS_TABLE.items():
+        assert isinstance(grpc_code(status), grpc.StatusCode)
+        if status is Status.OK:
+            continue
+        err = error_for(status, "why")
+        assert status_of(err) is status  # the exception type carries the status both ways
+        resp = error_response(err)
+        assert resp.status == info.http == http_status(status)
+        body = json.loads(resp.body)
+        assert body["error"]["code"] == status.value and body["error"]["message"] == "why"
+        assert ("Retry-After" in resp.headers) == info.retryable == bool(http_headers(status))
+        if 400 <= info.http < 500 and info.http not in (429, 499):
+            assert status in CLIENT_FAULTS, status  # a 4xx other than "busy"/"gone" is the client's fault
+        if status not in CLIENT_FAULTS and status is not Status.CANCELLED:
+            assert info.http >= 429, status
+
+
+def _pages_bytes(pages: int) -> int:
+    return pages * 16 * 46080  # the default model: 46080 KV bytes per token, 16 tokens per page
+
+
+@pytest.fixture(scope="module")
+def small(built_engines, tmp_path_factory):
+    """1P1D with a 5-page decode pool (80 tokens) and at most two requests in flight."""
+    work = tmp_path_factory.mktemp("serve-small")
+    cfg = work / "dep.yaml"
+    cfg.write_text(yaml.safe_dump({"limits": {"max_in_flight": 2}}))
+    s = start_serve(built_engines, work, "--config", str(cfg), "--kv-pool-bytes", str(_pages_bytes(5)))
+    yield s
+    stop_serve(s)
+
+
+def _grpc_error(url: str, inputs) -> InferenceServerException:
+    c = grpcclient.InferenceServerClient(url)
+    try:
+        with pytest.raises(InferenceServerException) as e:
+            c.infer("ensemble", inputs)
+        return e.value
+    finally:
+        c.close()
+
+
+def _complete(http: str, prompt: str, tokens: int, timeout_s: float) -> tuple[int, dict]:
+    return post(http, "/v1/completions", {"prompt": prompt, "max_tokens": tokens, "min_tokens": tokens,
+                                          "temperature": 0}, headers={"Tandem-Timeout": str(timeout_s)})
+
+
+def test_a_request_no_pool_can_hold_is_a_client_error_at_once(small):
+    t = time.monotonic()
+    status, body = post(small.http, "/v1/completions", {"prompt": "hi", "max_tokens": 100})
+    assert status == 400 and "largest decode pool has 5" in body["error"]["message"]
+    assert time.monotonic() - t < 2
+    err = _grpc_error(small.grpc, ensemble_inputs(grpcclient, "hi", 100, False))
+    assert err.status() == "StatusCode.INVALID_ARGUMENT"
+
+
+def test_pool_full_past_the_deadline_is_429_and_over_admission_limits_is_429_at_once(small):
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        holder = pool.submit(_complete, small.http, "Once upon a time", 60, 60)  # 4 of the 5 pages, a few s
+        time.sleep(1.0)
+        waiting = pool.submit(_complete, small.http, "The sky is", 20, 1.0)  # 2 pages: waits, then gives up
+        time.sleep(0.3)
+        t = time.monotonic()
+        status, body = post(small.http, "/v1/completions", {"prompt": "hi", "max_tokens": 4})  # a third: over 2
+        refused_in = time.monotonic() - t
+        assert status == 429 and body["error"]["code"] == "RESOURCE_EXHAUSTED", body
+        assert refused_in < 0.5
+        status, body = waiting.result(timeout=60)
+        assert status == 429 and body["error"]["code"] == "OUT_OF_PAGES", body
+        assert holder.result(timeout=120)[0] == 200
+    status, body = post(small.http, "/v1/completions", {"prompt": "The sky is", "max_tokens": 4})
+    assert status == 200, body  # the pages all came back
+
+
+def test_a_request_past_its_deadline_is_504(small):
+    status, body = _complete(small.http, "Once upon a time", 60, 0.5)  # 60 tokens take seconds here
+    assert status == 504 and body["error"]["code"] == "DEADLINE_EXCEEDED", body
+    c = grpcclient.InferenceServerClient(small.grpc)
+    try:
+        with pytest.raises(InferenceServerException) as e:  # gRPC's own deadline bounds the request too
+            c.infer("ensemble", ensemble_inputs(grpcclient, "Once upon a time", 60, False,
+                                                {"min_tokens": (np.array([[60]], dtype=np.int32), "INT32")}), client_timeout=0.5)
+        assert e.value.status() == "StatusCode.DEADLINE_EXCEEDED"
+    finally:
+        c.close()
+    time.sleep(1.0)
+    assert post(small.http, "/v1/completions", {"prompt": "The sky is", "max_tokens": 4})[0] == 200
+
+
+def test_a_dead_worker_is_a_retryable_503_on_both_doors(small):
+    """Nothing replaces the worker in this stack: a request waits for one to come back until its deadline,
+    then gets a retryable UNAVAILABLE, never a client error and never a hang."""
+    os.killpg(small.workers()["decode-0"]["pid"], signal.SIGKILL)
+    t = time.monotonic()
+    status, body = _complete(small.http, "The sky is", 4, 3.0)
+    assert status == 503 and body["error"]["code"] == "UNAVAILABLE", body
+    assert time.monotonic() - t < 10
+    c = grpcclient.InferenceServerClient(small.grpc)
+    try:
+        with pytest.raises(InferenceServerException) as e:
+            c.infer("ensemble", ensemble_inputs(grpcclient, "The sky is", 4, False), client_timeout=3.0)
+        assert e.value.status() == "StatusCode.UNAVAILABLE"
+    finally:
+        c.close()
+    with urllib.request.urlopen(small.http + "/metrics") as r:
+        assert 'tandem_request_failures_total{status="UNAVAILABLE"}' in r.read().decode()

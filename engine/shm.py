@@ -4,6 +4,12 @@ We open `/dev/shm/<name>` ourselves instead of using `multiprocessing.shared_mem
 tracker (Python < 3.13) unlinks a segment when any process that merely *attached* to it exits.
 Segments are created with mode 0600, so only our user can map them, and every name starts with
 SHM_PREFIX so leak checks can find ours.
+
+Ownership: a name says which process made it, `tandem-<tag>-<pid>.<start time>-<random>` (the start
+time from /proc/<pid>/stat, so a reused pid is not mistaken for the owner). Every start of a stack or
+a worker calls `remove_stale_segments`, which removes segments whose owner is gone, and
+`remove_orphaned_triton_regions` for Triton's own python-backend regions, whose names say nothing:
+those are removed when no live process maps them. Nothing a `kill -9` leaves survives the next start.
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ from __future__ import annotations
 import mmap
 import os
 import secrets
+import time
 
 SHM_DIR = "/dev/shm"
 SHM_PREFIX = "tandem-"
@@ -45,7 +52,7 @@ class SharedBuffer:
 
     @classmethod
     def create(cls, size: int, tag: str = "kv") -> "SharedBuffer":
-        return cls(f"{SHM_PREFIX}{tag}-{os.getpid()}-{secrets.token_hex(4)}", size, create=True)
+        return cls(owned_name(tag), size, create=True)
 
     @classmethod
     def attach(cls, name: str, size: int) -> "SharedBuffer":
@@ -85,25 +92,79 @@ def our_segments() -> list[str]:
         return []
 
 
-def _pid_alive(pid: int) -> bool:
+def _start_time(pid: int) -> str | None:
+    """The process's start time (clock ticks since boot), or None if there is no such process."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def owned_name(tag: str) -> str:
+    """A fresh segment name that records this process as its owner."""
+    return f"{SHM_PREFIX}{tag}-{os.getpid()}.{_start_time(os.getpid())}-{secrets.token_hex(4)}"
+
+
+def owner_alive(name: str) -> bool:
+    """Whether the process that made segment `name` still runs (True for names we cannot read)."""
+    parts = name[len(SHM_PREFIX):].split("-")  # <tag>-<pid>.<start>-<random>
+    if len(parts) < 3:
         return True
-    return True
+    pid, _, start = parts[1].partition(".")
+    if not pid.isdigit():
+        return True
+    now = _start_time(int(pid))
+    return now is not None and (not start or start == now)
 
 
 def remove_stale_segments() -> list[str]:
     """Unlink our segments whose creating process is gone (a worker that was killed). Returns them."""
     removed = []
     for name in our_segments():
-        parts = name[len(SHM_PREFIX):].split("-")  # <tag>-<pid>-<random>
-        if len(parts) >= 3 and parts[1].isdigit() and not _pid_alive(int(parts[1])):
+        if not owner_alive(name):
             try:
                 os.unlink(os.path.join(SHM_DIR, name))
                 removed.append(name)
             except FileNotFoundError:
                 pass  # removed concurrently by someone else
+    return removed
+
+
+TRITON_PREFIX = "triton_python_backend"
+
+
+def mapped_shm_files() -> set[str]:
+    """Every /dev/shm file some live process maps (that we can see)."""
+    found = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/maps") as f:
+                found.update(line.split(None, 5)[5].strip().replace(" (deleted)", "") for line in f
+                             if " /dev/shm/" in line)
+        except (OSError, IndexError):
+            continue  # the process ended while we looked, or is not ours to read
+    return found
+
+
+def remove_orphaned_triton_regions(min_age_s: float = 60.0) -> list[str]:
+    """Unlink Triton python-backend regions no process maps, older than `min_age_s` (a region a
+    starting server made a moment ago may not be mapped yet)."""
+    try:
+        names = [n for n in os.listdir(SHM_DIR) if n.startswith(TRITON_PREFIX)]
+    except FileNotFoundError:
+        return []
+    if not names:
+        return []
+    mapped, removed, now = mapped_shm_files(), [], time.time()
+    for name in names:
+        path = os.path.join(SHM_DIR, name)
+        try:
+            if path not in mapped and now - os.stat(path).st_mtime > min_age_s:
+                os.unlink(path)
+                removed.append(name)
+        except FileNotFoundError:
+            pass  # removed concurrently
     return removed

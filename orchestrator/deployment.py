@@ -12,7 +12,7 @@
     front_door: {host: 127.0.0.1, grpc_port: 8001, http_port: 8000, model_name: ensemble,
                  served_model_name: null}   # OpenAI model id; null: the model's own name
     limits: {max_in_flight: 256, max_queued_tokens: 65536, request_timeout_s: 600}
-    health: {heartbeat_s: 1.0, stall_s: 3.0}
+    health: {heartbeat_s: 2.0, stall_s: 4.0, stall_restart_s: 10, drain_grace_s: 30}
     handoff: {transfer_timeout_s: 30, fence_timeout_s: 60}   # the only timers left on the data path
 
 Unknown keys are rejected with the list of allowed ones.
@@ -62,8 +62,10 @@ class Handoff(_Strict):
 
 
 class Health(_Strict):
-    heartbeat_s: float = Field(1.0, gt=0)  # how often an idle worker says it is alive
-    stall_s: float = Field(3.0, gt=0)  # silence after which a worker leaves routing
+    heartbeat_s: float = Field(2.0, gt=0)  # how often a worker says it is alive (from its own thread)
+    stall_s: float = Field(4.0, gt=0)  # silence after which a worker leaves routing (and /health says 503)
+    stall_restart_s: float = Field(10.0, gt=0)  # a local worker silent this much longer is killed and replaced
+    drain_grace_s: float = Field(30.0, ge=0)  # on SIGTERM: how long requests in flight may take to finish
 
 
 class Deployment(_Strict):

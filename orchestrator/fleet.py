@@ -82,6 +82,15 @@ class Fleet:
         w.watcher = asyncio.get_running_loop().create_task(self._watch(w), name=f"watch-{name}")
         return w
 
+    async def replace(self, name: str, url: str) -> WorkerState:
+        """A worker restarted elsewhere (new ports): route to the new one under the same name. Calls still
+        on the old one fail (its process is gone) and resume; its client is closed."""
+        old = self.workers.pop(name)
+        new = self.add(name, old.role, url)
+        await self._close(old)
+        await self._bump()
+        return new
+
     async def remove(self, name: str) -> None:
         """Drain a worker out: no new requests; its client closes when its last request is done."""
         w = self.workers.get(name)

@@ -76,6 +76,8 @@ async def _serve(dep, workdir) -> None:
                    err=True)
         click.echo("ready", err=True)
         await stop.wait()
+        click.echo(f"draining (up to {dep.health.drain_grace_s:.0f}s for requests in flight) ...", err=True)
+        await stack.drain(dep.health.drain_grace_s)
         click.echo("stopping ...", err=True)
     finally:
         await stack.stop()

@@ -18,6 +18,7 @@ from builder.build import BuildError, BuildRequest, build
 from builder.repo import RepoOptions
 from engine.checkpoint import KNOWN_MODELS
 from engine.config import ModelConfig
+from engine.shm import remove_orphaned_triton_regions, remove_stale_segments
 from engine.tokenizer import Tokenizer
 from orchestrator.admission import Admission
 from orchestrator.deployment import Deployment, DeploymentError
@@ -30,6 +31,7 @@ from orchestrator.requests import Limits
 from orchestrator.router import ROUTERS
 from orchestrator.served_model import ServedModel
 from orchestrator.service import Orchestrator
+from orchestrator.supervisor import Supervisor
 from orchestrator.workers import WorkerSet
 from tandem.manifest import EngineManifest, ManifestError, check_pair, read_manifest
 
@@ -76,6 +78,7 @@ class Stack:
         self.log = log
         self.workers: WorkerSet | None = None
         self.fleet: Fleet | None = None
+        self.supervisor: Supervisor | None = None
         self.service: Orchestrator | None = None
         self.grpc = self.http = None
 
@@ -89,14 +92,24 @@ class Stack:
                               chunk_tokens=dep.chunk_tokens if dep.mode == "chunked" else 0,
                               transfer_timeout_s=dep.handoff.transfer_timeout_s,
                               fence_timeout_s=dep.handoff.fence_timeout_s)
+        for name in remove_stale_segments() + remove_orphaned_triton_regions():
+            self.log(f"removed shared memory {name} left by a process that is gone")
         self.workers = WorkerSet(engines, self.workdir, counts, options)
         self.log(f"starting {', '.join(f'{n} {r}' for r, n in counts.items() if n)} worker(s) ({dep.mode}) ...")
-        await loop.run_in_executor(None, self.workers.start)
+        await loop.run_in_executor(None, self.workers.prepare)
+        for name in self.workers.specs:
+            self.workers.launch(name)  # on the loop's thread: workers are tied to the thread that starts them
+        await asyncio.gather(*[loop.run_in_executor(None, self.workers.wait_ready, name)
+                               for name in self.workers.specs])
         self._record_workers()
         metrics = Metrics(dep.mode)
         self.fleet = Fleet(dep.health.heartbeat_s, dep.health.stall_s, on_stats=metrics.record_worker)
+        self.supervisor = Supervisor(self.workers, self.fleet, dep.health.stall_restart_s,
+                                     on_restart=lambda name, server: self._record_workers())
+        self.fleet.on_change = self.supervisor.on_health
         for name, url, role in self._all_workers():
             self.fleet.add(name, role, url)
+        self.supervisor.start()
         path = make_path(dep.mode, self.fleet, ROUTERS[dep.router](), manifest.kv_layout, metrics, dep.max_retries)
         cfg = _model_config(engines)
         tokenizer = Tokenizer(os.path.join(engines, "prefill"))
@@ -135,7 +148,19 @@ class Stack:
         with open(os.path.join(self.workdir, "workers.json"), "w") as f:
             json.dump(state, f, indent=2)
 
+    async def drain(self, grace_s: float) -> None:
+        """Stop taking requests (readiness false on both doors at once) and let the ones in flight
+        finish, for at most `grace_s`."""
+        if self.service is None:
+            return
+        self.service.draining = True
+        deadline = time.monotonic() + grace_s
+        while self.service.admission.in_flight and time.monotonic() < deadline:
+            await self.fleet.wait_change(self.fleet.version, min(deadline, time.monotonic() + 0.5))
+
     async def stop(self) -> None:
+        if self.supervisor is not None:
+            await self.supervisor.close()
         if self.service is not None:
             self.service.draining = True
         if self.http is not None:

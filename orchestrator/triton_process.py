@@ -8,7 +8,6 @@ the pinning). `stop` ends the whole process group and removes shared memory its 
 
 from __future__ import annotations
 
-import ctypes
 import importlib.util
 import os
 import shutil
@@ -26,7 +25,7 @@ from engine.checkpoint import cache_dir
 from engine.shm import remove_stale_segments
 
 
-_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+_PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # where `orchestrator` imports from
 
 
 class TritonError(RuntimeError):
@@ -126,17 +125,14 @@ class TritonServer:
         env["LD_LIBRARY_PATH"] = libs + os.pathsep + env.get("LD_LIBRARY_PATH", "")
         if self.cpus:
             env.setdefault("OMP_NUM_THREADS", str(len(self.cpus)))
-        cpus, tied = set(self.cpus) if self.cpus else None, self.tied
-
-        def in_child():
-            if cpus:
-                os.sched_setaffinity(0, cpus)
-            if tied:
-                ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-
+        wrap = [sys.executable, "-m", "orchestrator.child_exec"]  # pins and ties it; see child_exec.py
+        if self.cpus:
+            wrap += ["--cpus", ",".join(map(str, self.cpus))]
+        if self.tied:
+            wrap += ["--tied", str(os.getpid())]
         log = open(self.log_path, "w")
-        self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, env=env,
-                                     start_new_session=True, preexec_fn=in_child)
+        self.proc = subprocess.Popen(wrap + ["--"] + self.command(), stdout=log, stderr=subprocess.STDOUT, env=env,
+                                     start_new_session=True, cwd=_PROJECT_ROOT)
         log.close()
         return self
 

@@ -7,11 +7,13 @@ single cores otherwise), with as many torch threads as cores.
 
 from __future__ import annotations
 
+import logging
 import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from builder.repo import RepoOptions, render_repo
-from orchestrator.triton_process import TritonServer
+from orchestrator.triton_process import TritonError, TritonServer
 
 
 @dataclass(frozen=True)
@@ -42,8 +44,15 @@ def plan_cpus(counts: dict[str, int], cpus: list[int] | None = None) -> list[Wor
     return specs
 
 
+log = logging.getLogger("tandem.workers")
+START_ATTEMPTS = 3  # a worker that fails to start (e.g. a port taken after we chose it) is retried on new ports
+
+
 @dataclass
 class WorkerSet:
+    """Local Triton workers. `launch`/`restart` only start processes (call them from a thread that
+    lives as long as the workers: they are tied to it); `wait_ready` blocks until a server is ready."""
+
     engines: str
     workdir: str
     counts: dict[str, int]
@@ -51,27 +60,68 @@ class WorkerSet:
     cpus: list[int] | None = None
     detached: bool = False  # True: the servers outlive this process (tandem workers up)
     servers: dict[str, TritonServer] = field(default_factory=dict)
+    specs: dict[str, WorkerSpec] = field(default_factory=dict)
+
+    def prepare(self) -> None:
+        """Plan the cores and render the model repository (once)."""
+        specs = plan_cpus(self.counts, self.cpus)
+        self.specs = {s.name: s for s in specs}
+        threads = min(len(s.cpus) for s in specs)
+        render_repo(self.engines, self.repo, RepoOptions(**{**self.options.__dict__, "threads": threads}))
+
+    @property
+    def repo(self) -> str:
+        return os.path.join(self.workdir, "model_repository")
+
+    def launch(self, name: str) -> TritonServer:
+        spec = self.specs[name]
+        server = TritonServer(self.repo, (spec.role,), name=spec.name, cpus=spec.cpus, log_dir=self.workdir,
+                              tied=not self.detached).launch()
+        self.servers[name] = server
+        return server
+
+    def wait_ready(self, name: str, timeout_s: float = 300.0) -> TritonServer:
+        """Block until the worker is ready; relaunch it on fresh ports when it exits while starting."""
+        for attempt in range(START_ATTEMPTS):
+            server = self.servers[name]
+            try:
+                server.wait_ready(timeout_s)
+                return server
+            except TritonError as e:
+                if server.alive() or attempt == START_ATTEMPTS - 1:
+                    raise
+                log.warning("worker %s failed to start (%s); trying again on new ports", name,
+                            str(e).splitlines()[0])
+                server.stop()
+                self.launch(name)
+        raise AssertionError("unreachable")
 
     def start(self, timeout_s: float = 300.0) -> "WorkerSet":
-        specs = plan_cpus(self.counts, self.cpus)
-        threads = min(len(s.cpus) for s in specs)
-        repo = os.path.join(self.workdir, "model_repository")
-        render_repo(self.engines, repo, RepoOptions(**{**self.options.__dict__, "threads": threads}))
+        self.prepare()
         try:
-            for spec in specs:
-                self.servers[spec.name] = TritonServer(repo, (spec.role,), name=spec.name, cpus=spec.cpus,
-                                                       log_dir=self.workdir, tied=not self.detached).launch()
-            for server in self.servers.values():
-                server.wait_ready(timeout_s)
+            for name in self.specs:
+                self.launch(name)
+            for name in self.specs:
+                self.wait_ready(name, timeout_s)
         except BaseException:
             self.stop()
             raise
         return self
 
+    def restart(self, name: str) -> TritonServer:
+        """Reap a dead or stalled worker (its whole process group, its shared memory) and launch a new one
+        on fresh ports. The caller waits for it (wait_ready) off the thread that launched it."""
+        old = self.servers.get(name)
+        if old is not None:
+            old.kill()
+            old.stop(timeout_s=5.0)
+        return self.launch(name)
+
     def urls(self, role: str) -> list[str]:
         return [s.grpc_url for name, s in sorted(self.servers.items()) if name.startswith(role + "-")]
 
     def stop(self) -> None:
-        for server in self.servers.values():
-            server.stop()
+        """Stop every server at once (each takes a few seconds to unload its model; not one after another)."""
+        with ThreadPoolExecutor(max_workers=max(1, len(self.servers))) as pool:
+            list(pool.map(lambda server: server.stop(), self.servers.values()))
         self.servers.clear()

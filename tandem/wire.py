@@ -12,6 +12,7 @@ Decode and co-located workers (a request's life there: engine/workers/decode.py)
               the release.
   Start    -> Ack      the first token (from prefill) is in; the decode stream of that Open begins
   Release  -> Ack      cancel: the Open request ends with CANCELLED; its pages return once fenced
+  WriterGone -> Ack    a prefill worker died: pages quarantined for its NIXL writes are free again
 Prefill workers:
   Prefill  -> Prefilled (the first token; K/V written into the Destination)
   Abort    -> Ack      stop a queued or running prefill; it ends with CANCELLED
@@ -84,6 +85,12 @@ class Prefill:
 class Abort:
     TYPE: ClassVar[str] = "abort"
     request_id: str
+
+
+@dataclass(frozen=True)
+class WriterGone:
+    TYPE: ClassVar[str] = "writer_gone"
+    writer: str  # a prefill worker that is dead: none of its writes can land any more
 
 
 @dataclass(frozen=True)
@@ -163,7 +170,7 @@ class WorkerStats:
     resync: bool = False  # stored/removed overflowed: `stored` is the whole cache
 
 
-REQUESTS = {c.TYPE: c for c in (Open, Start, Release, Prefill, Abort, Watch, Stats, Flush)}
+REQUESTS = {c.TYPE: c for c in (Open, Start, Release, WriterGone, Prefill, Abort, Watch, Stats, Flush)}
 REPLIES = {c.TYPE: c for c in (Reserved, Token, Prefilled, Ack, WorkerStats)}
 
 

@@ -22,13 +22,12 @@ from __future__ import annotations
 import fcntl
 import mmap
 import os
-import secrets
 import struct
 import threading
 from collections.abc import Callable
 from contextlib import contextmanager
 
-from engine.shm import SHM_DIR, SHM_PREFIX
+from engine.shm import SHM_DIR, SHM_PREFIX, owned_name
 from tandem.status import LeaseLost, TransferFailed
 
 WORD = 8
@@ -50,7 +49,7 @@ class FenceTable:
 
     def __init__(self, num_slots: int):
         self.num_slots = num_slots
-        self.name = f"{SHM_PREFIX}fence-{os.getpid()}-{secrets.token_hex(4)}"
+        self.name = owned_name("fence")
         self.path = os.path.join(SHM_DIR, self.name)
         self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         os.ftruncate(self.fd, num_slots * WORD)

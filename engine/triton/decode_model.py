@@ -10,7 +10,7 @@ from engine.load import load_engine
 from engine.transports.host import PoolHost
 from engine.triton.common import Params, dispatch, pass_budget, setup_threads
 from engine.workers.decode import DecodeWorker
-from tandem.wire import Open, Release, Start, Stats, Watch
+from tandem.wire import Open, Release, Start, Stats, Watch, WriterGone
 
 
 def handlers(worker: DecodeWorker) -> dict:
@@ -18,6 +18,7 @@ def handlers(worker: DecodeWorker) -> dict:
         Open: worker.open,
         Start: lambda msg, sink: worker.start(msg),
         Release: lambda msg, sink: worker.release(msg),
+        WriterGone: lambda msg, sink: worker.writer_gone(msg.writer),
         Watch: lambda msg, sink: worker.watch(sink, msg.heartbeat_ms / 1000),
         Stats: lambda msg, sink: worker.stats(),
     }

@@ -126,11 +126,12 @@ class DecodeWorker:
         self.loop.wake()
         return Ack()
 
-    def writer_gone(self, writer: str) -> None:
+    def writer_gone(self, writer: str) -> Ack:
         """A prefill worker is dead: no write of it can land any more (frees its fenced leases)."""
         with self.lock:
             self.gone_writers.append(writer)
         self.loop.wake()
+        return Ack()
 
     def watch(self, sink: Responder, heartbeat_s: float) -> None:
         self.watchers.add(sink, heartbeat_s)

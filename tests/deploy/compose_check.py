@@ -24,7 +24,7 @@ import subprocess
 import sys
 import time
 
-from tests.deploy.compose_stack import Stack, http_status, sh
+from tests.deploy.compose_stack import Stack, sh
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PROMPT = "Explain in a few sentences why the sky is blue."
@@ -140,21 +140,12 @@ def crash_mid_stream(stack: Stack, expected: str, max_tokens: int) -> str:
     return outcome + "; decode restarted, stack healthy again"
 
 
-def image_id(tag: str) -> str | None:
-    out = subprocess.run(["docker", "image", "inspect", tag, "--format", "{{.Id}}"], capture_output=True, text=True)
-    return out.stdout.strip() or None
-
-
 def build(image: str, base: str) -> tuple[str, str]:
-    """Build the image; drop the build it superseded when nothing else holds it. (seconds, size)."""
-    old = image_id(image)
+    """Build the image (deploy/build-image drops the build it superseded); (seconds, size)."""
     start = time.monotonic()
     subprocess.run([os.path.join(ROOT, "deploy", "build-image"), "--base", base, "--tag", image], check=True,
                    stdout=subprocess.DEVNULL)
     seconds = time.monotonic() - start
-    new = image_id(image)
-    if old and old != new:
-        subprocess.run(["docker", "rmi", old], capture_output=True)  # refuses if a tag or container holds it
     size = int(sh(["docker", "image", "inspect", image, "--format", "{{.Size}}"]))
     return f"{seconds:.0f} s", f"{size / 2**30:.2f} GiB"
 

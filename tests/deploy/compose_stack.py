@@ -14,8 +14,6 @@ import shutil
 import subprocess
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 
 SECRET_UID = 1000  # the images' user: the secret file is handed to it, readable by it alone
@@ -26,17 +24,6 @@ def sh(argv: list[str], env: dict | None = None, check: bool = True, timeout: fl
     if check and proc.returncode != 0:
         raise RuntimeError(f"`{' '.join(argv)}` failed ({proc.returncode}): {proc.stderr.strip()[-1500:]}")
     return proc.stdout
-
-
-def http_status(url: str, timeout: float = 3.0) -> int:
-    """The HTTP status of GET url, 0 when nothing answers."""
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:
-            return r.status
-    except urllib.error.HTTPError as e:
-        return e.code
-    except (OSError, ValueError):
-        return 0
 
 
 @dataclass

@@ -69,8 +69,9 @@ class WorkerChannel:
         try:
             while True:
                 try:
-                    item = await asyncio.wait_for(queue.get(), timeout)
-                except asyncio.TimeoutError:
+                    async with asyncio.timeout(timeout):  # not wait_for: it can lose a cancel (see paths.py)
+                        item = await queue.get()
+                except TimeoutError:
                     raise Unavailable(f"{self.model} at {self.url} sent nothing for {timeout:.1f}s "
                                       f"(stalled?)") from None
                 if item is _END:

@@ -160,12 +160,11 @@ class Fleet:
 
     async def wait_change(self, version: int, deadline: float) -> bool:
         """Sleep until the version moves past `version` or `deadline` (monotonic). False on the deadline."""
-        async with self._cond:
-            try:
-                await asyncio.wait_for(self._cond.wait_for(lambda: self.version != version),
-                                       max(0.0, deadline - time.monotonic()))
-            except asyncio.TimeoutError:
-                return False
+        try:
+            async with asyncio.timeout_at(deadline), self._cond:  # monotonic, like the loop's clock
+                await self._cond.wait_for(lambda: self.version != version)
+        except TimeoutError:
+            return False
         return True
 
     async def close(self) -> None:

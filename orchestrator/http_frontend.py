@@ -58,6 +58,9 @@ class HttpFrontend:
             return error_response(e)
         except web.HTTPException:
             raise
+        except ConnectionError:  # the client went away while we answered: normal, not an error
+            log.debug("client of %s went away", request.path)
+            return web.Response(status=499)
         except Exception as e:  # a bug: 500 with the log holding the traceback, never a client error
             log.exception("internal error serving %s", request.path)
             return error_response(Internal(f"internal error ({type(e).__name__}); see the server log"))

@@ -176,10 +176,13 @@ async def _until(tokens: AsyncIterator[Token], deadline: float) -> AsyncIterator
     try:
         while True:
             try:
-                tok = await asyncio.wait_for(tokens.__anext__(), max(0.0, deadline - time.monotonic()))
+                # asyncio.timeout, not wait_for: wait_for runs the await in another task and can lose a
+                # cancel that arrives as that task ends (the request would go on for a client that left)
+                async with asyncio.timeout_at(deadline):
+                    tok = await tokens.__anext__()
             except StopAsyncIteration:
                 return
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 raise DeadlineExceeded("the request's deadline passed before it finished") from None
             yield tok
     finally:

@@ -7,8 +7,10 @@ open-file-description (OFD) byte-range locks on the slot's 8 bytes:
 
 - writer, for every layer it writes: take a *read* lock on its slot, check that the word still holds its
   epoch (else LeaseLost: the pages were taken back), copy the layer's pages, drop the lock;
-- decode worker, to revoke: take the *write* lock on the slot, set the word to 0, drop the lock. After
-  that, a writer's next check fails, and no copy can be in flight: one would hold the read lock.
+- decode worker, to revoke: set the word to 0 (from then on every check fails), then take the *write*
+  lock on the slot and drop it. Once it has had the lock no copy can be in flight: one would hold the
+  read lock. (Clearing the word first means a busy writer cannot starve the revoke by taking read
+  locks layer after layer: its very next check fails.)
 
 A revoke that finds the slot locked (a copy in flight right now) does not wait on the loop thread:
 `revoke` returns False and a helper thread waits for the lock, so that pages of a writer that is stopped
@@ -77,9 +79,9 @@ class FenceTable:
         on_done(slot)
 
     def _clear(self, slot: int, wait: bool) -> bool:
-        if not _lock(self.fd, fcntl.F_WRLCK, slot, wait):
+        struct.pack_into("<Q", self.words, slot * WORD, 0)  # no new check can pass ...
+        if not _lock(self.fd, fcntl.F_WRLCK, slot, wait):  # ... and once we hold the lock, no copy is in flight
             return False
-        struct.pack_into("<Q", self.words, slot * WORD, 0)
         _lock(self.fd, fcntl.F_UNLCK, slot, wait=True)
         return True
 

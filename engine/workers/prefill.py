@@ -92,7 +92,8 @@ class PrefillWorker:
         self.host = host_identity()
         self.senders: dict[str, KVSender] = {}
         self.layout = engine.kv_layout()
-        self.queue: list[_Item] = []
+        self.queue: list[_Item] = []  # waiting for a pass
+        self.active: dict[str, _Item] = {}  # every request not yet answered (queued or in a pass), by id
         self.lock = threading.Lock()
         self._order = itertools.count()
         self._long_turn = False
@@ -110,19 +111,21 @@ class PrefillWorker:
         seq = self.engine.new_sequence(msg.request_id, msg.prompt_ids, msg.sampling, msg.output_ids)
         chunked = self.engine.cache is not None and seq.num_tokens > self.pass_tokens
         writer = self._writer(msg) if msg.destination is not None else DiscardWriter()
+        item = _Item(next(self._order), msg, seq, writer, sink, chunked, time.perf_counter())
         with self.lock:
-            self.queue.append(_Item(next(self._order), msg, seq, writer, sink, chunked, time.perf_counter()))
+            self.queue.append(item)
+            self.active[msg.request_id] = item
         self.loop.wake()
 
     def abort(self, request_id: str) -> Ack:
         """Stop a queued or running prefill; its request ends with CANCELLED. Its writer writes no more."""
         with self.lock:
-            items = [it for it in self.queue if it.msg.request_id == request_id]
-            for it in items:
+            it = self.active.get(request_id)
+            if it is not None:
                 it.aborted = True
-                it.writer.stop()
+                it.writer.stop()  # the pass it may be in writes none of its layers from now on
         self.loop.wake()
-        return Ack(found=bool(items))
+        return Ack(found=it is not None)
 
     def watch(self, sink: Responder, heartbeat_s: float) -> None:
         self.watchers.add(sink, heartbeat_s)
@@ -166,12 +169,19 @@ class PrefillWorker:
         gone = [it for it in self.queue if it.aborted or it.sink.cancelled()]
         for it in gone:
             self.queue.remove(it)
+            it.aborted = True
         return gone
 
     def _end_cancelled(self, it: _Item) -> None:
         it.writer.abort()
         self.engine.release(it.seq)  # a long prompt's local chunk pages
+        self._done(it)
         it.sink.fail(Cancelled(f"prefill of {it.msg.request_id} was aborted"))
+
+    def _done(self, it: _Item) -> None:
+        with self.lock:
+            if self.active.get(it.msg.request_id) is it:
+                del self.active[it.msg.request_id]
 
     def _pack(self, shorts: list[_Item]) -> list[_Item]:
         """The oldest waiting prompt, then the shortest others that fit the pass."""
@@ -191,6 +201,7 @@ class PrefillWorker:
         except Exception as e:  # a failed pass fails its requests, not the worker
             for it in group:
                 it.writer.abort()
+                self._done(it)
                 it.sink.fail(e)
             return
         compute = time.perf_counter() - t0
@@ -210,6 +221,7 @@ class PrefillWorker:
                         self.queue.append(it)  # others hold the pool; try again after them
                     return
                 it.writer.abort()
+                self._done(it)
                 it.sink.fail(e)
                 return
         n = min(self.chunk_tokens, seq.num_tokens - seq.num_cached)
@@ -219,6 +231,7 @@ class PrefillWorker:
         except Exception as e:  # a failed chunk must not hold pages or leave the writer open
             engine.release(seq)
             it.writer.abort()
+            self._done(it)
             it.sink.fail(e)
             return
         it.compute_s += time.perf_counter() - t0
@@ -238,6 +251,7 @@ class PrefillWorker:
             return
         token, logprob = out
         t1 = time.perf_counter()
+        self._done(it)
         try:
             it.writer.finish()
         except TandemError as e:  # LeaseLost (the decode side took its pages back) or TransferFailed

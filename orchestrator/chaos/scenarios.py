@@ -1,0 +1,138 @@
+"""The faults, one class each: `inject(harness)` hurts the deployment, returns when the fault is over
+(a kill is over at once, a stop when the process is resumed), and returns what it measured.
+
+    kill-prefill / kill-decode    SIGKILL of worker N's process group
+    stop-prefill / stop-decode    SIGSTOP for stop_s, then SIGCONT (the supervisor may replace it first)
+    cancel-storm                  `storm` streams whose clients walk away, half during prefill, half
+                                  while decoding; measures how soon the pages in use are back to idle
+    overload                      `capacity` requests at once (the normal load), then a burst of
+                                  `burst_factor` x capacity: refusals must be immediate 429s and the
+                                  accepted requests as fast as under normal load
+    backlog                       `backlog` long prompts at once: a prefill queue far longer than any
+                                  timer on the data path, with canaries and load going on
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+from dataclasses import dataclass
+
+import psutil
+
+from orchestrator.chaos.client import pages_in_use
+
+LONG_PROMPT = "Summarize the following records in one line. " + " ".join(
+    f"Record {i}: the valve at site {i % 9} read {200 + i} kPa at {i % 24}:00." for i in range(60))
+
+
+@dataclass(frozen=True)
+class Kill:
+    worker: str
+
+    @property
+    def name(self) -> str:
+        return f"kill-{self.worker}"
+
+    async def inject(self, h) -> dict:
+        return {"pid": h.target.kill(self.worker)}
+
+
+@dataclass(frozen=True)
+class Stop:
+    worker: str
+
+    @property
+    def name(self) -> str:
+        return f"stop-{self.worker}"
+
+    async def inject(self, h) -> dict:
+        pid = h.target.stop(self.worker)
+        await asyncio.sleep(h.cfg.stop_s)
+        h.target.resume(pid)
+        replaced = h.target.pid(self.worker) != pid
+        return {"pid": pid, "stopped_s": h.cfg.stop_s, "replaced_while_stopped": replaced}
+
+
+@dataclass(frozen=True)
+class CancelStorm:
+    name: str = "cancel-storm"
+
+    async def inject(self, h) -> dict:
+        idle = await pages_in_use(h.session, h.cfg.url)
+        n = h.cfg.storm
+        # half walk away while their long prompt is still in prefill, half a few tokens into the answer
+        jobs = [h.request("storm", LONG_PROMPT, 64, cancel_after_s=0.2, exact_length=True) for _ in range(n // 2)]
+        jobs += [h.request("storm", "Tell me a long story about a lighthouse keeper.", 200, cancel_after_s=2.0,
+                           exact_length=True) for _ in range(n - n // 2)]
+        outs = await asyncio.gather(*jobs)
+        last_gone = max(o.end for o in outs)
+        back = await _pages_back(h, idle, last_gone)
+        return {"streams": n, "pages_idle_before": idle, "pages_back_to_idle_s": back,
+                "cancelled": sum(o.status == "CLIENT_CANCELLED" for o in outs)}
+
+
+async def _pages_back(h, idle: float | None, since: float, timeout_s: float = 30.0) -> float | None:
+    """Seconds from `since` until the pages in use are back at `idle` (load and canaries still run, so
+    "idle" is what they hold: at most the pages of the requests they have in flight)."""
+    allowance = (h.cfg.load_clients + 2) * 8  # pages the background requests may hold at any moment
+    deadline = since + timeout_s
+    while time.monotonic() < deadline:
+        pages = await pages_in_use(h.session, h.cfg.url)
+        if pages is not None and pages <= (idle or 0) + allowance:
+            return max(0.0, time.monotonic() - since)
+        await asyncio.sleep(0.05)
+    return None
+
+
+@dataclass(frozen=True)
+class Overload:
+    name: str = "overload"
+
+    async def inject(self, h) -> dict:
+        cap = h.cfg.capacity
+        proc = _orchestrator(h)
+        rss0 = proc.memory_info().rss if proc else 0
+        normal = await asyncio.gather(*[h.request("burst", "Name a color.", 8) for _ in range(cap)])
+        burst = await asyncio.gather(*[h.request("burst", "Name a color.", 8) for _ in range(cap * h.cfg.burst_factor)])
+        refused = [o for o in burst if o.http == 429]
+        accepted = [o for o in burst if o.status == "OK"]
+        rss1 = proc.memory_info().rss if proc else 0
+        p50 = (lambda xs: statistics.median(xs) if xs else None)
+        return {"capacity": cap, "burst": len(burst), "refused": len(refused), "accepted": len(accepted),
+                "refusal_s_max": max((o.seconds for o in refused), default=None),
+                "normal_p50_s": p50([o.seconds for o in normal if o.status == "OK"]),
+                "accepted_p50_s": p50([o.seconds for o in accepted]),
+                "orchestrator_rss_growth_mb": (rss1 - rss0) / 1e6 if proc else None}
+
+
+def _orchestrator(h):
+    """The orchestrator process (the parent of the workers), to watch its memory."""
+    try:
+        return psutil.Process(h.target.pid(sorted(h.target.workers())[0])).parent()
+    except (psutil.Error, OSError, ValueError, IndexError):
+        return None
+
+
+@dataclass(frozen=True)
+class Backlog:
+    name: str = "backlog"
+
+    async def inject(self, h) -> dict:
+        t = time.monotonic()
+        outs = await asyncio.gather(*[h.request("backlog", LONG_PROMPT, 8) for _ in range(h.cfg.backlog)])
+        return {"prompts": len(outs), "completed": sum(o.status == "OK" for o in outs),
+                "backlog_s": time.monotonic() - t}
+
+
+def make(name: str):
+    """A scenario by name: kill-<worker>, stop-<worker> (e.g. kill-decode-0), cancel-storm, overload, backlog."""
+    for prefix, cls in (("kill-", Kill), ("stop-", Stop)):
+        if name.startswith(prefix):
+            return cls(name[len(prefix):])
+    fixed = {"cancel-storm": CancelStorm, "overload": Overload, "backlog": Backlog}
+    if name not in fixed:
+        raise ValueError(f"unknown scenario {name!r}; allowed: kill-<worker>, stop-<worker>, {', '.join(fixed)}")
+    return fixed[name]()
+

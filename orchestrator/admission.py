@@ -15,15 +15,19 @@ from tandem.status import ResourceExhausted
 
 @dataclass
 class Admission:
-    max_in_flight: int = 256
-    max_queued_tokens: int = 65536
+    max_in_flight: int = 64
+    max_queued_tokens: int = 32768
     in_flight: int = 0
     queued_tokens: int = 0
 
-    def admit(self, prompt_tokens: int) -> "Ticket":
+    def check(self) -> None:
+        """Refuse at once, before any work (tokenizing) is spent on a request that cannot be admitted."""
         if self.in_flight >= self.max_in_flight:
             raise ResourceExhausted(f"{self.in_flight} requests in flight (limit {self.max_in_flight}); "
                                     f"retry after a moment")
+
+    def admit(self, prompt_tokens: int) -> "Ticket":
+        self.check()
         if self.queued_tokens and self.queued_tokens + prompt_tokens > self.max_queued_tokens:
             raise ResourceExhausted(f"{self.queued_tokens} prompt tokens are queued (limit {self.max_queued_tokens}); "
                                     f"retry after a moment")

@@ -37,6 +37,7 @@ class _Stream:
     def __init__(self):
         self.outbox: asyncio.Queue = asyncio.Queue()
         self.pending: dict[str, asyncio.Queue] = {}
+        self.orphans: dict[str, object] = {}  # abandoned calls: rid -> callback(reply) for what still comes
         self.reader: asyncio.Task | None = None
 
     def fail_all(self, error: TandemError) -> None:
@@ -63,9 +64,14 @@ class WorkerChannel:
             return body
         raise Unavailable(f"{self.model} at {self.url} ended the call without a reply")
 
-    async def stream(self, msg, timeout: float | None = None) -> AsyncIterator:
-        """Each reply body of one request until its final one. `timeout` bounds each wait for a reply."""
+    async def stream(self, msg, timeout: float | None = None, on_orphan=None) -> AsyncIterator:
+        """Each reply body of one request until its final one. `timeout` bounds each wait for a reply.
+
+        `on_orphan(body)`: if the caller stops listening before the final reply, it is called with every
+        OK reply body that still arrives for the call (a reservation made for a request that is gone must
+        still be released: only its reply says which lease it is)."""
         stream, rid, queue = self._submit(msg)
+        finished = False
         try:
             while True:
                 try:
@@ -75,18 +81,36 @@ class WorkerChannel:
                     raise Unavailable(f"{self.model} at {self.url} sent nothing for {timeout:.1f}s "
                                       f"(stalled?)") from None
                 if item is _END:
+                    finished = True
                     return
                 if isinstance(item, BaseException):
+                    finished = True
                     raise item
                 reply, final = item
                 if reply.status is not Status.OK:
+                    finished = True
                     raise error_for(reply.status, reply.message)
                 if reply.body is not None:
+                    if final:
+                        finished = True
                     yield reply.body
                 if final:
+                    finished = True
                     return
         finally:
-            stream.pending.pop(rid, None)
+            if stream.pending.pop(rid, None) is not None and not finished and on_orphan is not None:
+                self._adopt(stream, rid, queue, on_orphan)
+
+    @staticmethod
+    def _adopt(stream: _Stream, rid: str, queue: asyncio.Queue, on_orphan) -> None:
+        """Hand what the abandoned call already received, and whatever comes later, to on_orphan."""
+        while not queue.empty():
+            item = queue.get_nowait()
+            if isinstance(item, tuple) and item[0].status is Status.OK and item[0].body is not None:
+                on_orphan(item[0].body)
+            if item is _END or isinstance(item, BaseException) or (isinstance(item, tuple) and item[1]):
+                return  # it already ended
+        stream.orphans[rid] = on_orphan
 
     def send(self, msg) -> None:
         """Post a call without waiting for its reply (best effort: lost if the stream is broken)."""
@@ -142,11 +166,16 @@ class WorkerChannel:
 
     def _dispatch(self, stream: _Stream, resp: pb.ModelStreamInferResponse) -> None:
         r = resp.infer_response
-        queue = stream.pending.get(r.id)
-        if queue is None:
-            return  # a call nobody waits for any more (sent with send(), or abandoned)
         final_p = r.parameters.get("triton_final_response")
         final = bool(final_p and final_p.bool_param)
+        queue = stream.pending.get(r.id)
+        if queue is None:
+            orphan = stream.orphans.pop(r.id, None) if final else stream.orphans.get(r.id)
+            if orphan is not None and r.raw_output_contents and not resp.error_message:
+                reply = _reply(r.raw_output_contents[0])
+                if reply.status is Status.OK and reply.body is not None:
+                    orphan(reply.body)
+            return  # a call nobody waits for any more (sent with send(), or abandoned)
         if resp.error_message:  # Triton itself refused the request (model not ready, bad tensors, ...)
             queue.put_nowait(Unavailable(f"{self.model} at {self.url}: {resp.error_message}"))
             return

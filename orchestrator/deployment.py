@@ -11,7 +11,7 @@
     chunk_tokens: 256              # chunked mode: prompt tokens mixed into each decode step
     front_door: {host: 127.0.0.1, grpc_port: 8001, http_port: 8000, model_name: ensemble,
                  served_model_name: null}   # OpenAI model id; null: the model's own name
-    limits: {max_in_flight: 256, max_queued_tokens: 65536, request_timeout_s: 600}
+    limits: {max_in_flight: 64, max_queued_tokens: 32768, request_timeout_s: 600}
     health: {heartbeat_s: 2.0, stall_s: 4.0, stall_restart_s: 10, drain_grace_s: 30}
     handoff: {transfer_timeout_s: 30, fence_timeout_s: 60}   # the only timers left on the data path
 
@@ -49,8 +49,10 @@ class FrontDoor(_Strict):
 
 
 class Limits(_Strict):
-    max_in_flight: int = Field(256, ge=1)  # requests admitted at once; more get 429 / RESOURCE_EXHAUSTED
-    max_queued_tokens: int = Field(65536, ge=1)  # prompt tokens waiting for their first token
+    # requests admitted at once; more get 429 / RESOURCE_EXHAUSTED (two CPU cores stream ~64 answers well)
+    max_in_flight: int = Field(64, ge=1)
+    # prompt tokens waiting for their first token (~1 minute of prefill on one core here)
+    max_queued_tokens: int = Field(32768, ge=1)
     request_timeout_s: float = Field(600.0, gt=0)  # default deadline of a request (every wait is bounded by it)
     max_body_bytes: int = Field(16 << 20, ge=1024)  # HTTP bodies over this are refused before being read whole
     max_prompt_chars: int = Field(1 << 20, ge=1)  # refused before tokenizing

@@ -48,6 +48,7 @@ class Orchestrator:
     async def prepare(self, req: GenerationRequest) -> Prepared:
         if self.draining:
             raise Unavailable("the server is shutting down; send the request to another replica")
+        self.admission.check()
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._pool, prepare, req, self.tokenizer, self.limits)
 

@@ -43,8 +43,19 @@ class DecodeClient(WorkerClient):
     model = "decode"
 
     def open(self, msg: Open) -> AsyncIterator[Reserved | Token]:
-        """Reserved first (remote prefill), then the request's tokens after Start; ends with the request."""
-        return self.channel.stream(msg)
+        """Reserved first (remote prefill), then the request's tokens after Start; ends with the request.
+
+        A caller that stops listening before the end releases what it knows of; a reservation whose reply
+        it never saw is released here when that reply arrives (no writer was ever given its pages)."""
+        released = []
+
+        def orphaned(body) -> None:
+            if not released:
+                released.append(True)
+                lease = body.lease if isinstance(body, Reserved) else ""
+                self.release(msg.request_id, lease, writer_closed=True)
+
+        return self.channel.stream(msg, on_orphan=orphaned)
 
     async def start(self, msg: Start) -> Ack:
         return await self.channel.call(msg, CONTROL_TIMEOUT_S)

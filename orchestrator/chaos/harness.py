@@ -62,7 +62,8 @@ class Harness:
         self.outcomes: list[Outcome] = []
         self.windows: list[Window] = []
         self._stop = asyncio.Event()
-        self.session: aiohttp.ClientSession | None = None
+        self.session: aiohttp.ClientSession | None = None  # canaries, load, metrics
+        self.crowd: aiohttp.ClientSession | None = None  # storms, bursts, backlogs
 
     def record(self, out: Outcome) -> Outcome:
         ref = self.references.get(out.prompt)
@@ -73,7 +74,10 @@ class Harness:
 
     async def request(self, kind: str, prompt: str, max_tokens: int, cancel_after_s: float | None = None,
                       exact_length: bool = False) -> Outcome:
-        return self.record(await complete(self.session, self.cfg.url, kind, prompt, max_tokens, cancel_after_s,
+        # storms and bursts open a connection each (no pool, no limit): a client that goes away closes
+        # its connection, and a burst is not queued on our side before it reaches the server
+        session = self.session if kind in ("canary", "load") else self.crowd
+        return self.record(await complete(session, self.cfg.url, kind, prompt, max_tokens, cancel_after_s,
                                           self.cfg.request_timeout_s, exact_length))
 
     async def _load(self, i: int) -> None:
@@ -101,7 +105,9 @@ class Harness:
     async def run(self, scenarios: list) -> dict:
         from orchestrator.chaos.report import summarize
 
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None)) as session:
+        crowd = aiohttp.TCPConnector(limit=0, force_close=True)
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None)) as session, \
+                aiohttp.ClientSession(connector=crowd, timeout=aiohttp.ClientTimeout(total=None)) as self.crowd:
             self.session = session
             t0 = time.monotonic()
             background = [asyncio.ensure_future(self._load(i)) for i in range(self.cfg.load_clients)]
@@ -124,6 +130,8 @@ class Harness:
         w.details = await scenario.inject(self) or {}
         w.fault_end = time.monotonic()
         w.recovered_at = await self._recovered(w.fault_end)
+        if hasattr(scenario, "after"):
+            await scenario.after(self, w.details, w.start)
         log.info("fault %s: %s", scenario.name, "recovered" if w.recovered_at else "did NOT recover")
 
     async def _recovered(self, since: float) -> float | None:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import psutil
 
-from orchestrator.chaos.client import pages_in_use
+from orchestrator.chaos.client import health, pages_in_use
 
 LONG_PROMPT = "Summarize the following records in one line. " + " ".join(
     f"Record {i}: the valve at site {i % 9} read {200 + i} kPa at {i % 24}:00." for i in range(60))
@@ -36,7 +36,30 @@ class Kill:
         return f"kill-{self.worker}"
 
     async def inject(self, h) -> dict:
-        return {"pid": h.target.kill(self.worker)}
+        return {"pid": h.target.kill(self.worker), "requests_before": await routed(h, self.worker)}
+
+    async def after(self, h, details: dict, since: float) -> None:
+        """How soon the replacement is routed to again (its request counter moves past the kill's)."""
+        deadline = since + 90.0
+        while time.monotonic() < deadline:
+            n = await routed(h, self.worker)
+            if n is not None and n > (details["requests_before"] or 0):
+                details["routed_again_s"] = time.monotonic() - since
+                return
+            await asyncio.sleep(0.25)
+        details["routed_again_s"] = None
+
+
+async def routed(h, worker: str) -> float | None:
+    """Requests the orchestrator has sent to `worker`, from its /metrics."""
+    try:
+        async with h.session.get(f"{h.cfg.url}/metrics") as r:
+            text = await r.text()
+    except (OSError, asyncio.TimeoutError):
+        return None
+    tag = f'worker="{worker}"'
+    return sum(float(line.split()[-1]) for line in text.splitlines()
+               if line.startswith("tandem_worker_requests_total{") and tag in line)
 
 
 @dataclass(frozen=True)
@@ -49,10 +72,24 @@ class Stop:
 
     async def inject(self, h) -> dict:
         pid = h.target.stop(self.worker)
-        await asyncio.sleep(h.cfg.stop_s)
+        t = time.monotonic()
+        unhealthy = await _health_turns(h, False, t + h.cfg.stop_s)
+        await asyncio.sleep(max(0.0, t + h.cfg.stop_s - time.monotonic()))
         h.target.resume(pid)
-        replaced = h.target.pid(self.worker) != pid
-        return {"pid": pid, "stopped_s": h.cfg.stop_s, "replaced_while_stopped": replaced}
+        resumed = time.monotonic()
+        healthy = await _health_turns(h, True, resumed + 60.0)
+        return {"pid": pid, "stopped_s": h.cfg.stop_s, "replaced_while_stopped": h.target.pid(self.worker) != pid,
+                "health_503_after_s": None if unhealthy is None else unhealthy - t,
+                "health_200_after_resume_s": None if healthy is None else max(0.0, healthy - resumed)}
+
+
+async def _health_turns(h, want: bool, deadline: float) -> float | None:
+    """When /health first says `want` (True: 200) before `deadline`, else None."""
+    while time.monotonic() < deadline:
+        if await health(h.session, h.cfg.url) == want:
+            return time.monotonic()
+        await asyncio.sleep(0.1)
+    return None
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,88 @@
+"""Hostile or odd input gets a clear 400 or a correct answer, never a 500 and never silence."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+
+import numpy as np
+import tritonclient.grpc as grpcclient
+
+from engine.generate import run_generation
+from tandem.sampling import SamplingParams
+from tests.serve.clients import grpc_stream, post
+
+EOS_FIRST = "Write one sentence about the sea."  # without the chat template, greedy answers EOS at once
+
+
+def raw_post(url: str, path: str, data: bytes, headers: dict | None = None) -> tuple[int, dict]:
+    req = urllib.request.Request(url + path, data=data, headers={"Content-Type": "application/json", **(headers or {})})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def test_malformed_json_is_a_400_naming_the_problem(served):
+    cases = [
+        (b'{"prompt": "\\ud800", "max_tokens": 2}', "lone surrogate"),
+        (b'{"prompt": ' + b"[" * 5000 + b"]" * 5000 + b"}", "nested too deeply"),
+        (b'{"prompt": "hi", "max_tokens": 2' + b"}" * 1, None),  # a valid body for contrast
+    ]
+    for body, message in cases:
+        status, reply = raw_post(served.http, "/v1/completions", body)
+        if message is None:
+            assert status == 200, reply
+        else:
+            assert status == 400 and message in reply["error"]["message"], (body[:40], reply)
+    status, reply = raw_post(served.http, "/v1/chat/completions",
+                             b'{"messages": [{"role": "user", "content": "\\udfff"}]}')
+    assert status == 400 and "lone surrogate" in reply["error"]["message"]
+
+
+def test_kserve_integers_out_of_range_are_refused_not_wrapped(served):
+    body = {"inputs": [{"name": "text_input", "datatype": "BYTES", "shape": [1, 1], "data": ["hi"]},
+                       {"name": "max_tokens", "datatype": "INT32", "shape": [1, 1], "data": [3_000_000_000]}]}
+    status, reply = raw_post(served.http, "/v2/models/ensemble/infer", json.dumps(body).encode())
+    assert status == 400 and "3000000000 is not a INT32" in reply["error"]["message"], reply
+    body["inputs"][1]["data"] = [True]
+    status, reply = raw_post(served.http, "/v2/models/ensemble/infer", json.dumps(body).encode())
+    assert status == 400 and "is not a INT32" in reply["error"]["message"], reply
+
+
+def test_unsupported_openai_fields_are_refused_never_ignored(served):
+    base = {"prompt": "hi", "max_tokens": 2}
+    for extra, field in [({"n": 2}, "n"), ({"best_of": 3}, "best_of"), ({"echo": True}, "echo"),
+                         ({"logprobs": 2}, "logprobs"), ({"suffix": "x"}, "suffix")]:
+        status, reply = post(served.http, "/v1/completions", base | extra)
+        assert status == 400 and reply["error"]["param"] == field, (extra, reply)
+    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    for extra, field in [({"response_format": {"type": "json_object"}}, "response_format"),
+                         ({"logprobs": True, "top_logprobs": 2}, "logprobs")]:
+        status, reply = post(served.http, "/v1/chat/completions", chat | extra)
+        assert status == 400 and reply["error"]["param"] == field, (extra, reply)
+    status, reply = post(served.http, "/v1/chat/completions", chat | {"response_format": {"type": "text"}, "n": 1})
+    assert status == 200, reply  # the values that ask for nothing are accepted
+
+
+def test_an_answer_whose_first_token_ends_it_still_gets_a_response_on_a_grpc_stream(served, default_engine):
+    want = run_generation(default_engine, default_engine.tokenizer.encode(EOS_FIRST), SamplingParams(max_tokens=8))
+    assert len(want.token_ids) == 1 and want.text == ""  # greedy: end of sequence first
+    c = grpcclient.InferenceServerClient(served.grpc)
+    got = []
+    c.start_stream(callback=lambda result, error: got.append((result, error)))
+    try:
+        t = [grpcclient.InferInput(n, [1, 1], d) for n, d in (("text_input", "BYTES"), ("max_tokens", "INT32"),
+                                                               ("stream", "BOOL"))]
+        t[0].set_data_from_numpy(np.array([[EOS_FIRST.encode()]], dtype=np.object_))
+        t[1].set_data_from_numpy(np.array([[8]], dtype=np.int32))
+        t[2].set_data_from_numpy(np.array([[True]]))
+        c.async_stream_infer("ensemble", t, request_id="eos")  # no empty-final-response flag asked for
+    finally:
+        c.stop_stream()  # waits for the stream to finish
+        c.close()
+    assert len(got) == 1 and got[0][1] is None, got
+    assert got[0][0].as_numpy("text_output")[0][0] == b""
+    assert "".join(grpc_stream(served.grpc, EOS_FIRST, 8)) == ""  # and with the flag: one final response

@@ -22,31 +22,45 @@ from engine.config import ModelConfig
 from engine.errors import InvalidRequest
 from engine.kv_pool import TORCH_DTYPES, KVCache, PageAllocator
 from engine.model import LlamaModel
+from engine.prefix_cache import PrefixCache
 from engine.sampling import sample
 from tandem.sampling import SamplingParams
 from engine.sequence import FinishReason, Sequence
 from engine.tokenizer import Tokenizer
 from tandem.kv_layout import KVLayout
+from tandem.prefix import engine_salt
 
 TokenOut = tuple[int, float | None]  # (token id, logprob if asked)
 
 
 class Engine:
-    def __init__(self, model: LlamaModel, tokenizer: Tokenizer, cache: KVCache | None, tokens_per_page: int = 16):
-        """`tokens_per_page` is the page size when there is no pool yet (the KV layout peers must match)."""
+    def __init__(self, model: LlamaModel, tokenizer: Tokenizer, cache: KVCache | None, tokens_per_page: int = 16,
+                 identity: str = "", prefix_cache: bool = True):
+        """`tokens_per_page` is the page size when there is no pool yet (the KV layout peers must match).
+        `identity` names the weights (e.g. the manifest's digest): prefix-cache pages of engines with
+        different identities never match. `prefix_cache` False: the pool keeps no page after its request."""
         self.model = model
         self.tokens_per_page = cache.layout.tokens_per_page if cache is not None else tokens_per_page
         self.cfg: ModelConfig = model.cfg
         self.tokenizer = tokenizer
-        self.cache = cache
-        self.allocator = PageAllocator(cache.num_pages) if cache is not None else None
+        self.identity = identity or f"config:{self.cfg}"
+        self.salt = engine_salt(self.identity, self.kv_layout().to_dict())
+        self.cache = None
+        self.allocator: PageAllocator | None = None
+        self.prefix: PrefixCache | None = None
+        if cache is not None:
+            self._use_pool(cache, prefix_cache)
         self.eos_ids = frozenset(self.cfg.eos_token_ids) | (
             {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set())
 
-    def attach_pool(self, num_pages: int) -> None:
+    def attach_pool(self, num_pages: int, prefix_cache: bool = True) -> None:
         """Give an engine loaded without a KV pool (a prefill worker) a local one of num_pages pages."""
-        self.cache = KVCache(self.kv_layout(), num_pages, self.device)
-        self.allocator = PageAllocator(num_pages)
+        self._use_pool(KVCache(self.kv_layout(), num_pages, self.device), prefix_cache)
+
+    def _use_pool(self, cache: KVCache, prefix_cache: bool) -> None:
+        self.cache = cache
+        self.allocator = PageAllocator(cache.num_pages, prefix_cache=prefix_cache)
+        self.prefix = PrefixCache(self.allocator, self.tokens_per_page, self.salt)
 
     @property
     def device(self) -> torch.device:

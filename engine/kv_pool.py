@@ -180,6 +180,21 @@ class PageAllocator:
         self._misses += len(hashes) - len(pages)
         return pages
 
+    def allocate_prefixed(self, hashes: list[bytes], n: int) -> tuple[list[int], int]:
+        """n pages whose leading ones hold the longest cached run of `hashes` (each with a new reference);
+        returns (pages, how many were matched). All-or-nothing: on OutOfPages nothing changed, not even
+        the hit counters. The matched pages are never the ones evicted to make room for the rest."""
+        run = self._leading_run(hashes[:n]) if self.enabled else []
+        idle = sum(1 for p in run if self._refs[p] == 0)  # matching takes these out of the reclaimable set
+        if n - len(run) > len(self._free) + len(self._lru) - idle:
+            raise OutOfPages(n - len(run), len(self._free) + len(self._lru) - idle)
+        matched = self.match(hashes[:n])  # the same run: nothing changed since it was looked up
+        return matched + self.allocate(n - len(matched)), len(matched)
+
+    def held_hashes(self) -> list[bytes]:
+        """Every hash the pool holds (in use or cached), oldest commit first; changes nothing."""
+        return list(self._page_of)
+
     def peek(self, hashes: list[bytes]) -> int:
         """How many pages `match(hashes)` would return now; changes nothing."""
         return len(self._leading_run(hashes)) if self.enabled else 0

@@ -24,6 +24,8 @@ class Sequence:
     max_context: int
     page_table: list[int] = field(default_factory=list)
     num_cached: int = 0  # leading tokens whose K/V are already in pages
+    page_hashes: list[bytes] = field(default_factory=list)  # prefix-cache names of its full pages so far
+    committed: int = 0  # leading pages already named in the pool's prefix cache (engine/prefix_cache.py)
     output_ids: list[int] = field(default_factory=list)
     output_logprobs: list[float] = field(default_factory=list)
     finish_reason: FinishReason | None = None

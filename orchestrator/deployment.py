@@ -4,7 +4,8 @@
     engines: engines/smollm2-135m  # optional: a folder with prefill/ and decode/ role engines
     mode: disaggregated            # or colocated / chunked (the baselines)
     prefill: {count: 1}            # local Triton instances to start ...
-    decode: {count: 1, urls: []}   # ... and/or running ones elsewhere (host:grpc_port)
+    decode: {count: 1, urls: []}   # ... and/or running ones elsewhere (host:grpc_port), or
+                                   # dns: name:port (each address it resolves to; re-resolved every 5 s)
     replicas: 1                    # colocated / chunked: co-located workers, each on its own cores
     transport: shm                 # shm (one host), nixl, or auto (shm on one host, NIXL across hosts)
     router: least-loaded           # or round-robin
@@ -24,7 +25,7 @@ import os
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 
 class DeploymentError(ValueError):
@@ -37,7 +38,17 @@ class _Strict(BaseModel):
 
 class WorkerPool(_Strict):
     count: int = Field(1, ge=0, le=64)
-    urls: list[str] = []  # Triton gRPC endpoints of workers started elsewhere
+    urls: list[str] = []  # Triton gRPC endpoints (host:port) of workers started elsewhere (`tandem worker`)
+    dns: str | None = None  # host:port; every address the name resolves to is a worker (a headless Service)
+
+    @field_validator("urls")
+    @classmethod
+    def _host_port(cls, urls: list[str]) -> list[str]:
+        for u in urls:
+            host, _, port = u.rpartition(":")
+            if not host or not port.isdigit():
+                raise ValueError(f"worker URL {u!r} must be host:port (Triton's gRPC port)")
+        return urls
 
 
 class FrontDoor(_Strict):
@@ -92,8 +103,8 @@ class Deployment(_Strict):
         if self.mode == "disaggregated":
             for role in ("prefill", "decode"):
                 pool = getattr(self, role)
-                if pool.count + len(pool.urls) < 1:
-                    raise ValueError(f"disaggregated mode needs at least one {role} worker (count or urls)")
+                if pool.count + len(pool.urls) < 1 and not pool.dns:
+                    raise ValueError(f"disaggregated mode needs at least one {role} worker (count, urls or dns)")
         return self
 
     @property

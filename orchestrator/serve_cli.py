@@ -53,12 +53,25 @@ def serve_command(model, config_path, mode, prefill, decode, replicas, transport
     except DeploymentError as e:
         raise click.ClickException(str(e)) from None
     try:
-        asyncio.run(_serve(dep, workdir))
+        asyncio.run(_serve(dep, workdir, config_path, overrides))
     except DeploymentError as e:
         raise click.ClickException(str(e)) from None
 
 
-async def _serve(dep, workdir) -> None:
+async def _reload(stack, config_path, overrides) -> None:
+    """SIGHUP: read the deployment file again and follow its remote workers."""
+    from orchestrator.deployment import DeploymentError, load_deployment
+
+    try:
+        dep = load_deployment(config_path, overrides)
+    except DeploymentError as e:
+        click.echo(f"reload refused, keeping the running deployment: {e}", err=True)
+        return
+    await stack.reload(dep)
+    click.echo("reloaded the deployment's worker list", err=True)
+
+
+async def _serve(dep, workdir, config_path=None, overrides=None) -> None:
     from orchestrator.stack import Stack
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -67,6 +80,7 @@ async def _serve(dep, workdir) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(signal.SIGHUP, lambda: loop.create_task(_reload(stack, config_path, overrides)))
     try:
         await stack.start()
         fd = dep.front_door

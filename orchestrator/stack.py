@@ -22,6 +22,7 @@ from engine.shm import remove_orphaned_triton_regions, remove_stale_segments
 from engine.tokenizer import Tokenizer
 from orchestrator.admission import Admission
 from orchestrator.deployment import Deployment, DeploymentError
+from orchestrator.discovery import Discovery
 from orchestrator.fleet import Fleet
 from orchestrator.grpc_frontend import TritonProtocolServicer, start_grpc
 from orchestrator.http_frontend import HttpFrontend, start_http
@@ -34,6 +35,8 @@ from orchestrator.service import Orchestrator
 from orchestrator.supervisor import Supervisor
 from orchestrator.workers import WorkerSet
 from tandem.manifest import EngineManifest, ManifestError, check_pair, read_manifest
+from tandem.secret import PARAMETER as SECRET_PARAMETER
+from tandem.secret import load_secret
 
 log = logging.getLogger("tandem.serve")
 
@@ -79,6 +82,7 @@ class Stack:
         self.workers: WorkerSet | None = None
         self.fleet: Fleet | None = None
         self.supervisor: Supervisor | None = None
+        self.discovery: Discovery | None = None
         self.service: Orchestrator | None = None
         self.grpc = self.http = None
 
@@ -95,20 +99,25 @@ class Stack:
         for name in remove_stale_segments() + remove_orphaned_triton_regions():
             self.log(f"removed shared memory {name} left by a process that is gone")
         self.workers = WorkerSet(engines, self.workdir, counts, options)
-        self.log(f"starting {', '.join(f'{n} {r}' for r, n in counts.items() if n)} worker(s) ({dep.mode}) ...")
-        await loop.run_in_executor(None, self.workers.prepare)
-        for name in self.workers.specs:
-            self.workers.launch(name)  # on the loop's thread: workers are tied to the thread that starts them
-        await asyncio.gather(*[loop.run_in_executor(None, self.workers.wait_ready, name)
-                               for name in self.workers.specs])
+        if any(counts.values()):  # none: every worker is remote (`tandem worker` elsewhere)
+            self.log(f"starting {', '.join(f'{n} {r}' for r, n in counts.items() if n)} worker(s) ({dep.mode}) ...")
+            await loop.run_in_executor(None, self.workers.prepare)
+            for name in self.workers.specs:
+                self.workers.launch(name)  # on the loop's thread: workers are tied to the thread that starts them
+            await asyncio.gather(*[loop.run_in_executor(None, self.workers.wait_ready, name)
+                                   for name in self.workers.specs])
         self._record_workers()
         metrics = Metrics(dep.mode)
-        self.fleet = Fleet(dep.health.heartbeat_s, dep.health.stall_s, on_stats=metrics.record_worker)
+        secret = load_secret()
+        auth = ((SECRET_PARAMETER, secret),) if secret else ()
+        self.fleet = Fleet(dep.health.heartbeat_s, dep.health.stall_s, auth=auth, on_stats=metrics.record_worker)
         self.supervisor = Supervisor(self.workers, self.fleet, dep.health.stall_restart_s,
                                      on_restart=lambda name, server: self._record_workers())
         self.fleet.on_change = self.supervisor.on_health
-        for name, url, role in self._all_workers():
-            self.fleet.add(name, role, url)
+        for name, s in sorted(self.workers.servers.items()):
+            self.fleet.add(name, name.rsplit("-", 1)[0], s.grpc_url)
+        self.discovery = Discovery(self.fleet)
+        await self.discovery.start(dep)
         self.supervisor.start()
         path = make_path(dep.mode, self.fleet, ROUTERS[dep.router](), manifest.kv_layout, metrics, dep.max_retries)
         cfg = _model_config(engines)
@@ -118,21 +127,18 @@ class Stack:
                                     limits=Limits(cfg.max_position, cfg.vocab_size, lim.max_prompt_chars),
                                     admission=Admission(lim.max_in_flight, lim.max_queued_tokens),
                                     timeout_s=lim.request_timeout_s)
-        await self._until_ready()
+        if self.workers.servers:  # remote-only: /health says 503 until the workers answer, the front door is up
+            await self._until_ready()
         served = ServedModel(self.service, dep.front_door.model_name, served_name(dep, manifest))
         fd = dep.front_door
         self.grpc = await start_grpc(TritonProtocolServicer(served), fd.host, fd.grpc_port)
         self.http = await start_http(HttpFrontend(served, lim.max_body_bytes), fd.host, fd.http_port)
         self.served = served
 
-    def _all_workers(self) -> list[tuple[str, str, str]]:
-        """(name, gRPC URL, role) of every worker: the ones started here and the remote ones listed."""
-        out = [(name, s.grpc_url, name.rsplit("-", 1)[0]) for name, s in sorted(self.workers.servers.items())]
-        if self.dep.mode == "disaggregated":
-            for role in ("prefill", "decode"):
-                for i, url in enumerate(getattr(self.dep, role).urls):
-                    out.append((f"{role}-remote-{i}", url, role))
-        return out
+    async def reload(self, dep: Deployment) -> None:
+        """A new deployment file: follow its remote workers (everything else needs a restart)."""
+        await self.discovery.apply(dep)
+        self.dep = dep
 
     async def _until_ready(self, timeout_s: float = 60.0) -> None:
         """Wait until every role has a routable worker (their watches connected)."""
@@ -159,6 +165,8 @@ class Stack:
             await self.fleet.wait_change(self.fleet.version, min(deadline, time.monotonic() + 0.5))
 
     async def stop(self) -> None:
+        if self.discovery is not None:
+            await self.discovery.close()
         if self.supervisor is not None:
             await self.supervisor.close()
         if self.service is not None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -23,6 +24,7 @@ from dataclasses import dataclass, field
 
 from engine.checkpoint import cache_dir
 from engine.shm import remove_stale_segments
+from tandem.secret import is_loopback
 
 
 _PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # where `orchestrator` imports from
@@ -82,16 +84,23 @@ class TritonServer:
     log_dir: str | None = None
     env: dict = field(default_factory=dict)
     tied: bool = True  # the server gets SIGTERM if the thread that started it dies (no orphans)
+    host: str = "127.0.0.1"  # the address it listens on (beyond loopback: see command())
+    log_stdout: bool = False  # the server's log goes to our stdout (a container) instead of a file
     proc: subprocess.Popen | None = None
     shm_files: set = field(default_factory=set)  # /dev/shm files its processes mapped once ready
 
     @property
+    def local_host(self) -> str:
+        """Where this machine reaches it: its address, or loopback when it listens on every interface."""
+        return "127.0.0.1" if self.host in ("0.0.0.0", "::") else self.host
+
+    @property
     def grpc_url(self) -> str:
-        return f"127.0.0.1:{self.grpc_port}"
+        return f"{self.local_host}:{self.grpc_port}"
 
     @property
     def http_url(self) -> str:
-        return f"127.0.0.1:{self.http_port}"
+        return f"{self.local_host}:{self.http_port}"
 
     @property
     def log_path(self) -> str:
@@ -99,13 +108,26 @@ class TritonServer:
 
     def command(self) -> list[str]:
         root, _ = _pytriton_root()
+        h = self.host
         cmd = [os.path.join(root, "bin", "tritonserver"), f"--model-repository={os.path.abspath(self.repository)}",
                f"--backend-directory={backend_dir()}", "--model-control-mode=explicit",
-               "--grpc-address=127.0.0.1", f"--grpc-port={self.grpc_port}",
-               "--http-address=127.0.0.1", f"--http-port={self.http_port}",
-               "--metrics-address=127.0.0.1", f"--metrics-port={self.metrics_port}",
+               f"--grpc-address={h}", f"--grpc-port={self.grpc_port}",
+               f"--http-address={h}", f"--http-port={self.http_port}",
+               f"--metrics-address={h}", f"--metrics-port={self.metrics_port}",
                "--exit-timeout-secs=10", "--log-verbose=0", "--strict-readiness=true"]
-        return cmd + [f"--load-model={m}" for m in self.models]
+        return cmd + self._locked_admin() + [f"--load-model={m}" for m in self.models]
+
+    def _locked_admin(self) -> list[str]:
+        """Beyond loopback, Triton's admin APIs (model load/unload, shared-memory registration, traces,
+        logging, statistics, configs) answer only a header whose value is a random key made here and
+        given to no one: nobody can use them. Inference is guarded by the deployment secret, which the
+        models check (engine/triton/common.py); health and metadata stay open for probes."""
+        if is_loopback(self.host):
+            return []
+        groups = "model-repository,model-config,shared-memory,statistics,trace,logging"
+        key = secrets.token_hex(16)
+        return [f"--grpc-restricted-protocol={groups}:tandem-admin={key}",
+                f"--http-restricted-api={groups}:tandem-admin={key}"]
 
     def start(self, timeout_s: float = 180.0) -> "TritonServer":
         """Launch and wait until every model is ready (the server is stopped again on failure)."""
@@ -130,10 +152,11 @@ class TritonServer:
             wrap += ["--cpus", ",".join(map(str, self.cpus))]
         if self.tied:
             wrap += ["--tied", str(os.getpid())]
-        log = open(self.log_path, "w")
+        log = None if self.log_stdout else open(self.log_path, "w")
         self.proc = subprocess.Popen(wrap + ["--"] + self.command(), stdout=log, stderr=subprocess.STDOUT, env=env,
                                      start_new_session=True, cwd=_PROJECT_ROOT)
-        log.close()
+        if log is not None:
+            log.close()
         return self
 
     def wait_ready(self, timeout_s: float) -> None:

@@ -19,6 +19,7 @@ def _register() -> None:
     from orchestrator.bench.cli import bench_group
     from orchestrator.chaos.cli import chaos_command
     from orchestrator.serve_cli import chat_command, serve_command
+    from orchestrator.worker_cli import worker_command
     from orchestrator.workers_cli import workers_group
     from planner.cli import plan_command, profile_command
 
@@ -26,6 +27,7 @@ def _register() -> None:
     main.add_command(build_command)
     main.add_command(repo_command)
     main.add_command(workers_group)
+    main.add_command(worker_command)
     main.add_command(serve_command)
     main.add_command(chat_command)
     main.add_command(bench_group)

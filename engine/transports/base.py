@@ -57,6 +57,10 @@ class PoolEndpoint(ABC):
     def poll(self) -> Notices:
         return Notices()
 
+    def needs_progress(self) -> bool:
+        """True when this transport must be polled while writes to it may be in flight (see KVSender)."""
+        return False
+
     def close(self) -> None:
         return None
 
@@ -174,6 +178,15 @@ class KVSender(ABC):
 
     @abstractmethod
     def writer(self, dest: Destination, request_id: str) -> LayerWriter: ...
+
+    def progress_due(self) -> float | None:
+        """When (monotonic) `progress` should next be called; None: nothing is pending. Transports
+        without a progress thread of their own (NIXL over UCX's TCP) need it so that completed writes
+        and notices actually leave this process."""
+        return None
+
+    def progress(self) -> None:
+        return None
 
     def close(self) -> None:
         return None

@@ -60,6 +60,9 @@ class PoolHost:
         return Destination(transport=transport, pool=self.descriptor, page_ids=list(page_ids), slot=slot,
                            epoch=epoch, start=start)
 
+    def needs_progress(self, transport: str) -> bool:
+        return self.endpoints[transport].needs_progress()
+
     def strict(self, transport: str) -> bool:
         return self.endpoints[transport].strict_fence
 

@@ -31,6 +31,8 @@ from tandem.status import TransferFailed
 
 NAME = "nixl"
 STAGING_BYTES = 64 << 20  # registered staging for layers in flight; writers wait when it is full
+PROGRESS_EVERY_S = 0.002  # while notices may still be on their way out: progress UCX this often ...
+PROGRESS_FOR_S = 0.5  # ... for this long after the last one (seen: a notice left within a few ms)
 
 
 def _agent(name: str):
@@ -79,6 +81,9 @@ class NixlEndpoint(PoolEndpoint):
     def part(self) -> NixlPool:
         return NixlPool(agent=self.agent_name, metadata=self.metadata, base=self.cache.data.data_ptr(),
                         bytes=self.cache.data.numel() * self.cache.data.element_size())
+
+    def needs_progress(self) -> bool:
+        return True  # UCX's TCP transport moves incoming WRITEs only while this side polls too
 
     def poll(self) -> Notices:
         out = Notices()
@@ -186,6 +191,7 @@ class NixlWriter(LayerWriter):
         self._notify("closed")
 
     def _notify(self, kind: str) -> None:
+        self.sender.keep_progressing()
         try:
             self.sender.agent.send_notif(self.peer.name, _notice(kind, self.dest, self.request_id))
         except Exception as e:  # the decode agent is gone: there is nobody left to tell
@@ -219,6 +225,7 @@ class NixlSender(KVSender):
         self.free = PageAllocator(pages)
         self.peers: dict[str, _Peer] = {}  # by the descriptor's agent name
         self.writers: list[NixlWriter] = []
+        self._progress_until = 0.0
 
     def writer(self, dest: Destination, request_id: str) -> NixlWriter:
         part = self.check(dest)
@@ -248,6 +255,17 @@ class NixlSender(KVSender):
     def copy_in(self, pages: list[int], x: torch.Tensor) -> None:
         """x: [tokens, kv_heads, head_dim] -> the given staging pages, in order."""
         copy_into_pages(self.staging, page_runs(pages), x)
+
+    def keep_progressing(self) -> None:
+        """A notice was just queued: UCX over TCP sends it only while this agent is progressed."""
+        self._progress_until = time.monotonic() + PROGRESS_FOR_S
+
+    def progress_due(self) -> float | None:
+        now = time.monotonic()
+        return now + PROGRESS_EVERY_S if now < self._progress_until else None
+
+    def progress(self) -> None:
+        self.agent.get_new_notifs()  # progresses the UCX worker (nothing is sent to this agent)
 
     def close(self) -> None:
         for w in self.writers:

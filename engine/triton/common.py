@@ -9,6 +9,7 @@ handler the model registered for it, so no message is dispatched by name.
 
 from __future__ import annotations
 
+import hmac
 import json
 import logging
 import time
@@ -17,7 +18,8 @@ import numpy as np
 import torch
 import triton_python_backend_utils as pb_utils
 
-from tandem.status import InvalidArgument, Status, status_of
+from tandem.secret import PARAMETER, load_secret
+from tandem.status import InvalidArgument, Status, Unauthenticated, status_of
 from tandem.wire import decode_request, encode_reply
 
 log = logging.getLogger("tandem.worker")
@@ -100,12 +102,31 @@ class ResponseSink:
         self.done = final
 
 
-def dispatch(requests, handlers: dict, batched: bool = False) -> None:
+class Auth:
+    """The deployment secret this worker requires of callers (tandem/secret.py), if it has one."""
+
+    def __init__(self):
+        self.secret = load_secret()
+
+    def check(self, request) -> None:
+        if self.secret is None:
+            return
+        try:
+            given = json.loads(request.parameters() or "{}").get(PARAMETER, "")
+        except (ValueError, AttributeError):
+            given = ""
+        if not isinstance(given, str) or not hmac.compare_digest(given.encode(), self.secret.encode()):
+            raise Unauthenticated("this worker serves only callers that present the deployment's secret")
+
+
+def dispatch(requests, handlers: dict, auth: Auth, batched: bool = False) -> None:
     """Route each request's message to `handlers[type(message)](message, sink)`. A handler either
-    returns a reply (sent as the final one) or None (it answers through the sink itself, later)."""
+    returns a reply (sent as the final one) or None (it answers through the sink itself, later).
+    A caller without the deployment's secret (when the worker has one) gets UNAUTHENTICATED."""
     for request in requests:
         sink = ResponseSink(request, batched)
         try:
+            auth.check(request)
             tensor = pb_utils.get_input_tensor_by_name(request, "request")
             if tensor is None:
                 raise InvalidArgument("missing input tensor 'request' (BYTES: one JSON envelope)")

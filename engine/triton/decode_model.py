@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from engine.load import load_engine
 from engine.transports.host import PoolHost
-from engine.triton.common import Params, dispatch, pass_budget, setup_threads
+from engine.triton.common import Auth, Params, dispatch, pass_budget, setup_threads
 from engine.workers.decode import DecodeWorker
 from tandem.wire import Open, Release, Start, Stats, Watch, WriterGone
 
@@ -27,6 +27,7 @@ def handlers(worker: DecodeWorker) -> dict:
 class TritonPythonModel:
     def initialize(self, args):
         p = Params(args)
+        self.auth = Auth()  # before anything slow: a bad secret fails the load at once
         setup_threads(p)
         transports = tuple(t for t in p.str("transports").split(",") if t)
         self.engine = load_engine(p.str("engine_dir"), kv_bytes=p.int("kv_pool_bytes"), shared_kv="shm" in transports)
@@ -39,7 +40,7 @@ class TritonPythonModel:
         self.handlers = handlers(self.worker)
 
     def execute(self, requests):
-        dispatch(requests, self.handlers)
+        dispatch(requests, self.handlers, self.auth)
         return None
 
     def finalize(self):

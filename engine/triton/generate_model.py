@@ -7,7 +7,7 @@ the prefill-first policy or chunked prefill (`chunk_tokens` > 0): see engine/sch
 from __future__ import annotations
 
 from engine.load import load_engine
-from engine.triton.common import Params, dispatch, pass_budget, setup_threads
+from engine.triton.common import Auth, Params, dispatch, pass_budget, setup_threads
 from engine.triton.decode_model import handlers
 from engine.workers.decode import DecodeWorker
 
@@ -15,6 +15,7 @@ from engine.workers.decode import DecodeWorker
 class TritonPythonModel:
     def initialize(self, args):
         p = Params(args)
+        self.auth = Auth()  # before anything slow: a bad secret fails the load at once
         setup_threads(p)
         engine = load_engine(p.str("engine_dir"), kv_bytes=p.int("kv_pool_bytes"))
         chunk = p.int("chunk_tokens")
@@ -24,7 +25,7 @@ class TritonPythonModel:
         self.handlers = handlers(self.worker)
 
     def execute(self, requests):
-        dispatch(requests, self.handlers)
+        dispatch(requests, self.handlers, self.auth)
         return None
 
     def finalize(self):

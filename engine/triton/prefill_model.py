@@ -6,7 +6,7 @@ answers each request as soon as its last pass is done.
 from __future__ import annotations
 
 from engine.load import load_engine
-from engine.triton.common import Params, dispatch, pass_budget, setup_threads
+from engine.triton.common import Auth, Params, dispatch, pass_budget, setup_threads
 from engine.workers.prefill import PrefillWorker
 from tandem.wire import Abort, Prefill, Stats, Watch
 
@@ -14,6 +14,7 @@ from tandem.wire import Abort, Prefill, Stats, Watch
 class TritonPythonModel:
     def initialize(self, args):
         p = Params(args)
+        self.auth = Auth()  # before anything slow: a bad secret fails the load at once
         setup_threads(p)
         engine = load_engine(p.str("engine_dir"), kv_bytes=None)
         budget = pass_budget(p, engine.device)
@@ -29,7 +30,7 @@ class TritonPythonModel:
         }
 
     def execute(self, requests):
-        dispatch(requests, self.handlers, batched=True)
+        dispatch(requests, self.handlers, self.auth, batched=True)
         return None
 
     def finalize(self):

@@ -34,6 +34,9 @@ from tandem.wire import Ack, Open, Release, Reserved, Start, Token, WorkerStats
 # died: Triton marks its requests cancelled, but tells no one). Only while requests are open.
 CANCEL_SWEEP_S = 1.0
 SWEEP = ("sweep", "")
+# While a NIXL writer may be writing: poll this often (UCX over TCP lands WRITEs only while we poll)
+PROGRESS_S = 0.002
+PROGRESS = ("progress", "")
 
 
 class DecodeWorker:
@@ -182,8 +185,10 @@ class DecodeWorker:
         changed = self._notices()
         if self.leases and not self.deadlines.armed(SWEEP):
             self.deadlines.after(CANCEL_SWEEP_S, SWEEP)
+        if self._awaiting_writes() and not self.deadlines.armed(PROGRESS):
+            self.deadlines.after(PROGRESS_S, PROGRESS)  # the next iteration polls the transport again
         for key in self.deadlines.due():
-            changed = True
+            changed = changed or key != PROGRESS  # a progress tick changes nothing by itself
             self._deadline(key)
         while self.inbox:
             changed = True
@@ -221,6 +226,12 @@ class DecodeWorker:
             changed = True
         return changed
 
+    def _awaiting_writes(self) -> bool:
+        """A lease whose writer is (or may soon be) writing through a transport that must be polled."""
+        return self.pool is not None and any(
+            x.transport and not x.pages_ready and self.pool.needs_progress(x.transport)
+            for x in self.leases.values() if x.state in (LeaseState.RESERVED, LeaseState.WAITING_KV))
+
     def _lease_in_slot(self, slot: int, epoch: int) -> Lease | None:
         return next((x for x in self.leases.values() if x.slot == slot and x.epoch == epoch), None)
 
@@ -254,6 +265,8 @@ class DecodeWorker:
             lease = self.fencing.get(rid)
             if lease is not None:
                 self._fenced(rid)  # the documented limit of a non-strict fence: see leases.py
+        elif kind == "progress":
+            pass  # nothing to do: being awake made housekeeping poll the transport
         elif kind == "sweep":
             for lease in list(self.leases.values()):
                 if lease.sink.cancelled():

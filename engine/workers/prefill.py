@@ -98,7 +98,7 @@ class PrefillWorker:
         self._order = itertools.count()
         self._long_turn = False
         self.watchers = Watchers(self.stats)
-        self.loop = Loop(self.step, lambda: None, "prefill-loop")  # nothing is ever due: it waits for work
+        self.loop = Loop(self.step, self._progress_due, "prefill-loop")
 
     def launch(self) -> "PrefillWorker":
         self.loop.start()
@@ -145,8 +145,16 @@ class PrefillWorker:
 
     # -- passes (the loop thread) -------------------------------------------------------------------
 
+    def _progress_due(self) -> float | None:
+        """When a transport next needs progressing (NIXL notices on their way out); None: never."""
+        return min((t for t in (s.progress_due() for s in list(self.senders.values())) if t is not None),
+                   default=None)
+
     def step(self) -> bool:
         """Run one pass if anything waits. True if a pass ran (or a request was dropped)."""
+        for s in list(self.senders.values()):
+            if s.progress_due() is not None:
+                s.progress()
         with self.lock:
             dropped = self._drop_cancelled()
             longs = [it for it in self.queue if it.chunked]

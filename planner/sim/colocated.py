@@ -1,13 +1,20 @@
-"""A simulated co-located engine, with the two batching policies of engine/scheduler.py.
+"""A simulated co-located engine (engine/workers/decode.py with no pool for writers), with the two
+batching policies of engine/scheduler.py.
 
-- prefill-first (`chunk_tokens=None`): each step admits waiting requests in order (the oldest
-  blocks the others) while their pages fit, the batch has room and the pass stays within
-  `pass_tokens` (a single longer prompt runs alone); if any were admitted, one prefill pass of them
-  runs (the running decodes pause), else one decode step of all running.
-- chunked (`chunk_tokens=N`): requests are admitted the same way but without a token budget; every
-  step decodes one token for each running sequence and adds up to N prompt tokens of admitted
-  prompts, oldest first, priced as one pass (PassCosts.mixed_time).
-Pages are reserved for prompt + max_tokens at admission and freed when the request finishes.
+A request is opened here by the orchestrator (replicas.py) only when its pages fit: Open reserves
+pages for prompt + max_tokens at once (or is answered OUT_OF_PAGES, and the request waits outside,
+see waiting.py), and the prompt joins the waiting queue; it is seen at the next step that starts.
+- prefill-first (`chunk_tokens=None`): each step takes waiting prompts in order while the batch has
+  room and the pass stays within `pass_tokens` (a single longer prompt runs alone); if any were
+  taken, one prefill pass of them runs (the running decodes pause), else one decode step of all running.
+- chunked (`chunk_tokens=N`): every step decodes one token for each running sequence and adds up to
+  N prompt tokens of waiting prompts, oldest first, priced as one pass (PassCosts.mixed_time).
+Pages are freed when the request finishes.
+
+The batch cap (`max_batch`: running + being prefilled) is the rendered model repository's
+`max_batch_size`. Note: the worker in engine/workers/decode.py does not apply it to locally
+prefilled requests at present (only pages and the orchestrator's max_in_flight bound them); the
+loads of our benchmarks stay within it per replica.
 """
 
 from __future__ import annotations
@@ -41,10 +48,16 @@ class ColocatedSim:
 
     @property
     def load(self) -> int:
-        """Requests here: running, being prefilled and waiting (routing across replicas)."""
+        """Requests opened here and not finished (the router's `running`: they hold pages here)."""
         return self.batch.size + len(self.prefilling) + self.in_pass + len(self.waiting)
 
-    def submit(self, req: SimRequest) -> None:
+    def can_open(self, req: SimRequest) -> bool:
+        return self.pool.can_reserve(req.budget)
+
+    def open(self, req: SimRequest) -> None:
+        """Reserve the request's pages (the caller checked can_open) and queue its prompt."""
+        req.pages = self.pool.reserve(req.budget, self.loop.now)
+        req.reserved_at = self.loop.now
         self.waiting.append(req)
         self._kick()
 
@@ -63,16 +76,14 @@ class ColocatedSim:
             self._mixed()
 
     def _admit(self, token_budget: float) -> list[SimRequest]:
+        """Waiting prompts (their pages are held) for this step, oldest first, within the budget."""
         out, tokens = [], 0
         room = self.max_batch - self.batch.size - len(self.prefilling)
         while self.waiting and len(out) < room:
             req = self.waiting[0]
-            if (out and tokens + req.prompt_len > token_budget) or not self.pool.can_reserve(req.budget):
+            if out and tokens + req.prompt_len > token_budget:
                 break
-            self.waiting.popleft()
-            req.pages = self.pool.reserve(req.budget, self.loop.now)
-            req.reserved_at = self.loop.now
-            out.append(req)
+            out.append(self.waiting.popleft())
             tokens += req.prompt_len
         return out
 

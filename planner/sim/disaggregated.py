@@ -1,8 +1,9 @@
 """The disaggregated system: x prefill workers, y decode workers, and the orchestrator's routing.
 
-A request's life: it waits (FIFO; the oldest blocks the others) until some decode worker has free
-pages for prompt + max_tokens, which are reserved there; a prefill worker takes its prompt; when its
-first token and K/V are ready (pass end plus the handoff's tail) it joins that decode worker's batch.
+A request's life: a decode worker with free pages for prompt + max_tokens reserves them (when none
+has them the request waits in the orchestrator and retries after pages are freed: waiting.py); a
+prefill worker takes its prompt; when its first token and K/V are ready (pass end plus the handoff's
+tail) it joins that decode worker's batch.
 Routing is least-loaded, as in orchestrator/router.py: the decode worker with room that holds the
 fewest requests (then the most free pages), and the prefill worker with the fewest prompt tokens
 queued or in flight.
@@ -10,7 +11,6 @@ queued or in flight.
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Callable
 
 from planner.costs import PassCosts
@@ -20,6 +20,7 @@ from planner.sim.events import EventLoop
 from planner.sim.pages import PagePool
 from planner.sim.prefill import Link, PrefillSim
 from planner.sim.request import SimRequest
+from planner.sim.waiting import FleetWait
 
 
 def pool_pages(profile: Profile, devices: int = 1) -> int:
@@ -40,7 +41,7 @@ class Disaggregated:
                                    pass_tokens=s.pass_tokens, tokens_per_page=s.tokens_per_page,
                                    kv_bytes_per_token=profile.model.kv_bytes_per_token, on_ready=self._ready)
                         for _ in range(prefill_workers)]
-        self.waiting: deque[SimRequest] = deque()
+        self.wait = FleetWait(loop, self._try_open)
         self._decoder: dict[int, DecodeSim] = {}
 
     @property
@@ -54,22 +55,20 @@ class Disaggregated:
                           f"{pool.num_pages}")
             self.on_done(req)
             return
-        self.waiting.append(req)
-        self._drain()
+        self.wait.submit(req)
 
-    def _drain(self) -> None:
-        """Reserve pages for waiting requests in order, while the oldest fits somewhere."""
-        while self.waiting:
-            req = self.waiting[0]
-            fits = [(d.holding, d.pool.used, i) for i, d in enumerate(self.decode) if d.can_reserve(req)]
-            if not fits:
-                return
-            self.waiting.popleft()
-            d = self.decode[min(fits)[2]]
-            d.reserve(req)
-            self._decoder[req.index] = d
-            p = min(range(len(self.prefill)), key=lambda i: (self.prefill[i].load_tokens, i))
-            self.prefill[p].submit(req)
+    def _try_open(self, req: SimRequest) -> bool:
+        """Reserve pages on the least-loaded decode worker that has them and queue the prompt on the
+        prefill worker with the fewest prompt tokens; False when no decode worker has the pages."""
+        fits = [(d.holding, d.pool.used, i) for i, d in enumerate(self.decode) if d.can_reserve(req)]
+        if not fits:
+            return False
+        d = self.decode[min(fits)[2]]
+        d.reserve(req)
+        self._decoder[req.index] = d
+        p = min(range(len(self.prefill)), key=lambda i: (self.prefill[i].load_tokens, i))
+        self.prefill[p].submit(req)
+        return True
 
     def _ready(self, req: SimRequest) -> None:
         req.first_token = self.loop.now
@@ -77,4 +76,4 @@ class Disaggregated:
 
     def _done(self, req: SimRequest) -> None:
         self.on_done(req)
-        self._drain()
+        self.wait.pages_freed()

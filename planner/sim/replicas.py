@@ -1,20 +1,29 @@
-"""Co-located replicas behind the orchestrator: each request goes to the least-loaded replica."""
+"""Co-located replicas behind the orchestrator (ColocatedPath and the least-loaded router).
+
+Each request is opened on the replica that has free pages for it and, among those, holds the
+fewest requests (then has the most free pages), as orchestrator/router.py picks. When no replica
+has the pages, the request waits in the orchestrator and retries on any replica after pages are
+freed anywhere (waiting.py): one wait for the whole fleet, not a queue per replica.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
 from planner.sim.colocated import ColocatedSim
+from planner.sim.events import EventLoop
 from planner.sim.pages import PagePool
 from planner.sim.request import SimRequest
+from planner.sim.waiting import FleetWait
 
 
 class Replicas:
-    def __init__(self, engines: list[ColocatedSim], on_done: Callable[[SimRequest], None]):
-        """`on_done` hears of requests refused here (too big for a replica's pool); the engines report
-        the others themselves."""
+    def __init__(self, loop: EventLoop, engines: list[ColocatedSim], on_done: Callable[[SimRequest], None]):
+        """`on_done` hears of every request that ends: finished, or refused (too big for a replica's
+        pool). The engines must report theirs to `self.finished`."""
         self.engines = engines
         self.on_done = on_done
+        self.wait = FleetWait(loop, self._try_open)
 
     @property
     def pools(self) -> list[PagePool]:
@@ -26,5 +35,17 @@ class Replicas:
             req.failed = f"needs {pool.pages_for(req.budget)} KV pages; a replica's whole pool has {pool.num_pages}"
             self.on_done(req)
             return
-        i = min(range(len(self.engines)), key=lambda i: (self.engines[i].load, i))
-        self.engines[i].submit(req)
+        self.wait.submit(req)
+
+    def _try_open(self, req: SimRequest) -> bool:
+        fitting = [i for i, e in enumerate(self.engines) if e.can_open(req)]
+        if not fitting:
+            return False
+        e = self.engines[min(fitting, key=lambda i: (self.engines[i].load, self.engines[i].pool.used, i))]
+        e.open(req)
+        return True
+
+    def finished(self, req: SimRequest) -> None:
+        """An engine finished `req` and freed its pages."""
+        self.on_done(req)
+        self.wait.pages_freed()

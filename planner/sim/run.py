@@ -42,10 +42,11 @@ def build_system(profile: Profile, layout: Layout, loop: EventLoop, on_done, *, 
     s = profile.serving
     chunk = (chunk_tokens or s.chunk_tokens) if layout.kind == "chunked" else None
     costs = PassCosts.of(profile, sp, sd)
-    engines = [ColocatedSim(loop, costs, PagePool(pool_pages(profile, n), s.tokens_per_page, trace_pages),
-                            pass_tokens=s.pass_tokens, max_batch=s.colocated_max_batch, chunk_tokens=chunk,
-                            on_done=on_done) for _ in range(layout.workers)]
-    return Replicas(engines, on_done)
+    replicas = Replicas(loop, [], on_done)
+    replicas.engines += [ColocatedSim(loop, costs, PagePool(pool_pages(profile, n), s.tokens_per_page, trace_pages),
+                                      pass_tokens=s.pass_tokens, max_batch=s.colocated_max_batch, chunk_tokens=chunk,
+                                      on_done=replicas.finished) for _ in range(layout.workers)]
+    return replicas
 
 
 def simulate(profile: Profile, layout: Layout, specs: list[RequestSpec], *, concurrency: int | None = None,

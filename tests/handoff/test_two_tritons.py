@@ -153,7 +153,7 @@ def test_bad_input_gets_a_typed_error_and_changes_no_other_request(workers, defa
     assert isinstance(errors["start without a lease"], LeaseLost)
     assert before.pages_used == after.pages_used
     assert tokens == run_generation(default_engine, ids, params).token_ids
-    assert final.pages_used == 0
+    assert final.reserved == 0 and final.pages_used == final.pages_fenced  # (NIXL: an earlier test's quarantine)
 
 
 def test_a_failed_prefill_releases_the_reservation(workers):
@@ -168,7 +168,7 @@ def test_a_failed_prefill_releases_the_reservation(workers):
             await closing(p, d)
 
     stats = asyncio.run(run())
-    assert stats.pages_used == 0 and stats.reserved == 0
+    assert stats.pages_used == stats.pages_fenced and stats.reserved == 0
 
 
 def test_a_release_from_the_orchestrator_ends_the_open_call(workers):
@@ -186,4 +186,4 @@ def test_a_release_from_the_orchestrator_ends_the_open_call(workers):
             await closing(p, d)
 
     err, stats = asyncio.run(run())
-    assert type(err).__name__ == "Cancelled" and stats.pages_used == 0
+    assert type(err).__name__ == "Cancelled" and stats.pages_used == stats.pages_fenced and stats.reserved == 0

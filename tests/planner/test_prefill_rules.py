@@ -6,6 +6,7 @@ import pytest
 
 from planner.sim.layouts import Layout
 from planner.sim.run import simulate
+from planner.sim.waiting import RETRY_DELAY_S
 from planner.workload import RequestSpec
 from tests.planner.toy import toy_profile
 
@@ -75,16 +76,23 @@ def test_colocated_pass_budget():
     assert _first_tokens(run) == pytest.approx([0.4, 0.9, 0.9])
 
 
-def test_colocated_admission_is_fifo_with_head_of_line_blocking():
-    # A pool of 10 pages of 16 tokens. R1 and R2 need 7 pages each (100 + 4 tokens), R3 one page.
-    # R2 does not fit while R1 runs, and R3, which would, waits behind it.
+def test_colocated_open_reserves_at_once_or_waits_outside_and_retries_after_a_free():
+    # A pool of 10 pages of 16 tokens. R1 and R2 need 7 pages each (100 + 4 tokens), R3 one page (10 + 6).
+    # R2 gets OUT_OF_PAGES and waits in the orchestrator; R3 fits and opens at once (no head-of-line
+    # blocking), sharing R1's pass (110 tokens: 0.1 + 1.1 s).
     profile = toy_profile(prefill={"intercept_s": 0.1, "per_token_s": 0.01}, decode={"intercept_s": 0.2},
                           serving={"kv_pool_bytes": 10 * 16 * 1000})
-    specs = [RequestSpec(100, 4, 0.0), RequestSpec(100, 4, 0.0), RequestSpec(10, 2, 0.0)]
-    r1, r2, r3 = simulate(profile, Layout("colocated", 1), specs).requests
-    assert r1.token_times().tolist() == pytest.approx([1.1, 1.3, 1.5, 1.7])  # its pages free at 1.7
-    assert r2.reserved_at == pytest.approx(1.7) and r3.reserved_at == pytest.approx(1.7)
-    assert r3.first_token == pytest.approx(1.7 + 0.1 + 1.1)  # one pass of R2 + R3 (110 tokens)
+    specs = [RequestSpec(100, 4, 0.0), RequestSpec(100, 4, 0.0), RequestSpec(10, 6, 0.0)]
+    run = simulate(profile, Layout("colocated", 1), specs)
+    r1, r2, r3 = run.requests
+    assert r1.reserved_at == 0.0 and r3.reserved_at == 0.0
+    assert r1.token_times().tolist() == pytest.approx([1.2, 1.4, 1.6, 1.8])  # its pages free at 1.8
+    # R2 retries one round trip after the free; the engine has already begun R3's next step (1.8-2.0),
+    # so R2's prefill (2.0-3.1) comes after it, and R3's last token after that pass.
+    assert r2.reserved_at == pytest.approx(1.8 + RETRY_DELAY_S)
+    assert r2.token_times().tolist() == pytest.approx([3.1, 3.3, 3.5, 3.7])
+    assert r3.token_times().tolist() == pytest.approx([1.2, 1.4, 1.6, 1.8, 2.0, 3.3])
+    assert run.system.wait.retries == 1  # R3's free at 1.4 left R2 short (3 pages free): it waited again
 
 
 def test_chunked_steps_mix_prompt_chunks_into_decode_steps():

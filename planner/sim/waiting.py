@@ -1,0 +1,54 @@
+"""Requests that found every KV pool full, waiting in the orchestrator for the fleet to change.
+
+As in orchestrator/paths.py: a request's Open either reserves its pages at once or is answered
+OUT_OF_PAGES; the request then sleeps until some worker's state changes (pages freed) and tries
+again, at most once per change, and waits again if its pages are still not there. There is no
+queue inside a worker and no head-of-line blocking: every waiting request tries, oldest first, and
+a small one can get pages a large one could not.
+
+A retry is not instant: the worker that freed pages pushes its stats to the orchestrator, which
+wakes the waiting requests, routes them and sends their Opens. By then the worker has already
+begun its next step (its loop does not wait for callers), so a retried request is seen at the step
+after that. `RETRY_DELAY_S` stands for that round trip; its exact value does not matter as long as
+it is shorter than a step and longer than zero.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from planner.sim.events import EventLoop
+from planner.sim.request import SimRequest
+
+RETRY_DELAY_S = 1e-3  # stats push + wake-up + Open over loopback gRPC: about a millisecond
+
+
+class FleetWait:
+    def __init__(self, loop: EventLoop, try_open: Callable[[SimRequest], bool], retry_delay_s: float = RETRY_DELAY_S):
+        """`try_open(req)` routes the request and reserves its pages, or returns False (OUT_OF_PAGES)."""
+        self.loop = loop
+        self.try_open = try_open
+        self.retry_delay_s = retry_delay_s
+        self.waiting: list[SimRequest] = []  # oldest first
+        self._retry_due = False
+        self.retries = 0  # Open calls answered OUT_OF_PAGES on a retry (for tests and reports)
+
+    def submit(self, req: SimRequest) -> None:
+        """A new request: it tries at once; if no pool has room it waits for the next change."""
+        if not self.try_open(req):
+            self.waiting.append(req)
+
+    def pages_freed(self) -> None:
+        """Some worker freed pages: every waiting request tries again after the round trip."""
+        if self.waiting and not self._retry_due:
+            self._retry_due = True
+            self.loop.at(self.loop.now + self.retry_delay_s, self._retry)
+
+    def _retry(self) -> None:
+        self._retry_due = False
+        still = []
+        for req in self.waiting:
+            if not self.try_open(req):
+                still.append(req)
+                self.retries += 1
+        self.waiting = still

@@ -55,6 +55,8 @@ class RepoOptions:
     decode_chunk_tokens: int = 64  # decode/: prompt tokens per step when it prefills a short suffix itself
     colocated_max_batch_size: int = 64
     fault_write_delay_ms: float = 0.0  # prefill/: fault injection only (tests, tandem chaos): a slow writer
+    prefix_cache: bool = True  # every pool keeps finished requests' full pages for reuse (engine/prefix_cache.py)
+    prefill_pool_bytes: int | None = None  # prefill/: its own pool (long prompts, its cache); None: the decode pool's
 
     def __post_init__(self):
         if self.transport not in TRANSPORT_CHOICES:
@@ -84,19 +86,22 @@ def model_values(engines: str, opts: RepoOptions) -> dict[str, dict]:
                           f"(TensorRT-LLM deployments use the trtllm-serve configs written by tandem build)")
     pool = opts.kv_pool_bytes if opts.kv_pool_bytes is not None else dm.profile.kv_pool_bytes
     cpu_pass = pm.profile.cpu_pass_tokens or pm.profile.max_num_tokens
+    cache = "on" if opts.prefix_cache else "off"
     return {
         "prefill": dict(name="prefill", engine_dir=prefill_dir, max_batch_size=pm.profile.max_batch_size,
                         max_queue_delay_us=pm.profile.max_queue_delay_us, max_num_tokens=pm.profile.max_num_tokens,
                         cpu_pass_tokens=cpu_pass, fault_write_delay_ms=opts.fault_write_delay_ms,
-                        threads=opts.threads),
+                        threads=opts.threads, prefix_cache=cache,
+                        pool_bytes=opts.prefill_pool_bytes if opts.prefill_pool_bytes is not None else pool),
         "decode": dict(name="decode", engine_dir=decode_dir, transports=_transports(opts.transport),
                        kv_pool_bytes=pool, max_batch_size=dm.profile.max_batch_size,
                        max_num_tokens=pm.profile.max_num_tokens, cpu_pass_tokens=cpu_pass,
                        chunk_tokens=opts.decode_chunk_tokens, transfer_timeout_s=opts.transfer_timeout_s,
-                       fence_timeout_s=opts.fence_timeout_s, threads=opts.threads),
+                       fence_timeout_s=opts.fence_timeout_s, threads=opts.threads, prefix_cache=cache),
         "generate": dict(name="generate", engine_dir=prefill_dir, kv_pool_bytes=pool,
                          max_batch_size=opts.colocated_max_batch_size, max_num_tokens=pm.profile.max_num_tokens,
-                         cpu_pass_tokens=cpu_pass, chunk_tokens=opts.chunk_tokens, threads=opts.threads),
+                         cpu_pass_tokens=cpu_pass, chunk_tokens=opts.chunk_tokens, threads=opts.threads,
+                         prefix_cache=cache),
     }
 
 

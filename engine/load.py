@@ -52,8 +52,9 @@ def verify_weights(folder: str, m: EngineManifest) -> None:
 
 def load_engine(model: str, *, dtype: str = "float32", device: str = "cpu",
                 tokens_per_page: int = DEFAULT_TOKENS_PER_PAGE, kv_bytes: int | None = DEFAULT_KV_BYTES,
-                shared_kv: bool = False, weight_quant: str = "none") -> Engine:
-    """Load weights and tokenizer, and allocate a KV pool of `kv_bytes` (None: no pool, prefill-only)."""
+                shared_kv: bool = False, weight_quant: str = "none", prefix_cache: bool = True) -> Engine:
+    """Load weights and tokenizer, and allocate a KV pool of `kv_bytes` (None: no pool, prefill-only).
+    `prefix_cache` False: the pool keeps no page after its request (see engine/prefix_cache.py)."""
     manifest = engine_manifest(model)
     if manifest is not None:
         if manifest.backend != "torch":
@@ -74,4 +75,16 @@ def load_engine(model: str, *, dtype: str = "float32", device: str = "cpu",
         layout = KVLayout(c.num_layers, c.num_kv_heads, c.head_dim, dtype, tokens_per_page)
         num_pages = max(1, kv_bytes // (layout.bytes_per_token * tokens_per_page))
         cache = KVCache(layout, num_pages, dev, shared=shared_kv)
-    return Engine(lm, tokenizer, cache, tokens_per_page)
+    identity = manifest.weights_digest if manifest is not None else _fingerprint(ckpt.weight_files())
+    return Engine(lm, tokenizer, cache, tokens_per_page, identity=f"{identity}|quant={weight_quant}",
+                  prefix_cache=prefix_cache)
+
+
+def _fingerprint(weight_files: list[str]) -> str:
+    """A cheap identity of weights without a manifest: each file's name, size and modification time
+    (hashing gigabytes on every load would be slow; a rewritten file changes its size or mtime)."""
+    parts = []
+    for path in weight_files:
+        st = os.stat(path)
+        parts.append(f"{os.path.basename(path)}:{st.st_size}:{st.st_mtime_ns}")
+    return "files:" + ",".join(parts)

@@ -44,6 +44,13 @@ class PrefixCache:
         seq.num_cached = matched * self.tokens_per_page
         return seq.num_cached
 
+    def peek(self, seq: Sequence) -> int:
+        """The tokens `reserve` would take from the cache now; changes nothing."""
+        if not self.enabled:
+            return 0
+        usable = (seq.num_tokens - 1) // self.tokens_per_page
+        return self.allocator.peek(self._hashes(seq, usable)) * self.tokens_per_page
+
     def commit(self, seq: Sequence) -> int:
         """Name the full pages of `seq` whose K/V are computed and not yet named; returns how many."""
         full = min(seq.num_cached // self.tokens_per_page, len(seq.page_table))

@@ -8,7 +8,10 @@
                                    # dns: name:port (each address it resolves to; re-resolved every 5 s)
     replicas: 1                    # colocated / chunked: co-located workers, each on its own cores
     transport: shm                 # shm (one host), nixl, or auto (shm on one host, NIXL across hosts)
-    router: least-loaded           # or round-robin
+    router: least-loaded           # or round-robin, or kv-aware (prefix-cache overlap against load)
+    local_prefill_tokens: 0        # a decode worker lacking at most this many prompt tokens prefills them
+                                   # itself, no prefill worker involved (conditional disaggregation; 0: never)
+    prefix_cache: {enabled: true, prefill_pool_bytes: null}   # pages kept for reuse in every worker's pool
     chunk_tokens: 256              # chunked mode: prompt tokens mixed into each decode step
     front_door: {host: 127.0.0.1, grpc_port: 8001, http_port: 8000, model_name: ensemble,
                  served_model_name: null}   # OpenAI model id; null: the model's own name
@@ -81,6 +84,15 @@ class Health(_Strict):
     drain_grace_s: float = Field(30.0, ge=0)  # on SIGTERM: how long requests in flight may take to finish
 
 
+# Chosen from the sweep in docs/benchmarks/prefix-cache (scripts/bench_prefix.py sweep) on a 2-core CPU.
+DEFAULT_LOCAL_PREFILL_TOKENS = 0
+
+
+class PrefixCacheConfig(_Strict):
+    enabled: bool = True  # off: a pool keeps no page after its request (every prompt is computed in full)
+    prefill_pool_bytes: int | None = Field(None, ge=1 << 20)  # a prefill worker's own pool; null: the decode pool's
+
+
 class Deployment(_Strict):
     model: str = "smollm2-135m"
     engines: str | None = None
@@ -89,7 +101,9 @@ class Deployment(_Strict):
     decode: WorkerPool = WorkerPool()
     replicas: int = Field(1, ge=1, le=64)
     transport: Literal["shm", "nixl", "auto"] = "shm"
-    router: Literal["least-loaded", "round-robin"] = "least-loaded"
+    router: Literal["least-loaded", "round-robin", "kv-aware"] = "least-loaded"
+    local_prefill_tokens: int = Field(DEFAULT_LOCAL_PREFILL_TOKENS, ge=0)
+    prefix_cache: PrefixCacheConfig = PrefixCacheConfig()
     kv_pool_bytes: int | None = Field(None, ge=1 << 20)
     chunk_tokens: int = Field(256, ge=1)
     max_retries: int = Field(2, ge=0)

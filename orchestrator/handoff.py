@@ -27,6 +27,11 @@ Why no late writer can land a write in pages another request holds (the fence):
   the fence timeout (60 s) is presumed gone: the one bounded assumption, documented in docs/.
 A request resumed after a failure carries the tokens already streamed (`sent`): they are prefilled
 with the prompt and not streamed again.
+
+Prefix cache: the reservation says how many leading tokens the decode worker already holds
+(Reserved.cached_tokens; its destination starts after them, so no writer is ever handed a shared
+cached page); the prefill worker computes only what its own cache lacks and writes only what the
+decode worker lacks. The first token carries the prefill worker's cached count (what the client saved).
 """
 
 from __future__ import annotations
@@ -46,7 +51,9 @@ class Timings:
     start: float = field(default_factory=time.perf_counter)
     reserved: float = 0.0
     first_token: float = 0.0
+    transport: str = ""  # how the pages travelled (the decode worker chose it for this pair)
     prefilled: Prefilled | None = None
+    decode_cached: int = 0  # prompt tokens the decode worker already held (none of their KV was moved)
 
 
 def blame(e: TandemError, worker: WorkerState) -> TandemError:
@@ -70,6 +77,8 @@ async def handoff(decode: WorkerState, prefill: WorkerState, request_id: str, pr
         if not isinstance(reserved, Reserved):
             raise Unavailable(f"{decode.name} answered Open with {type(reserved).__name__}, not Reserved")
         lease, timings.reserved = reserved.lease, time.perf_counter()
+        timings.decode_cached = reserved.cached_tokens
+        timings.transport = reserved.destination.transport
         writer_running = True
         try:
             first = await prefill.client.prefill(Prefill(request_id, list(prompt_ids), params, list(sent),
@@ -78,7 +87,7 @@ async def handoff(decode: WorkerState, prefill: WorkerState, request_id: str, pr
             raise blame(e, prefill) from None
         writer_running = False  # it answered: its writer is closed, whatever the answer was
         timings.first_token, timings.prefilled = time.perf_counter(), first
-        yield Token(first.token, first.logprob, first.finish_reason)
+        yield Token(first.token, first.logprob, first.finish_reason, cached_tokens=first.cached_tokens)
         if first.finish_reason:
             return
         await decode.client.start(Start(request_id, lease, first.token, first.logprob))

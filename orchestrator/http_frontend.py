@@ -18,6 +18,7 @@ import logging
 from aiohttp import web
 
 from orchestrator import openai_api as oa
+from orchestrator.http_admin import add_admin_routes
 from orchestrator.http_kserve import add_kserve_routes
 from orchestrator.http_openai import add_openai_routes
 from orchestrator.protocol_status import http_headers, http_status
@@ -49,6 +50,7 @@ class HttpFrontend:
         r.add_get("/metrics", self.metrics)
         add_openai_routes(r, served)
         add_kserve_routes(r, served)
+        add_admin_routes(r, served)  # POST /admin/flush (orchestrator/http_admin.py)
 
     @web.middleware
     async def _errors(self, request, handler):

@@ -56,8 +56,8 @@ class OpenAIRoutes:
         prep = await self.service.prepare(dataclasses.replace(req, timeout_s=request_timeout(request)))
         n_in = len(prep.prompt_ids)
         if not stream:
-            text, _, n, reason = await self.served.collect(prep)
-            return web.json_response(shape(rid, self.served.served_name, text, reason, oa.usage(n_in, n),
+            text, n, reason, cached = await self._collect(prep)
+            return web.json_response(shape(rid, self.served.served_name, text, reason, oa.usage(n_in, n, cached),
                                            chunk=False))
         async with contextlib.aclosing(self.service.stream(prep)) as deltas:
             first = await _first(deltas)  # a refusal (429, 503, ...) is still an HTTP status, not an SSE event
@@ -70,21 +70,32 @@ class OpenAIRoutes:
                 await resp.write_eof()
         return resp
 
+    async def _collect(self, prep) -> tuple[str, int, str | None, int]:
+        """The whole answer: (text, tokens, finish reason, prompt tokens served from a prefix cache)."""
+        text, n, reason, cached = [], 0, None, 0
+        async with contextlib.aclosing(self.service.stream(prep)) as deltas:  # a cancel cleans up at once
+            async for d in deltas:
+                text.append(d.text)
+                n += d.token is not None
+                reason, cached = d.finish_reason or reason, cached or d.cached_tokens
+        return "".join(text), n, reason, cached
+
     async def _events(self, resp, rid: str, shape, body: dict, n_in: int, deltas) -> int | None:
         """Write the SSE events; the number of tokens, or None when the client went away."""
         name = self.served.served_name
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-        n, is_first = 0, True
+        n, is_first, cached = 0, True, 0
         try:
             async for d in deltas:
                 n += d.token is not None
+                cached = cached or d.cached_tokens
                 if not d.text and not d.finish_reason:
                     continue
                 extra = {"first": is_first} if shape is oa.chat_body else {}
                 await _sse(resp, shape(rid, name, d.text, d.finish_reason, None, chunk=True, **extra))
                 is_first = False
             if include_usage:
-                chunk = shape(rid, name, "", None, oa.usage(n_in, n), chunk=True)
+                chunk = shape(rid, name, "", None, oa.usage(n_in, n, cached), chunk=True)
                 chunk["choices"] = []
                 await _sse(resp, chunk)
         except TandemError as e:

@@ -27,8 +27,8 @@ class Metrics:
                                registry=r)
         self.prefill = Histogram("tandem_prefill_seconds", "Prefill compute per request", ["worker"],
                                  buckets=_LATENCY, registry=r)
-        self.kv_bytes = Counter("tandem_kv_transfer_bytes", "KV bytes handed from prefill to decode", ["worker"],
-                                registry=r)
+        self.kv_bytes = Counter("tandem_kv_transfer_bytes", "KV bytes handed from prefill to decode",
+                                ["worker", "transport"], registry=r)
         self.kv_seconds = Histogram("tandem_kv_transfer_seconds", "Wait for the KV handoff after prefill compute",
                                     ["worker"], buckets=_TOKEN, registry=r)
         self.pages_used = Gauge("tandem_decode_pages_used", "KV pages in use", ["worker"], registry=r)
@@ -41,6 +41,19 @@ class Metrics:
         self.recoveries = Counter("tandem_recoveries", "Requests resumed on another worker after a failure",
                                   ["role"], registry=r)
         self.workers_ready = Gauge("tandem_workers_ready", "Workers in routing", ["role"], registry=r)
+        self.local_prefills = Counter("tandem_local_prefills", "Requests a decode worker prefilled itself "
+                                      "(conditional disaggregation: it lacked few enough prompt tokens)", ["worker"],
+                                      registry=r)
+        # prefix cache, as each worker reports it (running totals since the worker started)
+        self.cache_pages = Gauge("tandem_prefix_cache_pages", "Idle KV pages kept for reuse", ["worker"], registry=r)
+        self.cache_hits = Gauge("tandem_prefix_cache_hit_pages", "Prompt pages found in the prefix cache",
+                                ["worker"], registry=r)
+        self.cache_misses = Gauge("tandem_prefix_cache_miss_pages", "Prompt pages looked up and not found",
+                                  ["worker"], registry=r)
+        self.cache_evictions = Gauge("tandem_prefix_cache_evicted_pages", "Cached pages reclaimed for new requests",
+                                     ["worker"], registry=r)
+        self.cache_hit_rate = Gauge("tandem_prefix_cache_hit_rate", "Hit pages / looked-up pages", ["worker"],
+                                    registry=r)
 
     def record_prefill(self, worker: str, t) -> None:
         """Worker-side timings of one prefill (an orchestrator.handoff.Timings with its Prefilled reply)."""
@@ -48,14 +61,22 @@ class Metrics:
         self.queue.labels("decode").observe(t.reserved - t.start)
         self.queue.labels("prefill").observe(p.queue_seconds)
         self.prefill.labels(worker).observe(p.compute_seconds)
-        self.kv_bytes.labels(worker).inc(p.kv_bytes)
+        self.kv_bytes.labels(worker, t.transport).inc(p.kv_bytes)
         self.kv_seconds.labels(worker).observe(p.kv_seconds)
 
     def record_worker(self, w) -> None:
         """A worker's pushed stats (an orchestrator.fleet.WorkerState)."""
-        if w.stats is not None and w.stats.pages_total:
-            self.pages_used.labels(w.name).set(w.stats.pages_used)
-            self.pages_total.labels(w.name).set(w.stats.pages_total)
+        s = w.stats
+        if s is not None and s.pages_total:
+            self.pages_used.labels(w.name).set(s.pages_used)
+            self.pages_total.labels(w.name).set(s.pages_total)
+        if s is not None and s.cache_salt:
+            looked = s.cache_hits + s.cache_misses
+            self.cache_pages.labels(w.name).set(s.pages_cached)
+            self.cache_hits.labels(w.name).set(s.cache_hits)
+            self.cache_misses.labels(w.name).set(s.cache_misses)
+            self.cache_evictions.labels(w.name).set(s.cache_evictions)
+            self.cache_hit_rate.labels(w.name).set(s.cache_hits / looked if looked else 0.0)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -1,7 +1,9 @@
 """Serving paths: how one request is served, chosen once when the stack starts.
 
 - `DisaggregatedPath`: a decode worker leases pages, a prefill worker computes the prompt into them
-  (orchestrator/handoff.py), the decode worker streams the rest.
+  (orchestrator/handoff.py), the decode worker streams the rest. Conditional disaggregation: when the
+  chosen decode worker lacks at most `local_max` tokens of the prompt (the rest is in its prefix
+  cache), it prefills them itself and no prefill worker is involved.
 - `ColocatedPath`: one of N co-located replicas does both (the baselines: prefill-first or chunked).
 
 Both go through the same router and the same `serve` loop, which resumes a failed request elsewhere:
@@ -22,7 +24,8 @@ from collections.abc import AsyncIterator
 
 from orchestrator.fleet import Fleet, WorkerState
 from orchestrator.handoff import Timings, blame, handoff
-from orchestrator.router import NoWorker, Router
+from orchestrator.prefix_index import PrefixView
+from orchestrator.router import Demand, NoWorker, Router
 from tandem.kv_layout import KVLayout
 from tandem.status import (DeadlineExceeded, InvalidArgument, OutOfPages, Status, TandemError, Unavailable, retryable,
                            status_of)
@@ -34,9 +37,13 @@ log = logging.getLogger("tandem.paths")
 class ServingPath(ABC):
     roles: tuple[str, ...]
 
-    def __init__(self, fleet: Fleet, router: Router, tokens_per_page: int, metrics, max_retries: int = 2):
+    def __init__(self, fleet: Fleet, router: Router, tokens_per_page: int, metrics, max_retries: int = 2,
+                 prefix: PrefixView | None = None, local_max: int = 0):
+        """`prefix`: what the workers cache (fed by their stats); `local_max`: see DisaggregatedPath."""
         self.fleet, self.router, self.metrics = fleet, router, metrics
         self.tokens_per_page, self.max_retries = tokens_per_page, max_retries
+        self.prefix = prefix if prefix is not None else PrefixView(tokens_per_page)
+        self.local_max = local_max
         self._ids = itertools.count()
 
     def ready(self) -> bool:
@@ -90,6 +97,34 @@ class ServingPath(ABC):
             raise InvalidArgument(f"the request needs {pages} KV pages (prompt + max_tokens) but the largest "
                                   f"{role} pool has {largest}; lower max_tokens or shorten the prompt")
 
+    def _demand(self, prep, sent: list[int], local_max: int) -> Demand:
+        ids = list(prep.prompt_ids) + sent
+        lookup = self.prefix.lookup(ids)
+        pages = self.pages_for(len(ids) + prep.params.max_tokens - len(sent))
+        return Demand(len(ids), pages, self.tokens_per_page, lambda w: lookup.tokens(w.name), local_max)
+
+    async def _local(self, w: WorkerState, prep, sent: list[int], request_id: str) -> AsyncIterator[Token]:
+        """The request on one decode or co-located worker that prefills it itself (against its cache)."""
+        w.running += 1
+        self.metrics.requests.labels(w.name, w.role).inc()
+        done = False
+        opened = w.client.open(Open(request_id, list(prep.prompt_ids), prep.params, list(sent), local_prefill=True))
+        try:
+            async for tok in opened:
+                yield tok
+                if tok.finish_reason:
+                    done = True
+                    return
+            raise Unavailable(f"{w.name} ended the stream of {request_id} without a finish reason")
+        except TandemError as e:
+            raise blame(e, w) from None
+        finally:
+            w.running -= 1
+            if not done:
+                w.client.release(request_id, "", writer_closed=True)
+            await opened.aclose()
+            self.fleet.poke()
+
     def _pick(self, role: str, avoid: set[str]) -> list[WorkerState]:
         """Routable workers of the role, preferring those that did not just fail this request."""
         workers = self.fleet.routable(role)
@@ -100,11 +135,17 @@ class DisaggregatedPath(ServingPath):
     roles = ("prefill", "decode")
 
     async def attempt(self, prep, sent, avoid, request_id):
-        n_ctx = len(prep.prompt_ids) + len(sent)
-        pages = self.pages_for(n_ctx + prep.params.max_tokens - len(sent))
-        self._check_fits("decode", pages)
-        d = self.router.pick_decode(self._pick("decode", avoid), pages)
-        p = self.router.pick_prefill(self._pick("prefill", avoid), n_ctx)
+        demand = self._demand(prep, sent, self.local_max)
+        n_ctx = demand.tokens
+        self._check_fits("decode", demand.pages)
+        d, p = self.router.pick_pair(self._pick("prefill", avoid), self._pick("decode", avoid), demand)
+        if p is None:
+            if not demand.local_on(d):  # no prefill worker, and too much for the decode worker to compute
+                raise NoWorker("no healthy prefill worker")
+            self.metrics.local_prefills.labels(d.name).inc()
+            async for tok in self._local(d, prep, sent, request_id):
+                yield tok
+            return
         m, timings = self.metrics, Timings()
         d.running += 1
         p.inflight_tokens += n_ctx
@@ -129,38 +170,31 @@ class ColocatedPath(ServingPath):
     roles = ("generate",)
 
     async def attempt(self, prep, sent, avoid, request_id):
-        n_ctx = len(prep.prompt_ids) + len(sent)
-        pages = self.pages_for(n_ctx + prep.params.max_tokens - len(sent))
-        self._check_fits("generate", pages)
-        w = self.router.pick_decode(self._pick("generate", avoid), pages)
-        w.running += 1
-        self.metrics.requests.labels(w.name, "generate").inc()
-        done = False
-        opened = w.client.open(Open(request_id, list(prep.prompt_ids), prep.params, list(sent), local_prefill=True))
-        try:
-            async for tok in opened:
-                yield tok
-                if tok.finish_reason:
-                    done = True
-                    return
-            raise Unavailable(f"{w.name} ended the stream of {request_id} without a finish reason")
-        except TandemError as e:
-            raise blame(e, w) from None
-        finally:
-            w.running -= 1
-            if not done:
-                w.client.release(request_id, "", writer_closed=True)
-            await opened.aclose()
-            self.fleet.poke()
+        demand = self._demand(prep, sent, local_max=0)
+        self._check_fits("generate", demand.pages)
+        w, _ = self.router.pick_pair([], self._pick("generate", avoid), demand)  # no prefill workers: local
+        async for tok in self._local(w, prep, sent, request_id):
+            yield tok
 
 
 PATHS = {"disaggregated": DisaggregatedPath, "colocated": ColocatedPath, "chunked": ColocatedPath}
 
 
-def make_path(mode: str, fleet: Fleet, router: Router, layout: KVLayout, metrics, max_retries: int) -> ServingPath:
+def make_path(mode: str, fleet: Fleet, router: Router, layout: KVLayout, metrics, max_retries: int,
+              local_prefill_tokens: int = 0) -> ServingPath:
+    """The path for `mode`; it follows the workers' prefix caches through the fleet's stats callback."""
     if mode not in PATHS:
         raise ValueError(f"unknown mode {mode!r}; allowed: {', '.join(PATHS)}")
-    return PATHS[mode](fleet, router, layout.tokens_per_page, metrics, max_retries)
+    view = PrefixView(layout.tokens_per_page)
+    before = fleet.on_stats
+
+    def on_stats(w: WorkerState) -> None:
+        if before is not None:
+            before(w)
+        view.observe(w.name, w.stats)
+
+    fleet.on_stats = on_stats
+    return PATHS[mode](fleet, router, layout.tokens_per_page, metrics, max_retries, view, local_prefill_tokens)
 
 
 def _gave_up(why: TandemError) -> TandemError:

@@ -11,15 +11,22 @@ is what makes the memory cap safe: each worker's set holds at most `max_hashes_p
 and past that the ones reported longest ago are forgotten first. A pool never holds more hashes than
 it has pages, so a cap at least the largest pool's page count only ever trims a misbehaving worker.
 
-Pure Python; no other orchestrator module is imported. Not thread-safe: the router serializes calls.
+`PrefixView` feeds an index from the workers' stats pushes (each carries that watcher's own changes,
+or a whole snapshot: engine/workers/cache_feed.py) and answers, per request, how many prompt tokens a
+worker holds, hashing the prompt once per distinct engine salt the workers report.
+
+Pure Python; no other orchestrator module is imported. Not thread-safe: the event loop serializes calls.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Sequence
 from itertools import islice
 
-from tandem.prefix import HASH_BYTES
+from tandem.prefix import HASH_BYTES, HEX_CHARS, hashes_from_hex, page_hashes
+
+log = logging.getLogger("tandem.prefix")
 
 DEFAULT_MAX_HASHES = 1 << 17  # ~20 MiB per worker; more pages than a large GPU pool holds
 
@@ -100,3 +107,67 @@ def _checked(hashes: Iterable[bytes], what: str) -> list[bytes]:
         if not isinstance(h, bytes) or len(h) != HASH_BYTES:
             raise ValueError(f"{what}[{i}] is not a {HASH_BYTES}-byte page hash (tandem.prefix): {h!r:.40}")
     return out
+
+
+class PrefixView:
+    """Every worker's prefix cache as its stats pushes describe it (one Watch per worker, this process's own)."""
+
+    def __init__(self, tokens_per_page: int, index: PrefixIndex | None = None):
+        self.tokens_per_page = tokens_per_page
+        self.index = index or PrefixIndex()
+        self.salts: dict[str, bytes] = {}  # worker -> the salt its pages are named with
+
+    def observe(self, worker: str, stats) -> None:
+        """Apply one push (a tandem.wire.WorkerStats). A worker whose cache is off holds nothing; a
+        malformed report makes the view forget the worker (advisory: it costs cache-blind routing only)."""
+        if not stats.cache_salt:
+            self.forget(worker)
+            return
+        try:
+            salt = _hashes([stats.cache_salt], "cache_salt")[0]
+            stored, removed = _hashes(stats.stored, "stored"), _hashes(stats.removed, "removed")
+            if stats.resync:
+                self.index.replace(worker, stored)
+            else:
+                self.index.apply(worker, stored, removed)
+        except ValueError as e:
+            log.warning("worker %s sent an unreadable prefix-cache report (%s); routing ignores its cache", worker, e)
+            self.forget(worker)
+            return
+        self.salts[worker] = salt
+
+    def forget(self, worker: str) -> None:
+        self.index.drop(worker)
+        self.salts.pop(worker, None)
+
+    def lookup(self, token_ids: Sequence[int]) -> "PrefixLookup":
+        return PrefixLookup(self, list(token_ids))
+
+
+class PrefixLookup:
+    """One request's question to the view: how many of its leading tokens does a worker hold?
+
+    At most all but the last token count (the worker computes that one to get the next token), the
+    same rule the worker's own match follows (engine/prefix_cache.py)."""
+
+    def __init__(self, view: PrefixView, token_ids: list[int]):
+        self.view, self.token_ids = view, token_ids
+        self._hashes: dict[bytes, list[bytes]] = {}  # per salt: computed once per request
+
+    def tokens(self, worker: str) -> int:
+        salt = self.view.salts.get(worker)
+        if salt is None:
+            return 0
+        tpp = self.view.tokens_per_page
+        if salt not in self._hashes:
+            usable = max(0, len(self.token_ids) - 1) // tpp
+            self._hashes[salt] = page_hashes(self.token_ids, tpp, salt, limit=usable)
+        return self.view.index.matched_pages(worker, self._hashes[salt]) * tpp
+
+
+def _hashes(items: list[str], what: str) -> list[bytes]:
+    """Hex hashes as WorkerStats carries them (one per item) -> bytes; ValueError naming the field."""
+    bad = next((i for i, h in enumerate(items) if not isinstance(h, str) or len(h) != HEX_CHARS), None)
+    if bad is not None:
+        raise ValueError(f"{what}[{bad}] is not {HEX_CHARS} hex digits")
+    return hashes_from_hex("".join(items), what)

@@ -24,7 +24,7 @@ import click
               help="colocated/chunked: co-located workers, each on its own cores (default 1).")
 @click.option("--transport", type=click.Choice(["shm", "nixl", "auto"]), default=None,
               help="KV handoff: shm (one host), nixl, auto (shm on one host, NIXL across hosts).")
-@click.option("--router", type=click.Choice(["least-loaded", "round-robin"]), default=None)
+@click.option("--router", type=click.Choice(["least-loaded", "round-robin", "kv-aware"]), default=None)
 @click.option("--host", default=None, help="Front-door address (default 127.0.0.1).")
 @click.option("--grpc-port", type=click.IntRange(0, 65535), default=None, help="Triton gRPC protocol (default 8001).")
 @click.option("--http-port", type=click.IntRange(0, 65535), default=None, help="OpenAI HTTP, /health, /metrics (default 8000).")

@@ -31,6 +31,7 @@ class Delta:
     token: int | None
     logprob: float | None
     finish_reason: str | None = None
+    cached_tokens: int = 0  # on the first delta: prompt tokens taken from a prefix cache, not computed
 
 
 class Orchestrator:
@@ -82,7 +83,8 @@ class Orchestrator:
                         else:
                             m.itl.labels(mode).observe(now - last)
                         last = now
-                    yield Delta(piece, tok.token, tok.logprob, tok.finish_reason)
+                    cached = min(tok.cached_tokens, len(prep.prompt_ids)) if n == 1 and tok.token is not None else 0
+                    yield Delta(piece, tok.token, tok.logprob, tok.finish_reason, cached)
                     if tok.finish_reason:
                         break
         except TandemError as e:

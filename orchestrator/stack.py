@@ -78,6 +78,7 @@ class Stack:
     def __init__(self, dep: Deployment, workdir: str | None = None, log=print):
         self.dep = dep
         self.workdir = workdir or tempfile.mkdtemp(prefix="tandem-serve-")
+        os.makedirs(self.workdir, exist_ok=True)
         self.log = log
         self.workers: WorkerSet | None = None
         self.fleet: Fleet | None = None
@@ -95,7 +96,8 @@ class Stack:
         options = RepoOptions(transport=dep.transport, kv_pool_bytes=dep.kv_pool_bytes,
                               chunk_tokens=dep.chunk_tokens if dep.mode == "chunked" else 0,
                               transfer_timeout_s=dep.handoff.transfer_timeout_s,
-                              fence_timeout_s=dep.handoff.fence_timeout_s)
+                              fence_timeout_s=dep.handoff.fence_timeout_s, prefix_cache=dep.prefix_cache.enabled,
+                              prefill_pool_bytes=dep.prefix_cache.prefill_pool_bytes)
         for name in remove_stale_segments() + remove_orphaned_triton_regions():
             self.log(f"removed shared memory {name} left by a process that is gone")
         self.workers = WorkerSet(engines, self.workdir, counts, options)
@@ -119,7 +121,8 @@ class Stack:
         self.discovery = Discovery(self.fleet)
         await self.discovery.start(dep)
         self.supervisor.start()
-        path = make_path(dep.mode, self.fleet, ROUTERS[dep.router](), manifest.kv_layout, metrics, dep.max_retries)
+        path = make_path(dep.mode, self.fleet, ROUTERS[dep.router](), manifest.kv_layout, metrics, dep.max_retries,
+                         dep.local_prefill_tokens)
         cfg = _model_config(engines)
         tokenizer = Tokenizer(os.path.join(engines, "prefill"))
         lim = dep.limits

@@ -17,6 +17,7 @@ def _register() -> None:
     from builder.cli import build_command, repo_command
     from engine.cli import generate_command
     from orchestrator.bench.cli import bench_group
+    from orchestrator.cache_cli import cache_group
     from orchestrator.chaos.cli import chaos_command
     from orchestrator.serve_cli import chat_command, serve_command
     from orchestrator.worker_cli import worker_command
@@ -31,6 +32,7 @@ def _register() -> None:
     main.add_command(serve_command)
     main.add_command(chat_command)
     main.add_command(bench_group)
+    main.add_command(cache_group)
     main.add_command(chaos_command)
     main.add_command(profile_command)
     main.add_command(plan_command)

@@ -19,7 +19,11 @@ Prefill workers:
 Every worker:
   Watch    -> WorkerStats... pushed on every change and as a heartbeat; never final while the worker lives
   Stats    -> WorkerStats
-  Flush    -> Ack      drop the prefix cache's idle pages
+  Flush    -> Ack      drop the prefix cache's idle pages (pages in use keep their names)
+
+Prefix-cache reports ride on WorkerStats: a watcher's pushes carry the page hashes its pool started
+(`stored`) and stopped (`removed`) holding since that watcher's previous push, or, with `resync`, the
+whole set in `stored` (its first push, or after it fell behind). A one-off Stats reply carries none.
 """
 
 from __future__ import annotations
@@ -168,6 +172,7 @@ class WorkerStats:
     stored: list[str] = field(default_factory=list)  # prefix-cache hashes (hex) added since the last push
     removed: list[str] = field(default_factory=list)
     resync: bool = False  # stored/removed overflowed: `stored` is the whole cache
+    cache_salt: str = ""  # hex of the pool's tandem.prefix.engine_salt; "" when its prefix cache is off
 
 
 REQUESTS = {c.TYPE: c for c in (Open, Start, Release, WriterGone, Prefill, Abort, Watch, Stats, Flush)}

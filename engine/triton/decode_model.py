@@ -10,7 +10,7 @@ from engine.load import load_engine
 from engine.transports.host import PoolHost
 from engine.triton.common import Auth, Params, dispatch, pass_budget, setup_threads
 from engine.workers.decode import DecodeWorker
-from tandem.wire import Open, Release, Start, Stats, Watch, WriterGone
+from tandem.wire import Flush, Open, Release, Start, Stats, Watch, WriterGone
 
 
 def handlers(worker: DecodeWorker) -> dict:
@@ -21,6 +21,7 @@ def handlers(worker: DecodeWorker) -> dict:
         WriterGone: lambda msg, sink: worker.writer_gone(msg.writer),
         Watch: lambda msg, sink: worker.watch(sink, msg.heartbeat_ms / 1000),
         Stats: lambda msg, sink: worker.stats(),
+        Flush: lambda msg, sink: worker.flush(),
     }
 
 
@@ -30,7 +31,8 @@ class TritonPythonModel:
         self.auth = Auth()  # before anything slow: a bad secret fails the load at once
         setup_threads(p)
         transports = tuple(t for t in p.str("transports").split(",") if t)
-        self.engine = load_engine(p.str("engine_dir"), kv_bytes=p.int("kv_pool_bytes"), shared_kv="shm" in transports)
+        self.engine = load_engine(p.str("engine_dir"), kv_bytes=p.int("kv_pool_bytes"), shared_kv="shm" in transports,
+                                  prefix_cache=p.str("prefix_cache") == "on")
         self.pool = PoolHost(self.engine.cache, transports)
         chunk = p.int("chunk_tokens")
         self.worker = DecodeWorker(self.engine, self.pool, role="decode", max_batch_size=p.int("max_batch_size"),

@@ -17,7 +17,8 @@ class TritonPythonModel:
         p = Params(args)
         self.auth = Auth()  # before anything slow: a bad secret fails the load at once
         setup_threads(p)
-        engine = load_engine(p.str("engine_dir"), kv_bytes=p.int("kv_pool_bytes"))
+        engine = load_engine(p.str("engine_dir"), kv_bytes=p.int("kv_pool_bytes"),
+                             prefix_cache=p.str("prefix_cache") == "on")
         chunk = p.int("chunk_tokens")
         # the same prefill pass budget as the disaggregated prefill worker: a fair baseline
         self.worker = DecodeWorker(engine, None, role="generate", max_batch_size=p.int("max_batch_size"),

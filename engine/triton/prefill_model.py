@@ -8,7 +8,7 @@ from __future__ import annotations
 from engine.load import load_engine
 from engine.triton.common import Auth, Params, dispatch, pass_budget, setup_threads
 from engine.workers.prefill import PrefillWorker
-from tandem.wire import Abort, Prefill, Stats, Watch
+from tandem.wire import Abort, Flush, Prefill, Stats, Watch
 
 
 class TritonPythonModel:
@@ -18,8 +18,12 @@ class TritonPythonModel:
         setup_threads(p)
         engine = load_engine(p.str("engine_dir"), kv_bytes=None)
         budget = pass_budget(p, engine.device)
-        if budget < engine.max_context:  # a local pool holds a long prompt between its chunks
-            engine.attach_pool(engine.kv_layout().pages_for(engine.max_context))
+        caching = p.str("prefix_cache") == "on"
+        if budget < engine.max_context or caching:  # long prompts between their chunks, and the prefix cache
+            layout = engine.kv_layout()
+            pages = max(layout.pages_for(engine.max_context), p.int("pool_bytes") // (layout.bytes_per_token *
+                                                                                   layout.tokens_per_page))
+            engine.attach_pool(pages, prefix_cache=caching)
         w = self.worker = PrefillWorker(engine, pass_tokens=budget,
                                         write_delay_s=p.float("fault_write_delay_ms") / 1000).launch()
         self.handlers = {
@@ -27,6 +31,7 @@ class TritonPythonModel:
             Abort: lambda msg, sink: w.abort(msg.request_id),
             Watch: lambda msg, sink: w.watch(sink, msg.heartbeat_ms / 1000),
             Stats: lambda msg, sink: w.stats(),
+            Flush: lambda msg, sink: w.flush(),
         }
 
     def execute(self, requests):

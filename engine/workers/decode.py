@@ -5,6 +5,11 @@ or a short prompt prefilled here: conditional disaggregation) and a *co-located*
 prompt prefilled here), which is the same worker with `pool=None` (no writers from outside).
 A request's life is the Lease state machine of engine/workers/leases.py.
 
+Prefix cache (engine/prefix_cache.py): an Open takes the longest cached run of its prompt's pages; a
+remote writer is told to start after them (Destination.start, Reserved.cached_tokens) and a local
+prefill computes only the rest. Pages are named once their K/V are in: after each pass for what this
+worker computed, and when the pages arrived for what a prefill worker wrote.
+
 Threads: control calls (`open`, `start`, `release`, `watch`, `writer_gone`) come from Triton's
 threads and only touch bookkeeping under the lock: a reservation is answered at once, never after a
 model pass. Everything else (state changes, the model, freeing pages) happens on the loop thread,
@@ -22,6 +27,7 @@ from engine.engine import Engine
 from engine.errors import InvalidRequest
 from engine.scheduler import Scheduler
 from engine.transports.host import PoolHost
+from engine.workers.cache_feed import CacheFeed
 from engine.workers.leases import Lease, LeaseState
 from engine.workers.loop import Deadlines, Loop
 from engine.workers.sink import Responder
@@ -58,7 +64,8 @@ class DecodeWorker:
         self.arrived: set[str] = set()  # "pages ready" notices for leases not yet started
         self.lock = threading.Lock()
         self.deadlines = Deadlines(clock)
-        self.watchers = Watchers(self.stats, clock)
+        self.feed = CacheFeed(max(1024, 2 * engine.allocator.num_pages))
+        self.watchers = Watchers(self.stats, clock, self.feed)
         self.kv_bytes_received = 0
         self.loop = Loop(self._iterate, self._next_due, f"{role}-loop", clock)
 
@@ -77,9 +84,10 @@ class DecodeWorker:
         with self.lock:
             if msg.request_id in self.leases:
                 raise InvalidRequest(f"request {msg.request_id!r} is already open here")
-            pages = self.engine.allocator.allocate(self.engine.cache.layout.pages_for(seq.budget))  # OutOfPages
-            seq.page_table = pages
-            lease = Lease(msg.request_id, secrets.token_hex(8), seq, pages, sink, LeaseState.PREFILLING)
+            cached = self.engine.prefix.reserve(seq, self.engine.cache.layout.pages_for(seq.budget))  # OutOfPages
+            pages = seq.page_table
+            lease = Lease(msg.request_id, secrets.token_hex(8), seq, pages, sink, LeaseState.PREFILLING,
+                          cached_tokens=cached)
             if not msg.local_prefill:
                 try:
                     self._hand_out(lease, msg)
@@ -88,9 +96,9 @@ class DecodeWorker:
                     raise
             self.leases[msg.request_id] = lease
             self.inbox.append(lease)
-        if lease.handed_out:
+        if lease.handed_out:  # the writer skips the cached pages: it never writes a shared page
             sink.send(Reserved(msg.request_id, lease.token, self.pool.destination(
-                lease.transport, pages, lease.slot, lease.epoch)))
+                lease.transport, pages, lease.slot, lease.epoch, start=cached), cached_tokens=cached))
         self.loop.wake()
 
     def _hand_out(self, lease: Lease, msg: Open) -> None:
@@ -152,20 +160,34 @@ class DecodeWorker:
         with self.lock:
             states = [lease.state for lease in self.leases.values()]
             a = self.engine.allocator
+            self.feed.collect(a)
+            c = a.counters()
             return WorkerStats(role=self.role, host=self.host, pages_total=a.num_pages, pages_used=a.num_used,
-                               pages_fenced=sum(len(x.pages) for x in self.fencing.values()),
+                               pages_cached=c.cached_pages, pages_fenced=sum(len(x.pages) for x in self.fencing.values()),
                                running=self.scheduler.size,
                                reserved=states.count(LeaseState.RESERVED) + states.count(LeaseState.WAITING_KV),
-                               kv_bytes_received=self.kv_bytes_received)
+                               kv_bytes_received=self.kv_bytes_received, cache_hits=c.hit_pages,
+                               cache_misses=c.miss_pages, cache_evictions=c.evicted_pages,
+                               cache_salt=self.engine.salt.hex() if a.enabled else "")
+
+    def flush(self) -> Ack:
+        """Drop every idle cached page (pages of running requests keep their names); watchers hear of it."""
+        with self.lock:
+            self.engine.allocator.flush()
+        self.watchers.push(force=True)
+        return Ack()
 
     # -- the loop (one thread) ----------------------------------------------------------------------
 
     def _iterate(self) -> bool:
         with self.lock:
             changed = self._housekeeping()
-        events = self.scheduler.step() if self.scheduler.has_work else []
-        if events:
+        ran = self.scheduler.has_work
+        events = self.scheduler.step() if ran else []
+        if ran:
             with self.lock:
+                for seq in [*self.scheduler.waiting, *self.scheduler.running, *(ev.seq for ev in events)]:
+                    changed |= self.engine.prefix.commit(seq) > 0  # before a finished one's pages are freed
                 for ev in events:
                     self._deliver(self.leases.get(ev.seq.request_id), ev)
         self.watchers.push(force=changed or any(ev.seq.finished for ev in events))
@@ -175,8 +197,9 @@ class DecodeWorker:
         if lease is None:
             return
         reason = ev.seq.finish_reason.value if ev.seq.finished else None
+        cached = lease.cached_tokens if lease.state is LeaseState.PREFILLING else 0  # on its first token only
         lease.state = LeaseState.RUNNING
-        lease.sink.send(Token(ev.token, ev.logprob, reason), final=reason is not None)
+        lease.sink.send(Token(ev.token, ev.logprob, reason, cached_tokens=cached), final=reason is not None)
         if reason is not None:
             self._end(lease, None)
 
@@ -250,7 +273,9 @@ class DecodeWorker:
             self.deadlines.cancel(("transfer", lease.request_id))
             lease.state, lease.scheduled = LeaseState.RUNNING, True
             self.scheduler.add_running(lease.seq)
-            self.kv_bytes_received += (lease.seq.num_cached) * self.engine.cache.layout.bytes_per_token
+            self.engine.prefix.commit(lease.seq)  # the writer is done and every page arrived: name them
+            written = lease.seq.num_cached - lease.cached_tokens
+            self.kv_bytes_received += written * self.engine.cache.layout.bytes_per_token
             return True
         return False
 

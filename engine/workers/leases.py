@@ -43,6 +43,7 @@ class Lease:
     scheduled: bool = False  # handed to the scheduler
     pages_ready: bool = False
     writer_done: bool = False  # no writer can write these pages any more
+    cached_tokens: int = 0  # leading prompt tokens its pages took from the prefix cache (never written)
     end_status: BaseException | None = None  # why it ends (set by release, cancel, timeout)
 
     @property

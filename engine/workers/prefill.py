@@ -7,9 +7,18 @@ loop runs one pass of at most `pass_tokens` tokens, either
 - the next chunk of one long prompt (longer than a pass), prefilled against a local KV pool and
   streamed to its destination chunk by chunk.
 When both kinds wait, passes alternate: a short prompt never waits for a whole long prompt, and a
-long prompt always advances. A request is answered as soon as its last pass is done; one that fails
-(a destination that cannot be written, its lease revoked) fails alone. An aborted or cancelled request
-leaves the queue at the next pass boundary (at once if it has not started), its writer stopped.
+long prompt always advances.
+
+With the prefix cache on, every prompt is computed against pages of the local pool (engine.extend over
+its uncached suffix), so its full pages stay cached for the next prompt with the same prefix: only the
+uncached part is computed, and the destination gets only what it lacks (positions from its `start`,
+some of them sent from this worker's cache: prefill_items.send_cached). A prompt that finds no room in
+the pool is computed straight into its writer, as with the cache off.
+
+A request is answered as soon as its last pass is done; one that fails (a destination that cannot be
+written, its lease revoked) fails alone. An aborted or cancelled request leaves the queue at the next
+pass boundary (at once if it has not started), its writer stopped. The pool's allocator is touched
+only under `lock` (the loop thread, stats and Flush from Triton's threads).
 """
 
 from __future__ import annotations
@@ -17,15 +26,13 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from dataclasses import dataclass
-
-import torch
 
 from engine.engine import Engine
 from engine.errors import OutOfPages
-from engine.sequence import Sequence
-from engine.transports import KVSender, LayerWriter, sender
+from engine.transports import KVSender, sender
+from engine.workers.cache_feed import CacheFeed
 from engine.workers.loop import Loop
+from engine.workers.prefill_items import DiscardWriter, PrefillItem, SlowWriter, send_cached
 from engine.workers.sink import Responder
 from engine.workers.watchers import Watchers
 from tandem.pool import host_identity
@@ -33,71 +40,27 @@ from tandem.status import Cancelled, TandemError
 from tandem.wire import Ack, Prefill, Prefilled, WorkerStats
 
 
-class DiscardWriter:
-    """No destination: compute the first token only (a benchmark baseline, or a probe)."""
-
-    bytes_written = 0
-
-    def write_layer(self, layer: int, k: torch.Tensor, v: torch.Tensor, start: int = 0) -> None:
-        return None
-
-    def stop(self) -> None:
-        return None
-
-    def finish(self) -> None:
-        return None
-
-    def abort(self) -> None:
-        return None
-
-
-class SlowWriter:
-    """Fault injection (tests, `tandem chaos`): a writer that waits `delay_s` before every layer."""
-
-    def __init__(self, inner: LayerWriter, delay_s: float):
-        self.inner, self.delay_s = inner, delay_s
-
-    def write_layer(self, layer, k, v, start=0) -> None:
-        time.sleep(self.delay_s)
-        self.inner.write_layer(layer, k, v, start)
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
-
-
-@dataclass(eq=False)
-class _Item:
-    order: int
-    msg: Prefill
-    seq: Sequence
-    writer: object
-    sink: Responder
-    chunked: bool
-    queued_at: float
-    started_at: float = 0.0
-    compute_s: float = 0.0
-    aborted: bool = False
-
-
 class PrefillWorker:
     def __init__(self, engine: Engine, pass_tokens: int = 8192, write_delay_s: float = 0.0,
                  registry: dict | None = None):
-        """`engine.cache`, when there is one, holds long prompts between their chunks."""
+        """`engine.cache`, when there is one, holds long prompts between their chunks and the prefix cache."""
         self.engine = engine
         self.pass_tokens = pass_tokens
         tpp = engine.cache.layout.tokens_per_page if engine.cache is not None else 1
         self.chunk_tokens = max(tpp, pass_tokens // tpp * tpp)  # chunks start on page boundaries
+        self.caching = engine.prefix is not None and engine.prefix.enabled
         self.write_delay_s = write_delay_s
         self.registry = registry  # inproc transport (tests)
         self.host = host_identity()
         self.senders: dict[str, KVSender] = {}
         self.layout = engine.kv_layout()
-        self.queue: list[_Item] = []  # waiting for a pass
-        self.active: dict[str, _Item] = {}  # every request not yet answered (queued or in a pass), by id
+        self.queue: list[PrefillItem] = []  # waiting for a pass
+        self.active: dict[str, PrefillItem] = {}  # every request not yet answered (queued or in a pass), by id
         self.lock = threading.Lock()
         self._order = itertools.count()
         self._long_turn = False
-        self.watchers = Watchers(self.stats)
+        self.feed = CacheFeed(max(1024, 2 * engine.allocator.num_pages)) if self.caching else None
+        self.watchers = Watchers(self.stats, feed=self.feed)
         self.loop = Loop(self.step, self._progress_due, "prefill-loop")
 
     def launch(self) -> "PrefillWorker":
@@ -109,10 +72,12 @@ class PrefillWorker:
     def submit(self, msg: Prefill, sink: Responder) -> None:
         """Queue a request; raises (InvalidRequest, TransferFailed) at once for one that cannot run."""
         seq = self.engine.new_sequence(msg.request_id, msg.prompt_ids, msg.sampling, msg.output_ids)
-        chunked = self.engine.cache is not None and seq.num_tokens > self.pass_tokens
         writer = self._writer(msg) if msg.destination is not None else DiscardWriter()
-        item = _Item(next(self._order), msg, seq, writer, sink, chunked, time.perf_counter())
         with self.lock:
+            cached = self.engine.prefix.peek(seq) if self.caching else 0  # what it will likely find
+            chunked = self.engine.cache is not None and seq.num_tokens - cached > self.pass_tokens
+            item = PrefillItem(next(self._order), msg, seq, writer, sink, chunked, time.perf_counter(),
+                               cached_tokens=cached)
             self.queue.append(item)
             self.active[msg.request_id] = item
         self.loop.wake()
@@ -133,8 +98,25 @@ class PrefillWorker:
 
     def stats(self) -> WorkerStats:
         with self.lock:
-            queued = sum(it.seq.num_tokens - it.seq.num_cached for it in self.queue)
-            return WorkerStats(role="prefill", host=self.host, running=len(self.queue), queued_tokens=queued)
+            queued = sum(self._todo(it) for it in self.queue)
+            a = self.engine.allocator
+            if a is None:
+                return WorkerStats(role="prefill", host=self.host, running=len(self.queue), queued_tokens=queued)
+            if self.feed is not None:
+                self.feed.collect(a)
+            c = a.counters()
+            return WorkerStats(role="prefill", host=self.host, running=len(self.queue), queued_tokens=queued,
+                               pages_total=a.num_pages, pages_used=a.num_used, pages_cached=c.cached_pages,
+                               cache_hits=c.hit_pages, cache_misses=c.miss_pages, cache_evictions=c.evicted_pages,
+                               cache_salt=self.engine.salt.hex() if self.caching else "")
+
+    def flush(self) -> Ack:
+        """Drop every idle cached page of the local pool (pages in a pass keep their names)."""
+        if self.engine.allocator is not None:
+            with self.lock:
+                self.engine.allocator.flush()
+        self.watchers.push(force=True)
+        return Ack()
 
     def _writer(self, msg: Prefill):
         dest = msg.destination
@@ -163,6 +145,8 @@ class PrefillWorker:
             group = [longs[0]] if take_long else self._pack(shorts) if shorts else []
             for it in group:
                 self.queue.remove(it)
+                if self.caching and not take_long:
+                    self._reserve(it)
             self._long_turn = not take_long
         for it in dropped:
             self._end_cancelled(it)
@@ -172,7 +156,32 @@ class PrefillWorker:
         self.watchers.push(force=bool(group or dropped))
         return bool(group or dropped)
 
-    def _drop_cancelled(self) -> list[_Item]:
+    def _todo(self, it: PrefillItem) -> int:
+        """Tokens still to compute: all but the cached prefix (or what a peek expects to find)."""
+        return it.seq.num_tokens - max(it.seq.num_cached, it.cached_tokens)
+
+    def _reserve(self, it: PrefillItem) -> OutOfPages | None:
+        """Pages in the local pool, the cached prefix first (caller holds the lock); the error if no room."""
+        seq = it.seq
+        pages = self.engine.cache.layout.pages_for(seq.num_tokens)
+        try:
+            if self.caching:
+                it.cached_tokens = self.engine.prefix.reserve(seq, pages)
+            else:
+                seq.page_table = self.engine.allocator.allocate(pages)
+        except OutOfPages as e:
+            it.cached_tokens = 0  # computed straight into its writer, or waiting for room
+            return e
+        return None
+
+    def _release(self, it: PrefillItem, computed: bool) -> None:
+        """Give the item's local pages back; `computed`: their K/V are complete, so cache them first."""
+        with self.lock:
+            if computed and self.caching:
+                self.engine.prefix.commit(it.seq)
+            self.engine.release(it.seq)
+
+    def _drop_cancelled(self) -> list[PrefillItem]:
         """Queued items that were aborted or whose caller went away (caller holds the lock)."""
         gone = [it for it in self.queue if it.aborted or it.sink.cancelled()]
         for it in gone:
@@ -180,80 +189,92 @@ class PrefillWorker:
             it.aborted = True
         return gone
 
-    def _end_cancelled(self, it: _Item) -> None:
+    def _end_cancelled(self, it: PrefillItem) -> None:
         it.writer.abort()
-        self.engine.release(it.seq)  # a long prompt's local chunk pages
+        self._release(it, computed=False)
         self._done(it)
         it.sink.fail(Cancelled(f"prefill of {it.msg.request_id} was aborted"))
 
-    def _done(self, it: _Item) -> None:
+    def _fail(self, it: PrefillItem, e: BaseException) -> None:
+        """A failed pass or chunk: no pages held, no writer left open; the request fails alone."""
+        self._release(it, computed=False)
+        it.writer.abort()
+        self._done(it)
+        it.sink.fail(e)
+
+    def _done(self, it: PrefillItem) -> None:
         with self.lock:
             if self.active.get(it.msg.request_id) is it:
                 del self.active[it.msg.request_id]
 
-    def _pack(self, shorts: list[_Item]) -> list[_Item]:
-        """The oldest waiting prompt, then the shortest others that fit the pass."""
-        group, tokens = [shorts[0]], shorts[0].seq.num_tokens
-        for it in sorted(shorts[1:], key=lambda it: it.seq.num_tokens):
-            if tokens + it.seq.num_tokens <= self.pass_tokens:
+    def _pack(self, shorts: list[PrefillItem]) -> list[PrefillItem]:
+        """The oldest waiting prompt, then the shortest others that fit the pass (by tokens to compute)."""
+        group, tokens = [shorts[0]], self._todo(shorts[0])
+        for it in sorted(shorts[1:], key=self._todo):
+            if tokens + self._todo(it) <= self.pass_tokens:
                 group.append(it)
-                tokens += it.seq.num_tokens
+                tokens += self._todo(it)
         return group
 
-    def _packed(self, group: list[_Item]) -> None:
+    def _packed(self, group: list[PrefillItem]) -> None:
+        """One pass: pooled items continue against their pages (cached prefix), the others straight
+        into their writers (no room in the pool, or no cache)."""
         t0 = time.perf_counter()
         for it in group:
             it.started_at = it.started_at or t0
+        pooled = [it for it in group if it.pooled]
+        direct = [it for it in group if not it.pooled]
         try:
-            outs = self.engine.prefill([it.seq for it in group], [it.writer for it in group])
+            for it in pooled:
+                send_cached(self.engine.cache, it)
+            outs = self.engine.extend([it.seq for it in pooled], [self._todo(it) for it in pooled],
+                                      [it.writer for it in pooled]) if pooled else []
+            outs += self.engine.prefill([it.seq for it in direct], [it.writer for it in direct]) if direct else []
         except Exception as e:  # a failed pass fails its requests, not the worker
             for it in group:
-                it.writer.abort()
-                self._done(it)
-                it.sink.fail(e)
+                self._fail(it, e)
             return
         compute = time.perf_counter() - t0
-        for it, out in zip(group, outs):
+        for it, out in zip(pooled + direct, outs):
             it.compute_s = compute
+            if it.pooled:
+                self._release(it, computed=True)
             self._answer(it, out)
 
-    def _chunk(self, it: _Item) -> None:
+    def _chunk(self, it: PrefillItem) -> None:
         seq, engine = it.seq, self.engine
         it.started_at = it.started_at or time.perf_counter()
         if not seq.page_table:
-            try:
-                seq.page_table = engine.allocator.allocate(engine.cache.layout.pages_for(seq.num_tokens))
-            except OutOfPages as e:
-                if any(x.chunked for x in self.queue):
-                    with self.lock:
-                        self.queue.append(it)  # others hold the pool; try again after them
+            with self.lock:
+                full = self._reserve(it)
+                if full is not None and any(x.chunked for x in self.queue):
+                    self.queue.append(it)  # others hold the pool; try again after them
                     return
-                it.writer.abort()
-                self._done(it)
-                it.sink.fail(e)
+            if full is not None:
+                self._fail(it, full)
                 return
+            send_cached(engine.cache, it)
         n = min(self.chunk_tokens, seq.num_tokens - seq.num_cached)
         t0 = time.perf_counter()
         try:
             out = engine.extend([seq], [n], [it.writer])[0]
         except Exception as e:  # a failed chunk must not hold pages or leave the writer open
-            engine.release(seq)
-            it.writer.abort()
-            self._done(it)
-            it.sink.fail(e)
+            self._fail(it, e)
             return
         it.compute_s += time.perf_counter() - t0
         if out is None and not it.aborted:
             with self.lock:
+                if self.caching:
+                    self.engine.prefix.commit(seq)  # its finished chunks can serve others already
                 self.queue.insert(0, it)  # more chunks to go; keeps its place as the oldest long prompt
             return
-        engine.release(seq)
+        self._release(it, computed=out is not None)
         if it.aborted:
             self._end_cancelled(it)
         else:
             self._answer(it, out)
 
-    def _answer(self, it: _Item, out) -> None:
+    def _answer(self, it: PrefillItem, out) -> None:
         if it.aborted:
             self._end_cancelled(it)
             return
@@ -267,7 +288,8 @@ class PrefillWorker:
             return
         reason = it.seq.finish_reason.value if it.seq.finish_reason else None
         it.sink.send(Prefilled(it.msg.request_id, token, logprob, reason, it.writer.bytes_written,
-                               time.perf_counter() - t1, it.compute_s, it.started_at - it.queued_at), final=True)
+                               time.perf_counter() - t1, it.compute_s, it.started_at - it.queued_at,
+                               cached_tokens=it.cached_tokens), final=True)
 
     def close(self) -> None:
         self.loop.stop()

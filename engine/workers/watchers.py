@@ -4,6 +4,10 @@ is stalled or gone: that is how the orchestrator notices a stopped process (SIGS
 
 Heartbeats come from a thread of their own, not from the worker's loop: a long model pass (a 4k-token
 prompt on a CPU takes many seconds) must not look like a stall. Changes are pushed by the loop.
+
+With a prefix cache, each watcher's stats also carry the cache changes it has not seen yet (its own
+report from engine/workers/cache_feed.py): reports to one watcher are taken and sent in order, one
+push at a time, so a watcher never applies an older report after a newer one.
 """
 
 from __future__ import annotations
@@ -11,8 +15,9 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from engine.workers.cache_feed import CacheFeed
 from engine.workers.sink import Responder
 from tandem.status import Cancelled, Unavailable
 
@@ -25,35 +30,50 @@ class _Watcher:
 
 
 class Watchers:
-    def __init__(self, stats: Callable[[], object], clock=time.monotonic):
-        self.stats, self.clock = stats, clock
+    def __init__(self, stats: Callable[[], object], clock=time.monotonic, feed: CacheFeed | None = None):
+        """`stats()` must collect the allocator's changes into `feed` (under the worker's lock) first."""
+        self.stats, self.clock, self.feed = stats, clock, feed
         self._cond = threading.Condition()
+        self._sending = threading.Lock()  # one push at a time: reports reach each watcher in order
         self._all: list[_Watcher] = []
         self._closed = False
         self._thread = threading.Thread(target=self._beat, name="heartbeat", daemon=True)
         self._thread.start()
 
     def add(self, sink: Responder, heartbeat_s: float) -> None:
+        w = _Watcher(sink, max(0.05, heartbeat_s), 0.0)  # the first push goes at once
+        if self.feed is not None:
+            self.feed.subscribe(id(w))  # its first report is the whole cache
         with self._cond:
-            self._all.append(_Watcher(sink, max(0.05, heartbeat_s), 0.0))  # the first push goes at once
+            self._all.append(w)
             self._cond.notify()
 
     def push(self, force: bool = False) -> None:
         """Send stats to every watcher due for a heartbeat (all of them when `force`); drop the gone."""
-        now = self.clock()
-        with self._cond:
-            due = [w for w in self._all if force or now >= w.due]
-        if not due:
-            return
-        stats = self.stats()  # outside our lock: it takes the worker's
-        for w in due:
-            w.sink.send(stats)
-            w.due = now + w.heartbeat_s
-        with self._cond:
-            gone = [w for w in self._all if w.sink.cancelled()]
-            self._all = [w for w in self._all if w not in gone]
+        with self._sending:
+            now = self.clock()
+            with self._cond:
+                due = [w for w in self._all if force or now >= w.due]
+            if not due:
+                return
+            stats = self.stats()  # outside our lock: it takes the worker's
+            for w in due:
+                w.sink.send(self._report(stats, w))
+                w.due = now + w.heartbeat_s
+            with self._cond:
+                gone = [w for w in self._all if w.sink.cancelled()]
+                self._all = [w for w in self._all if w not in gone]
         for w in gone:
+            if self.feed is not None:
+                self.feed.unsubscribe(id(w))
             w.sink.fail(Cancelled("the watcher went away"))  # the final reply retires the request
+
+    def _report(self, stats, w: _Watcher):
+        """The stats with this watcher's own prefix-cache changes (hex hashes, see tandem/wire.py)."""
+        if self.feed is None:
+            return stats
+        stored, removed, resync = self.feed.take(id(w))
+        return replace(stats, stored=[h.hex() for h in stored], removed=[h.hex() for h in removed], resync=resync)
 
     def _beat(self) -> None:
         while True:

@@ -80,25 +80,32 @@ def bench_group(ctx, url, protocol, scenario, prompt_len, output_len, output_len
 
 @bench_group.command("compare")
 @click.option("--engines", default="smollm2-135m", show_default=True, help="Model or engines folder to serve.")
+@click.option("--suite", type=click.Choice(["equal-hardware", "equal-hardware-quick"]), default=None,
+              help="Run a whole suite instead of --scenarios: the seed bursts, a Poisson rate sweep, and the "
+                   "planner's predictions side by side (see docs/benchmarks/equal-hardware).")
 @click.option("--scenarios", default="steady,stall", show_default=True)
-@click.option("--modes", default="disaggregated,colocated,chunked", show_default=True)
+@click.option("--layouts", default=None,
+              help="Comma-separated layouts of exactly --cores cores, e.g. '1P1D,colocated 2x1,colocated 1x2' "
+                   "(default: every xPyD split, co-located replicas, one co-located worker, and chunked).")
+@click.option("--cores", default=None, help="Cores every layout gets, e.g. 0,1 (default: all this process may use).")
 @click.option("--protocol", type=click.Choice(["grpc", "openai"]), default="grpc", show_default=True)
 @click.option("--out", required=True, help="Report folder (report.json, report.md, plots).")
-@click.option("--slo-ttft-ms", type=float, default=1500, show_default=True)
-@click.option("--slo-tpot-ms", type=float, default=150, show_default=True)
-@click.option("--kv-pool-bytes", type=click.IntRange(1 << 20), default=1 << 30, show_default=True)
+@click.option("--slo-ttft-ms", type=float, default=1500, show_default=True, help="(--scenarios only)")
+@click.option("--slo-tpot-ms", type=float, default=150, show_default=True, help="(--scenarios only)")
+@click.option("--kv-pool-bytes", type=click.IntRange(1 << 20), default=2 << 30, show_default=True,
+              help="KV pool of every decode or co-located worker.")
 @click.option("--chunk-tokens", type=click.IntRange(1), default=256, show_default=True)
-def compare_command(engines, scenarios, modes, protocol, out, slo_ttft_ms, slo_tpot_ms, kv_pool_bytes, chunk_tokens):
-    """Run the same scenarios against all three serving modes, one after another, into one report."""
-    from orchestrator.bench.compare import MODES, run_compare
+@click.option("--profile", "profile_path", default=None,
+              help="--suite: the hardware profile to predict with (default: measure one first with tandem profile).")
+@click.option("--handoff-gbps", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="--suite: handoff GB/s for the profile measured first (scripts/bench_handoff.py, shm).")
+@click.option("--note", default="", help="--suite: a note on the machine for the report (e.g. 'shared, busy').")
+def compare_command(engines, suite, scenarios, layouts, cores, protocol, out, slo_ttft_ms, slo_tpot_ms, kv_pool_bytes,
+                    chunk_tokens, profile_path, handoff_gbps, note):
+    """Run the same workloads against serving layouts on equal hardware, one after another, into one report."""
+    from orchestrator.bench.compare_cli import run_from_cli
 
-    names = [s.strip() for s in scenarios.split(",") if s.strip()]
-    mode_list = [m.strip() for m in modes.split(",") if m.strip()]
-    bad = [s for s in names if s not in SCENARIOS] + [m for m in mode_list if m not in MODES]
-    if bad:
-        raise click.BadParameter(f"unknown {bad}; scenarios: {sorted(SCENARIOS)}, modes: {list(MODES)}")
-    doc = run_compare(engines, out, names, mode_list, protocol, slo_ttft_ms / 1e3, slo_tpot_ms / 1e3, kv_pool_bytes,
-                      chunk_tokens, _tokenizer(None), log=lambda m: click.echo(m, err=True))
-    with open(os.path.join(out, "report.md")) as f:
-        click.echo(f.read())
-    click.echo(f"report: {os.path.join(out, 'report.md')} ({len(doc['scenarios'])} scenarios)")
+    run_from_cli(engines=engines, suite=suite, scenarios=scenarios, layouts=layouts, cores=cores, protocol=protocol,
+                 out=out, slo=(slo_ttft_ms / 1e3, slo_tpot_ms / 1e3), kv_pool_bytes=kv_pool_bytes,
+                 chunk_tokens=chunk_tokens, profile=profile_path, handoff_gbps=handoff_gbps, note=note,
+                 tokenizer=_tokenizer(None))

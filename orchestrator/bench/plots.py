@@ -1,5 +1,6 @@
-"""Plots (PNG): CDFs of TTFT and inter-token gaps per mode, and a per-request token timeline that
-shows generation stalls (one row per request, a tick per streamed token)."""
+"""Plots (PNG): CDFs of TTFT and inter-token gaps per mode, a per-request token timeline that
+shows generation stalls (one row per request, a tick per streamed token), and SLO attainment vs
+arrival rate per layout (measured, and as the planner predicts it)."""
 
 from __future__ import annotations
 
@@ -50,6 +51,31 @@ def timeline(runs: dict[str, list[RequestRecord]], path: str, title: str) -> Non
     handles = [plt.Line2D([], [], color=c, marker="|", ls="", label=s) for s, c in colors.items()]
     axes[0, 0].legend(handles=handles, loc="upper right", fontsize=8)
     axes[0, 0].set_title(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def attainment(sweep: dict, plan: dict, path: str, title: str) -> None:
+    """DistServe's figure: attainment vs rate per layout, measured (solid) and `tandem plan` (dashed);
+    the dotted line is the target, where a curve crosses it is the rate the layout sustains."""
+    fig, ax = plt.subplots(figsize=(8, 5))
+    plan_pts: dict[str, list[tuple[float, float]]] = {}
+    for r in plan["results"]:
+        plan_pts.setdefault(r["layout"], []).append((r["rate"], r["metrics"]["slo_attainment"]))
+    for i, (name, curve) in enumerate(sweep["measured"].items()):
+        rates = sorted(curve)
+        ax.plot(rates, [curve[r] * 100 for r in rates], "-o", color=f"C{i}", label=f"{name} measured")
+        if name in plan_pts:
+            xs, ys = zip(*sorted(plan_pts[name]))
+            ax.plot(xs, [y * 100 for y in ys], "--", color=f"C{i}", alpha=0.7, label=f"{name} tandem plan")
+    ax.axhline(plan["slo"]["target_attainment"] * 100, color="grey", linewidth=0.8, linestyle=":")
+    ax.set_xlabel("Poisson rate (requests/s)")
+    ax.set_ylabel("SLO attainment (%)")
+    ax.set_ylim(-2, 102)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    ax.set_title(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -4,10 +4,16 @@ A stream sends `count` requests either closed-loop (`concurrency` clients, each 
 request when the last one finished), as a Poisson process (`rate` requests/s), or at a fixed
 `interval`. Prompts are made of seeded random words cut to the requested token count, so the same
 seed gives the same prompts in every mode.
+
+The seed workload is the shape the disaggregation claim is reported on (64 concurrent requests,
+512-token prompts, 128-token answers: phase separation cut TTFT by 25% and total time by 22%); it
+is sent as one burst (each client one request) and `seed_scenario(scale)` makes smaller bursts of
+the same shape. `poisson_scenario` is one point of an arrival-rate sweep.
 """
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import asdict, dataclass, field
 
@@ -69,6 +75,50 @@ SCENARIOS = {
         Stream("long", prompt_len=1536, output_len=8, count=4, interval=5.0, start_after=2.0),
     ), warmup=1, description="4 clients streaming short answers; a 1536-token prompt every 5 s"),
 }
+
+
+SEED_CLIENTS, SEED_PROMPT, SEED_OUTPUT = 64, 512, 128
+WARMUP_SEED = 999
+
+
+def seed_scenario(clients_scale: float = 1.0, length_scale: float = 1.0, seed: int = 1) -> Scenario:
+    """The seed burst: SEED_CLIENTS x clients_scale clients at once, each sending one request of
+    SEED_PROMPT x length_scale prompt and SEED_OUTPUT x length_scale output tokens (rounded, >= 1)."""
+    if not (0 < clients_scale <= 1 and 0 < length_scale <= 1):
+        raise ValueError(f"seed scales must be in (0, 1], got clients {clients_scale}, lengths {length_scale}")
+    clients = max(1, round(SEED_CLIENTS * clients_scale))
+    prompt, output = max(1, round(SEED_PROMPT * length_scale)), max(1, round(SEED_OUTPUT * length_scale))
+    full = clients_scale == 1 and length_scale == 1
+    name = "seed" if full else f"seed-{clients}x{prompt}-{output}"
+    how = "the claim's workload" if full else (f"the seed scaled: {clients_scale:g} of its clients, {length_scale:g} of "
+                                               f"its lengths")
+    return Scenario(name, (Stream(name, prompt, output, count=clients, concurrency=clients),), warmup=0, seed=seed,
+                    description=f"{clients} concurrent requests at once, {prompt}-token prompts, {output}-token "
+                                f"answers ({how})")
+
+
+def poisson_scenario(rate: float, prompt_len: int, output_len: int, duration_s: float, min_requests: int = 10,
+                     seed: int = 0) -> Scenario:
+    """Poisson arrivals at `rate` requests/s for about `duration_s` seconds (at least `min_requests`)."""
+    if rate <= 0 or duration_s <= 0:
+        raise ValueError(f"a Poisson point needs rate > 0 and duration_s > 0, got {rate} and {duration_s}")
+    count = max(min_requests, math.ceil(rate * duration_s))
+    name = f"rate-{rate:g}"
+    return Scenario(name, (Stream("poisson", prompt_len, output_len, count=count, rate=rate),), warmup=0, seed=seed,
+                    description=f"Poisson arrivals at {rate:g} req/s, {count} requests of {prompt_len} prompt / "
+                                f"{output_len} output tokens")
+
+
+def warmup_scenario(workers: int) -> Scenario:
+    """Two short requests per worker, as many at once as there are workers, so every worker has run
+    its first passes (which allocate) before anything is measured."""
+    # its own seed: no prompt of it may be a prefix of a measured one (a prefix cache would hit it)
+    return Scenario("warmup", (Stream("warmup", 64, 8, count=2 * workers, concurrency=workers),), warmup=0,
+                    seed=WARMUP_SEED)
+
+
+# the seed and its scaled variant, by name (distinct seeds: neither's prompts are prefixes of the other's)
+SCENARIOS.update({sc.name: sc for sc in (seed_scenario(seed=1), seed_scenario(0.25, 0.5, seed=2))})
 
 
 def make_prompt(tokenizer, n_tokens: int, rng: random.Random) -> str:

@@ -1,0 +1,64 @@
+"""The equal-hardware report from hand-made runs: claim, attainment curves, predictions, files."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from orchestrator.bench.equal_markdown import write_report
+from orchestrator.bench.equal_report import build
+from orchestrator.bench.slo import claim_change
+from orchestrator.bench.stats import RequestRecord
+from orchestrator.bench.suite import Suite, Sweep
+from orchestrator.bench.workload import seed_scenario
+from planner.sim.layouts import Layout
+from tests.planner.toy import toy_profile
+
+SUITE = Suite("tiny", (seed_scenario(2 / 64, 1 / 16),), Sweep(32, 8, (1.0, 2.0), duration_s=2.0, min_requests=2),
+              slo_ttft_s=1.0, slo_tpot_s=0.2)
+LAYOUTS = [Layout("disaggregated", 1, 1), Layout("colocated", 2)]
+
+
+def _rec(stream, start, ttft, gap, n, prompt):
+    return RequestRecord(stream, start, [ttft + i * gap for i in range(n)], output_tokens=n, prompt_tokens=prompt)
+
+
+def _runs(ttft: float, gap: float) -> dict:
+    """Each scenario's requests sent at its own times, with the given first-token time and token gap."""
+    runs = {}
+    for sc in SUITE.scenarios():
+        st = sc.streams[0]
+        runs[sc.name] = [_rec(st.name, 0.5 * i, ttft * (1 + i), gap, st.output_len, st.prompt_len)
+                         for i in range(st.count)]
+    return runs
+
+
+def test_report_from_hand_made_runs(tmp_path):
+    results = {"1P1D": {"pinning": {"prefill-0": [0], "decode-0": [1]}, "runs": _runs(0.6, 0.1)},
+               "colocated 2x1": {"pinning": {"generate-0": [0], "generate-1": [1]}, "runs": _runs(0.8, 0.15)}}
+    profile = toy_profile(prefill={"intercept_s": 0.1, "per_token_s": 0.01}, decode={"intercept_s": 0.1})
+    context = {"command": "tandem bench compare --suite tiny", "cpus": [0, 1], "protocol": "grpc",
+               "machine": {"load_before": "0.1", "load_after": "0.2", "note": "test"}, "kv_pool_bytes": 1 << 30,
+               "chunk_tokens": 256, "kv_need_bytes": 1000, "limits": {"max_in_flight": 10}}
+    doc = build(SUITE, LAYOUTS, results, profile, 1 << 30, 256, context)
+    seed = SUITE.seeds[0].name
+    s = doc["scenarios"][seed]["summary"]
+    (claim,) = doc["seeds"][seed]
+    assert (claim["disaggregated"], claim["baseline"]) == ("1P1D", "colocated 2x1")
+    assert claim["measured"] == claim_change(s["1P1D"], s["colocated 2x1"])
+    assert claim["measured"]["ttft_mean_reduction"] == pytest.approx(0.25)  # 0.6 x 1.5 vs 0.8 x 1.5
+    # rate points have 2 requests: TTFT 0.6, 1.2 (1P1D: one meets 1 s) and 0.8, 1.6 (also one)
+    assert doc["sweep"]["measured"]["1P1D"] == {1.0: 0.5, 2.0: 0.5}
+    assert doc["sweep"]["sustained"]["1P1D"]["measured"]["rate"] == 0.0
+    assert len(doc["validation"]) == 2 * 3 and doc["validation_summary"]["rows"] == 6
+    row = next(r for r in doc["validation"] if r["layout"] == "1P1D" and r["scenario"] == "rate-2")
+    assert row["rate"] == 2.0 and row["measured"]["ttft_p50_s"] == pytest.approx(0.9)
+    assert {r["layout"] for r in doc["plan"]["results"]} >= {"1P1D", "colocated 2x1"}
+    paths = write_report(doc, results, str(tmp_path))
+    saved = json.loads((tmp_path / "report.json").read_text())
+    assert saved["records"]["1P1D"][seed][0]["response_times"][0] == pytest.approx(0.6)
+    md = (tmp_path / "report.md").read_text()
+    assert "| 1P1D | colocated 2x1 | -25% | -25% |" in md
+    assert "| 1P1D | prefill-0: [0], decode-0: [1] |" not in md and "| 1P1D | 2 | prefill-0: [0], decode-0: [1] |" in md
+    assert all(open(p, "rb").read(4) == b"\x89PNG" for p in paths if p.endswith(".png"))

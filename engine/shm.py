@@ -134,17 +134,24 @@ def remove_stale_segments() -> list[str]:
 TRITON_PREFIX = "triton_python_backend"
 
 
-def mapped_shm_files() -> set[str]:
-    """Every /dev/shm file some live process maps (that we can see)."""
+def _group_of(pid: str) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[2])
+
+
+def mapped_shm_files(pgid: int | None = None) -> set[str]:
+    """Every /dev/shm file a live process maps (that we can see); only process group `pgid`'s if given."""
     found = set()
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
+            if pgid is not None and _group_of(entry) != pgid:
+                continue
             with open(f"/proc/{entry}/maps") as f:
                 found.update(line.split(None, 5)[5].strip().replace(" (deleted)", "") for line in f
                              if " /dev/shm/" in line)
-        except (OSError, IndexError):
+        except (OSError, IndexError, ValueError):
             continue  # the process ended while we looked, or is not ours to read
     return found
 

@@ -23,7 +23,7 @@ import urllib.request
 from dataclasses import dataclass, field
 
 from engine.checkpoint import cache_dir
-from engine.shm import remove_stale_segments
+from engine.shm import mapped_shm_files, remove_stale_segments
 from tandem.secret import is_loopback
 
 
@@ -165,7 +165,7 @@ class TritonServer:
             if self.proc.poll() is not None:
                 raise TritonError(f"{self.name} exited with {self.proc.returncode} while starting:\n{self.log_tail()}")
             if all(self._ready(m) for m in self.models):
-                self.shm_files = _group_shm_files(self.proc.pid)  # to clean up even after a hard kill
+                self.shm_files = mapped_shm_files(self.proc.pid)  # to clean up even after a hard kill
                 return
             time.sleep(0.25)
         raise TritonError(f"{self.name} was not ready within {timeout_s:.0f}s:\n{self.log_tail()}")
@@ -203,7 +203,7 @@ def stop_group(pgid: int, timeout_s: float = 20.0, proc: subprocess.Popen | None
                known_shm: set | None = None) -> None:
     """Stop a server: SIGTERM to the server (it unloads its models, whose stubs clean up), SIGKILL to
     whatever of its group is left after `timeout_s`; then unlink shared memory the group had mapped."""
-    mapped = _group_shm_files(pgid) | (known_shm or set())
+    mapped = mapped_shm_files(pgid) | (known_shm or set())
     try:
         os.kill(pgid, signal.SIGTERM)
     except ProcessLookupError:
@@ -219,23 +219,6 @@ def stop_group(pgid: int, timeout_s: float = 20.0, proc: subprocess.Popen | None
         if os.path.exists(path):
             os.unlink(path)
     remove_stale_segments()
-
-
-def _group_shm_files(pgid: int) -> set[str]:
-    """/dev/shm files mapped by any process of the group (Triton's stub regions, our KV pools)."""
-    found = set()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                if int(f.read().rsplit(")", 1)[1].split()[2]) != pgid:
-                    continue
-            with open(f"/proc/{entry}/maps") as f:
-                found.update(line.split(None, 5)[5].strip() for line in f if " /dev/shm/" in line)
-        except (OSError, IndexError, ValueError):
-            continue  # the process ended while we looked
-    return {p.replace(" (deleted)", "") for p in found}
 
 
 def _group_alive(pgid: int) -> bool:

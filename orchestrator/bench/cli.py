@@ -100,12 +100,14 @@ def bench_group(ctx, url, protocol, scenario, prompt_len, output_len, output_len
 @click.option("--handoff-gbps", type=click.FloatRange(min=0, min_open=True), default=None,
               help="--suite: handoff GB/s for the profile measured first (scripts/bench_handoff.py, shm).")
 @click.option("--note", default="", help="--suite: a note on the machine for the report (e.g. 'shared, busy').")
+@click.option("--resume", is_flag=True,
+              help="--suite: reuse the layouts already run into OUT/runs.json (a stopped run, or a rebuilt report).")
 def compare_command(engines, suite, scenarios, layouts, cores, protocol, out, slo_ttft_ms, slo_tpot_ms, kv_pool_bytes,
-                    chunk_tokens, profile_path, handoff_gbps, note):
+                    chunk_tokens, profile_path, handoff_gbps, note, resume):
     """Run the same workloads against serving layouts on equal hardware, one after another, into one report."""
     from orchestrator.bench.compare_cli import run_from_cli
 
     run_from_cli(engines=engines, suite=suite, scenarios=scenarios, layouts=layouts, cores=cores, protocol=protocol,
                  out=out, slo=(slo_ttft_ms / 1e3, slo_tpot_ms / 1e3), kv_pool_bytes=kv_pool_bytes,
-                 chunk_tokens=chunk_tokens, profile=profile_path, handoff_gbps=handoff_gbps, note=note,
+                 chunk_tokens=chunk_tokens, profile=profile_path, handoff_gbps=handoff_gbps, note=note, resume=resume,
                  tokenizer=_tokenizer(None))

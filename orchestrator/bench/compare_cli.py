@@ -33,7 +33,7 @@ def parse_cores(text: str | None) -> list[int]:
 
 
 def run_from_cli(*, engines, suite, scenarios, layouts, cores, protocol, out, slo, kv_pool_bytes, chunk_tokens,
-                 profile, handoff_gbps, note, tokenizer) -> None:
+                 profile, handoff_gbps, note, resume, tokenizer) -> None:
     cpus = parse_cores(cores)
     try:
         chosen = parse_layouts(layouts, len(cpus))
@@ -46,8 +46,11 @@ def run_from_cli(*, engines, suite, scenarios, layouts, cores, protocol, out, sl
         from orchestrator.bench.suite import SUITES
 
         run = EqualRun(SUITES[suite], chosen, cpus, out, engines, protocol, kv_pool_bytes, chunk_tokens, profile,
-                       handoff_gbps, note, command)
-        doc = run_equal_hardware(run, tokenizer, log)
+                       handoff_gbps, note, command, resume)
+        try:
+            doc = run_equal_hardware(run, tokenizer, log)
+        except ValueError as e:  # a saved run of another suite, a profile that cannot be read
+            raise click.ClickException(str(e)) from None
         v = doc["validation_summary"]
         click.echo(f"report: {os.path.join(out, 'report.md')}; validation targets met: TTFT {v['ttft_p50_rel']}/"
                    f"{v['rows']}, ITL {v['itl_p50_rel']}/{v['rows']}, attainment {v['attainment_points']}/{v['rows']}")

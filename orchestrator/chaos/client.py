@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
+from orchestrator.sse import sse_chunks
+
 
 @dataclass
 class Outcome:
@@ -65,11 +67,7 @@ async def _stream(session, url: str, body: dict, out: Outcome, timeout_s: float)
             except (aiohttp.ContentTypeError, KeyError, TypeError, json.JSONDecodeError):
                 out.status = f"HTTP_{resp.status}"
             return
-        async for raw in resp.content:
-            line = raw.decode().strip()
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
+        async for chunk in sse_chunks(resp):
             if "error" in chunk:
                 out.status = chunk.get("status") or "ERROR"
                 return

@@ -48,12 +48,12 @@ def test_report_from_hand_made_runs(tmp_path):
     assert (claim["disaggregated"], claim["baseline"]) == ("1P1D", "colocated 2x1")
     assert claim["measured"] == claim_change(s["1P1D"], s["colocated 2x1"])
     assert claim["measured"]["ttft_mean_reduction"] == pytest.approx(0.25)  # 0.6 x 1.5 vs 0.8 x 1.5
-    # rate points have 2 requests: TTFT 0.6, 1.2 (1P1D: one meets 1 s) and 0.8, 1.6 (also one)
-    assert doc["sweep"]["measured"]["1P1D"] == {1.0: 0.5, 2.0: 0.5}
+    # 2 requests at 1 req/s (TTFTs 0.6, 1.2: one meets 1 s), 4 at 2 req/s (0.6 .. 2.4: one meets it)
+    assert doc["sweep"]["measured"]["1P1D"] == {1.0: 0.5, 2.0: 0.25}
     assert doc["sweep"]["sustained"]["1P1D"]["measured"]["rate"] == 0.0
     assert len(doc["validation"]) == 2 * 3 and doc["validation_summary"]["rows"] == 6
     row = next(r for r in doc["validation"] if r["layout"] == "1P1D" and r["scenario"] == "rate-2")
-    assert row["rate"] == 2.0 and row["measured"]["ttft_p50_s"] == pytest.approx(0.9)
+    assert row["rate"] == 2.0 and row["measured"]["ttft_p50_s"] == pytest.approx(1.5)
     assert {r["layout"] for r in doc["plan"]["results"]} >= {"1P1D", "colocated 2x1"}
     paths = write_report(doc, results, str(tmp_path))
     saved = json.loads((tmp_path / "report.json").read_text())

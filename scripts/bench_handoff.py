@@ -15,8 +15,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import asdict
 
@@ -46,12 +48,22 @@ def pool_process(transport: str, pages: int) -> None:
     host = PoolHost(cache, (transport,))
     proto.write(json.dumps(asdict(host.descriptor)) + "\n")
     proto.flush()
+    done = threading.Event()
+
+    def progress():  # as a decode worker does while writes are in flight (UCX over TCP needs both sides)
+        while not done.wait(0.001):
+            host.poll()
+
+    poller = threading.Thread(target=progress, daemon=True)
+    poller.start()
     for line in sys.stdin:
         if line.strip() == "exit":
             break
         slot, epoch = host.lease_slot()  # one slot per writer; the pool has a slot per page
         proto.write(json.dumps([slot, epoch]) + "\n")
         proto.flush()
+    done.set()
+    poller.join()
     host.close()
     cache.close()
 
@@ -59,9 +71,10 @@ def pool_process(transport: str, pages: int) -> None:
 class Pool:
     """The pool process, seen from the writer's side."""
 
-    def __init__(self, transport: str):
+    def __init__(self, transport: str, wrap: list[str] = ()):
+        """`wrap`: a command prefix for the pool process (e.g. another network namespace, and its UCX env)."""
         self.transport = transport
-        self.proc = subprocess.Popen([sys.executable, __file__, "--pool", transport, "--threads", "1"],
+        self.proc = subprocess.Popen([*wrap, sys.executable, __file__, "--pool", transport, "--threads", "1"],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self.descriptor = parse(PoolDescriptor, json.loads(self.proc.stdout.readline()))
 
@@ -135,6 +148,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--pool", help=argparse.SUPPRESS)
+    ap.add_argument("--transports", default=None, help="comma-separated (default: shm, and nixl if installed)")
+    ap.add_argument("--pool-wrap", default="", help="command prefix for the pool process (scripts/bench_multihost.py)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     pages = layout().pages_for(max(LENGTHS))
@@ -145,12 +160,12 @@ def main() -> None:
     base = load_engine("smollm2-135m", kv_bytes=None)
     words = ("The orchard behind the old mill grows apples, pears and plums in long rows. " * 400).strip()
     prompts = {n: base.tokenizer.encode(words)[:n] for n in LENGTHS}
-    transports = ["shm"] + (["nixl"] if nixl_available() else [])
+    transports = args.transports.split(",") if args.transports else ["shm"] + (["nixl"] if nixl_available() else [])
     print(f"threads={args.threads}  KV: {layout().bytes_per_token} bytes/token (30 layers, 3 KV heads, 64 dims, fp32)")
     print(f"{'transport':>9} {'tokens':>6} {'MB':>7} {'handoff GB/s':>13} {'memcpy GB/s':>12} {'ratio':>6} "
           f"{'TTFT alone s':>13} {'TTFT+handoff s':>15} {'added':>7}")
     for name in transports:
-        pool = Pool(name)
+        pool = Pool(name, shlex.split(args.pool_wrap))
         try:
             s = sender(name, layout())
             for n in LENGTHS:

@@ -185,9 +185,12 @@ class DecodeWorker:
         ran = self.scheduler.has_work
         events = self.scheduler.step() if ran else []
         if ran:
+            with self.lock:  # name what the pass computed before a finished request's pages are freed
+                named = sum(self.engine.prefix.commit(s) for s in [*self.scheduler.waiting, *self.scheduler.running,
+                                                                  *(ev.seq for ev in events)])
+            if named:
+                self.watchers.push(force=True)  # routers hear of the pages before the client hears the answer
             with self.lock:
-                for seq in [*self.scheduler.waiting, *self.scheduler.running, *(ev.seq for ev in events)]:
-                    changed |= self.engine.prefix.commit(seq) > 0  # before a finished one's pages are freed
                 for ev in events:
                     self._deliver(self.leases.get(ev.seq.request_id), ev)
         self.watchers.push(force=changed or any(ev.seq.finished for ev in events))

@@ -111,3 +111,8 @@ def compare_command(engines, suite, scenarios, layouts, cores, protocol, out, sl
                  out=out, slo=(slo_ttft_ms / 1e3, slo_tpot_ms / 1e3), kv_pool_bytes=kv_pool_bytes,
                  chunk_tokens=chunk_tokens, profile=profile_path, handoff_gbps=handoff_gbps, note=note, resume=resume,
                  tokenizer=_tokenizer(None))
+
+
+from orchestrator.bench.multiturn_cli import multiturn_command  # noqa: E402  (after the group it joins)
+
+bench_group.add_command(multiturn_command)

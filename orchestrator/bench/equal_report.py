@@ -1,6 +1,9 @@
 """The equal-hardware report's document: measured summaries, the claim comparison on the seed bursts,
 SLO attainment vs rate, and the planner's predictions next to every measured run.
 
+Every run records what other processes took from the machine meanwhile (interference.py); the
+validation is summarised over all runs and over the quiet ones.
+
 Predictions come two ways: the simulator replaying exactly the requests each run sent (validation:
 planner/validate.py), and `tandem plan` itself at the sweep's rates (its own Poisson draws, at least
 30 s of arrivals per point), as a user would run it.
@@ -21,6 +24,10 @@ from planner.profile import Profile
 from planner.sim.layouts import Layout
 from planner.validate import Sent, compare, for_deployment, predict
 from planner.workload import Fixed, Poisson, Workload
+
+# A run during which other processes used at most this many cores (machine-wide, on average) counts as
+# quiet: on 2 cores that is a tenth of the machine, well under the +-20% the validation allows.
+QUIET_CORES = 0.2
 
 
 def sent_of(records: list[RequestRecord], scenario) -> list[Sent]:
@@ -51,11 +58,16 @@ def build(suite: Suite, layouts: list[Layout], results: dict, profile: Profile, 
     doc["seeds"] = {sc.name: _claims(doc["scenarios"][sc.name], layouts) for sc in suite.seeds}
     doc["sweep"] = _sweep(suite, layouts, doc)
     doc["plan"] = _plan(suite, profile, pool_bytes, chunk_tokens, len(context["cpus"]))
-    doc["validation_summary"] = {k: sum(r["within"][k] for r in doc["validation"])
-                                 for k in ("ttft_p50_rel", "itl_p50_rel", "attainment_points")}
-    doc["validation_summary"]["rows"] = len(doc["validation"])
+    doc["validation_summary"] = _met(doc["validation"])
+    quiet = [r for r in doc["validation"] if r["others_cores"] is not None and r["others_cores"] <= QUIET_CORES]
+    doc["validation_summary"]["quiet"] = _met(quiet)
     doc["records"] = {x.name: {n: records_json(rs) for n, rs in results[x.name]["runs"].items()} for x in layouts}
     return doc
+
+
+def _met(rows: list[dict]) -> dict:
+    out = {k: sum(r["within"][k] for r in rows) for k in ("ttft_p50_rel", "itl_p50_rel", "attainment_points")}
+    return {**out, "rows": len(rows)}
 
 
 def _scenario(sc, suite, layouts, results, profile, pool_bytes, chunk_tokens, doc) -> dict:
@@ -68,7 +80,9 @@ def _scenario(sc, suite, layouts, results, profile, pool_bytes, chunk_tokens, do
                        suite.slo_tpot_s, chunk_tokens)
         out["summary"][x.name], out["predicted"][x.name] = summary, pred
         out["refused"][x.name] = refused(records)
+        cpu = results[x.name].get("cpu", {}).get(sc.name)
         doc["validation"].append({"layout": x.name, "scenario": sc.name, "rate": rate,
+                                  "others_cores": cpu["others_cores"] if cpu else None,
                                   **compare(measured_row(summary), pred)})
     return out
 

@@ -15,6 +15,7 @@ import os
 from dataclasses import dataclass
 
 from orchestrator.bench.drivers import make_driver
+from orchestrator.bench.interference import CpuMeter
 from orchestrator.bench.layouts import ServeSettings, check_pinning, cores, worker_counts, write_deployment
 from orchestrator.bench.runner import run_scenario
 from orchestrator.bench.stats import RequestRecord
@@ -80,7 +81,8 @@ def slug(layout: Layout) -> str:
 def run_layout(scenarios: list[Scenario], layout: Layout, cpus: list[int], settings: ServeSettings, protocol: str,
                tokenizer, workdir: str, log=print) -> dict:
     """Serve `layout` on `cpus`, warm it up and run `scenarios` one after another;
-    {"pinning": {worker: cores}, "deployment": its file, "runs": {scenario name: records}}."""
+    {"pinning": {worker: cores}, "deployment": its file, "runs": {scenario name: records},
+     "cpu": {scenario name: CpuMeter result (what other processes took meanwhile)}}."""
     folder = os.path.join(workdir, slug(layout))
     os.makedirs(folder, exist_ok=True)
     config = write_deployment(os.path.join(folder, "deployment.yaml"), layout, settings)
@@ -93,14 +95,18 @@ def run_layout(scenarios: list[Scenario], layout: Layout, cpus: list[int], setti
         workers = sum(worker_counts(layout).values())
         asyncio.run(_one(warmup_scenario(workers), protocol, serve, tokenizer))
         runs: dict[str, list[RequestRecord]] = {}
+        others: dict[str, dict] = {}
         for scenario in scenarios:
             log(f"[{layout.name}] {scenario.name}: {scenario.description}")
-            runs[scenario.name] = asyncio.run(_one(scenario, protocol, serve, tokenizer))
+            with CpuMeter([os.getpid(), serve.proc.pid]) as meter:
+                runs[scenario.name] = asyncio.run(_one(scenario, protocol, serve, tokenizer))
+            others[scenario.name] = meter.result
+            log(f"[{layout.name}] {scenario.name}: other processes used {meter.result['others_cores']:.2f} cores")
     finally:
         code = serve.stop()
         if code != 0:
             log(f"[{layout.name}] tandem serve exited with {code}")
-    return {"pinning": pinning, "deployment": config, "runs": runs}
+    return {"pinning": pinning, "deployment": config, "runs": runs, "cpu": others}
 
 
 async def _one(scenario: Scenario, protocol: str, serve: ServeProcess, tokenizer) -> list[RequestRecord]:

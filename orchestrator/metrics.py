@@ -31,8 +31,8 @@ class Metrics:
                                 ["worker", "transport"], registry=r)
         self.kv_seconds = Histogram("tandem_kv_transfer_seconds", "Wait for the KV handoff after prefill compute",
                                     ["worker"], buckets=_TOKEN, registry=r)
-        self.pages_used = Gauge("tandem_decode_pages_used", "KV pages in use", ["worker"], registry=r)
-        self.pages_total = Gauge("tandem_decode_pages_total", "KV pages in the pool", ["worker"], registry=r)
+        self.pages_used = Gauge("tandem_kv_pages_used", "KV pages held by requests (a prefill worker's pool holds its prefix cache)", ["worker"], registry=r)
+        self.pages_total = Gauge("tandem_kv_pages_total", "KV pages in the pool", ["worker"], registry=r)
         self.in_flight = Gauge("tandem_requests_in_flight", "Requests being served", registry=r)
         self.requests = Counter("tandem_worker_requests", "Requests sent to a worker", ["worker", "role"], registry=r)
         self.tokens = Counter("tandem_output_tokens", "Tokens streamed to clients", ["mode"], registry=r)

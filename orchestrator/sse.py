@@ -1,5 +1,5 @@
 """Reading an OpenAI-style server-sent-event stream (our own /v1/*/completions), for our clients:
-the benchmark driver and the chaos harness."""
+the benchmark drivers (one-shot and multi-turn) and the chaos harness."""
 
 from __future__ import annotations
 

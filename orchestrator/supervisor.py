@@ -113,10 +113,11 @@ class Supervisor:
                 self.on_restart(name, server)
             log.info("worker %s is back at %s (restart %d)", name, server.grpc_url, self.restarts[name])
         except Exception:  # a failed restart is logged and tried again: the service must not lose the worker
-            log.exception("restarting worker %s failed; trying again", name)
             self._busy.discard(name)
-            if not self._closed:
-                self._replace(name)
+            if self._closed:
+                return  # shutting down: the worker set refused the launch or stopped the new server
+            log.exception("restarting worker %s failed; trying again", name)
+            self._replace(name)
             return
         self._busy.discard(name)
 

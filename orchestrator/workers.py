@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -45,13 +46,20 @@ def plan_cpus(counts: dict[str, int], cpus: list[int] | None = None) -> list[Wor
 
 
 log = logging.getLogger("tandem.workers")
+
+
+class WorkerSetClosed(RuntimeError):
+    """A launch was asked of a worker set that is stopping."""
+
 START_ATTEMPTS = 3  # a worker that fails to start (e.g. a port taken after we chose it) is retried on new ports
 
 
 @dataclass
 class WorkerSet:
-    """Local Triton workers. `launch`/`restart` only start processes (call them from a thread that
-    lives as long as the workers: they are tied to it); `wait_ready` blocks until a server is ready."""
+    """Local Triton workers. `launch` only starts a process (call it from a thread that lives as long as
+    the workers: they are tied to it); `wait_ready` blocks until a server is ready. Once `stop` has
+    begun, `launch` refuses (WorkerSetClosed): a restart racing with shutdown cannot leave a server
+    behind."""
 
     engines: str
     workdir: str
@@ -61,6 +69,8 @@ class WorkerSet:
     detached: bool = False  # True: the servers outlive this process (tandem workers up)
     servers: dict[str, TritonServer] = field(default_factory=dict)
     specs: dict[str, WorkerSpec] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _closed: bool = False
 
     def prepare(self) -> None:
         """Plan the cores and render the model repository (once)."""
@@ -75,9 +85,12 @@ class WorkerSet:
 
     def launch(self, name: str) -> TritonServer:
         spec = self.specs[name]
-        server = TritonServer(self.repo, (spec.role,), name=spec.name, cpus=spec.cpus, log_dir=self.workdir,
-                              tied=not self.detached).launch()
-        self.servers[name] = server
+        with self._lock:
+            if self._closed:
+                raise WorkerSetClosed(f"not starting {name}: the workers are being stopped")
+            server = TritonServer(self.repo, (spec.role,), name=spec.name, cpus=spec.cpus, log_dir=self.workdir,
+                                  tied=not self.detached).launch()
+            self.servers[name] = server
         return server
 
     def wait_ready(self, name: str, timeout_s: float = 300.0) -> TritonServer:
@@ -108,20 +121,14 @@ class WorkerSet:
             raise
         return self
 
-    def restart(self, name: str) -> TritonServer:
-        """Reap a dead or stalled worker (its whole process group, its shared memory) and launch a new one
-        on fresh ports. The caller waits for it (wait_ready) off the thread that launched it."""
-        old = self.servers.get(name)
-        if old is not None:
-            old.kill()
-            old.stop(timeout_s=5.0)
-        return self.launch(name)
-
     def urls(self, role: str) -> list[str]:
         return [s.grpc_url for name, s in sorted(self.servers.items()) if name.startswith(role + "-")]
 
     def stop(self) -> None:
         """Stop every server at once (each takes a few seconds to unload its model; not one after another)."""
-        with ThreadPoolExecutor(max_workers=max(1, len(self.servers))) as pool:
-            list(pool.map(lambda server: server.stop(), self.servers.values()))
-        self.servers.clear()
+        with self._lock:
+            self._closed = True
+            servers = list(self.servers.values())
+            self.servers.clear()
+        with ThreadPoolExecutor(max_workers=max(1, len(servers))) as pool:
+            list(pool.map(lambda server: server.stop(), servers))

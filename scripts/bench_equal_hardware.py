@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The equal-hardware benchmark in one command: the handoff, a fresh profile, every layout, the report.
 
-1. `scripts/bench_handoff.py --threads 1` (one prefill worker's thread): the shm GB/s of a
+1. `scripts/bench_handoff.py --threads 1 --transports shm` (one prefill worker's thread): the GB/s of a
    512-token prompt's K/V written into another process's pool;
 2. `tandem bench compare --suite SUITE --handoff-gbps G --out OUT`, which measures the profile with
    that handoff figure, serves every layout of the cores and writes the report.
@@ -25,8 +25,8 @@ ROW = re.compile(r"^\s*shm\s+512\s+[\d.]+\s+([\d.]+)\s", re.MULTILINE)  # transp
 
 
 def handoff_gbps() -> float:
-    proc = subprocess.run([sys.executable, os.path.join(HERE, "bench_handoff.py"), "--threads", "1"],
-                          capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, os.path.join(HERE, "bench_handoff.py"), "--threads", "1", "--transports",
+                           "shm"], capture_output=True, text=True)
     if proc.returncode != 0:
         sys.exit(f"bench_handoff.py failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
     print(proc.stdout, end="")

@@ -7,7 +7,6 @@ Both ask for exactly `max_tokens` tokens (min_tokens = max_tokens), so lengths d
 
 from __future__ import annotations
 
-import json
 import time
 
 import aiohttp
@@ -17,6 +16,7 @@ from tritonclient.grpc import InferInput, InferRequestedOutput
 
 from orchestrator.bench.stats import RequestRecord
 from orchestrator.bench.workload import RequestSpec
+from orchestrator.sse import sse_chunks
 
 
 class GrpcDriver:
@@ -82,11 +82,7 @@ class OpenAIDriver:
                 if resp.status != 200:
                     rec.error = f"HTTP {resp.status}: {(await resp.text())[:200]}"
                     return rec
-                async for raw in resp.content:
-                    line = raw.decode().strip()
-                    if not line.startswith("data: ") or line == "data: [DONE]":
-                        continue
-                    chunk = json.loads(line[6:])
+                async for chunk in sse_chunks(resp):
                     if "error" in chunk:
                         rec.error = chunk["error"]["message"]
                     elif chunk.get("usage"):

@@ -42,8 +42,9 @@ def markdown(doc: dict) -> str:
              f"needs {doc['kv_need_bytes'] / 2 ** 30:.2f} GiB on one worker), limits {doc['limits']}, chunked prefill "
              f"{doc['chunk_tokens']} tokens per step  ",
              f"SLO: TTFT <= {slo['ttft_s'] * 1e3:g} ms and TPOT <= {slo['tpot_s'] * 1e3:g} ms; sustained rate at "
-             f"{slo['target']:.0%} attainment", "", "## Layouts (each worker's cores, from the serve workdir's workers.json)",
-             "", "| layout | cores | workers: cores |", "|---|---|---|"]
+             f"{slo['target']:.0%} attainment", "",
+             "## Layouts (each worker's cores, from the serve workdir's workers.json)", "",
+             "| layout | cores | workers: cores |", "|---|---|---|"]
     for name, x in doc["layouts"].items():
         lines.append(f"| {name} | {x['cores']} | " + ", ".join(f"{w}: {c}" for w, c in x["pinning"].items()) + " |")
     for name, claims in doc["seeds"].items():
@@ -129,7 +130,8 @@ def _validation(doc: dict) -> list[str]:
     for r in doc["validation"]:
         m, p, ok = r["measured"], r["predicted"], r["within"]
         others = "-" if r["others_cores"] is None else f"{r['others_cores']:.2f}"
-        lines.append(f"| {r['layout']} | {r['scenario']} | {others} | {_ms(m['ttft_p50_s'])} / {_ms(p['ttft_p50_s'])} | "
+        lines.append(f"| {r['layout']} | {r['scenario']} | {others} | {_ms(m['ttft_p50_s'])} / "
+                     f"{_ms(p['ttft_p50_s'])} | "
                      f"{_err(r['ttft_p50_rel'], ok['ttft_p50_rel'])} | {_ms(m['itl_p50_s'])} / {_ms(p['itl_p50_s'])} | "
                      f"{_err(r['itl_p50_rel'], ok['itl_p50_rel'])} | {m['attainment']:.0%} / {p['attainment']:.0%} | "
                      f"{r['attainment_points'] * 100:+.0f}{'' if ok['attainment_points'] else ' (miss)'} |")

@@ -18,7 +18,6 @@ same conversations in every mode. Either front door: the Triton gRPC ensemble or
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 import re
 import time
@@ -31,6 +30,7 @@ import tritonclient.grpc.aio as grpc_aio
 from tritonclient.grpc import InferInput, InferRequestedOutput
 
 from orchestrator.bench.workload import make_prompt
+from orchestrator.sse import sse_chunks
 
 
 @dataclass(frozen=True)
@@ -127,11 +127,7 @@ class OpenAITurns:
             if resp.status != 200:
                 rec.error = f"HTTP {resp.status}: {(await resp.text())[:200]}"
                 return
-            async for raw in resp.content:
-                line = raw.decode().strip()
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                chunk = json.loads(line[6:])
+            async for chunk in sse_chunks(resp):
                 if "error" in chunk:
                     rec.error = chunk["error"]["message"]
                 elif chunk.get("usage"):

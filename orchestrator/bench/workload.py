@@ -90,8 +90,8 @@ def seed_scenario(clients_scale: float = 1.0, length_scale: float = 1.0, seed: i
     prompt, output = max(1, round(SEED_PROMPT * length_scale)), max(1, round(SEED_OUTPUT * length_scale))
     full = clients_scale == 1 and length_scale == 1
     name = "seed" if full else f"seed-{clients}x{prompt}-{output}"
-    how = "the claim's workload" if full else (f"the seed scaled: {clients_scale:g} of its clients, {length_scale:g} of "
-                                               f"its lengths")
+    how = ("the claim's workload" if full
+           else f"the seed scaled: {clients_scale:g} of its clients, {length_scale:g} of its lengths")
     return Scenario(name, (Stream(name, prompt, output, count=clients, concurrency=clients),), warmup=0, seed=seed,
                     description=f"{clients} concurrent requests at once, {prompt}-token prompts, {output}-token "
                                 f"answers ({how})")

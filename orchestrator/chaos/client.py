@@ -95,4 +95,4 @@ async def pages_in_use(session: aiohttp.ClientSession, url: str) -> float | None
             text = await r.text()
     except (aiohttp.ClientError, asyncio.TimeoutError):
         return None
-    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith("tandem_decode_pages_used{"))
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith("tandem_kv_pages_used{"))

@@ -30,13 +30,14 @@ SHORT = ["The capital of France is", "Two plus two is", "The color of the sky is
 def worker_stats(http: str) -> dict[str, float]:
     with urllib.request.urlopen(http + "/metrics") as r:
         lines = r.read().decode().splitlines()
-    return {line.split()[0]: float(line.split()[1]) for line in lines if line.startswith("tandem_decode_pages_used")}
+    return {line.split()[0]: float(line.split()[1]) for line in lines if line.startswith("tandem_kv_pages_used")}
 
 
 def test_a_long_prefill_backlog_loses_nothing(built_engines, tmp_path, default_engine):
     cfg = tmp_path / "dep.yaml"
     cfg.write_text(yaml.safe_dump({"handoff": {"transfer_timeout_s": 1.0, "fence_timeout_s": 1.0},
-                                   "health": {"stall_s": 30.0}}))
+                                   "health": {"stall_s": 30.0},
+                                   "prefix_cache": {"enabled": False}}))  # every long prompt is computed in full
     ids = default_engine.tokenizer.encode(LONG)
     assert len(ids) > 1200
     want_long = run_generation(default_engine, ids, SamplingParams(max_tokens=8)).text
@@ -60,6 +61,7 @@ def test_a_long_prefill_backlog_loses_nothing(built_engines, tmp_path, default_e
             assert body["choices"][0]["text"] == (want_long if prompt is LONG else want_short[prompt])
         assert backlog_s > 10 * 1.0, f"the backlog ({backlog_s:.1f}s) must outlast the timers many times over"
         time.sleep(2.5)  # two heartbeats: the pushed stats are current
-        assert worker_stats(s.http) == {'tandem_decode_pages_used{worker="decode-0"}': 0.0}
+        used = worker_stats(s.http)  # every pool's pages are back: decode's, and prefill's (its prefix cache)
+        assert 'tandem_kv_pages_used{worker="decode-0"}' in used and set(used.values()) == {0.0}, used
     finally:
         stop_serve(s)

@@ -93,7 +93,7 @@ def test_model_config_metadata_and_health(served):
         text = r.read().decode()
     for name in ("tandem_ttft_seconds", "tandem_itl_seconds", "tandem_tpot_seconds", "tandem_e2e_seconds",
                  "tandem_queue_seconds", "tandem_prefill_seconds", "tandem_kv_transfer_bytes_total",
-                 "tandem_kv_transfer_seconds", "tandem_decode_pages_used", "tandem_requests_in_flight"):
+                 "tandem_kv_transfer_seconds", "tandem_kv_pages_used", "tandem_requests_in_flight"):
         assert name in text, name
     with urllib.request.urlopen(served.http + "/v1/models") as r:
         assert [m["id"] for m in json.loads(r.read())["data"]] == ["smollm2-135m"]  # the served model's name

@@ -69,7 +69,7 @@ def settled(http: str, timeout_s: float = 15.0) -> dict[str, float]:
     """Pages in use per worker once every request has ended (the workers push their stats on change)."""
     deadline = time.monotonic() + timeout_s
     while True:
-        used = metric(http, "tandem_decode_pages_used")
+        used = metric(http, "tandem_kv_pages_used")
         if all(v == 0 for v in used.values()) or time.monotonic() > deadline:
             return used
         time.sleep(0.2)
@@ -114,7 +114,7 @@ def test_eviction_in_a_pool_too_small_for_the_working_set(stack, default_engine)
     assert got == want + want[::-1]
     assert metric(stack.http, "tandem_prefix_cache_evicted_pages")["decode-0"] > 0
     assert all(v == 0 for v in settled(stack.http).values())  # no page leaked
-    cached, total = metric(stack.http, "tandem_prefix_cache_pages"), metric(stack.http, "tandem_decode_pages_total")
+    cached, total = metric(stack.http, "tandem_prefix_cache_pages"), metric(stack.http, "tandem_kv_pages_total")
     assert 0 < cached["decode-0"] <= total["decode-0"]
     hits, misses = metric(stack.http, "tandem_prefix_cache_hit_pages"), metric(stack.http, "tandem_prefix_cache_miss_pages")
     rate = metric(stack.http, "tandem_prefix_cache_hit_rate")

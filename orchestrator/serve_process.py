@@ -23,8 +23,12 @@ class ServeError(RuntimeError):
 
 @dataclass
 class ServeProcess:
+    """`tied`: the serve gets SIGTERM (drains, stops its workers) when the thread that started it dies,
+    so a benchmark or test killed midway leaves no deployment running."""
+
     workdir: str
     args: tuple[str, ...] = ()
+    tied: bool = True
     proc: subprocess.Popen | None = None
     grpc_port: int = 0
     http_port: int = 0
@@ -46,6 +50,8 @@ class ServeProcess:
         self.grpc_port, self.http_port = free_port(), free_port()
         cmd = [sys.executable, "-m", "tandem.cli", "serve", "--grpc-port", str(self.grpc_port), "--http-port",
                str(self.http_port), "--workdir", self.workdir, *self.args]
+        if self.tied:  # see child_exec.py
+            cmd = [sys.executable, "-m", "orchestrator.child_exec", "--tied", str(os.getpid()), "--", *cmd]
         with open(self.log_path, "w") as log:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout_s

@@ -96,7 +96,8 @@ def plan_command(profile_path, devices, prompt_len, output_len, rate, concurrenc
 @click.command("profile")
 @click.option("--out", required=True, type=click.Path(dir_okay=False), help="Where to write the profile JSON.")
 @click.option("--model", default="smollm2-135m", show_default=True,
-              help="smollm2-135m, a .gguf file, a Hugging Face folder or an engine folder.")
+              help="smollm2-135m, a .gguf file, a Hugging Face folder, a role engine or an engines folder "
+                   "(prefill/ + decode/).")
 @click.option("--name", default=None, help="The profile's name (default: model and machine).")
 @click.option("--threads", default=1, show_default=True, type=click.IntRange(1),
               help="Torch threads of one worker: one device of the profile (1 = one core per worker).")

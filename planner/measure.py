@@ -78,12 +78,19 @@ def measure_profile(opts: MeasureOptions, log=print) -> Profile:
     try:
         log(f"loading {opts.model} ...")
         try:
-            engine = load_engine(opts.model, kv_bytes=opts.kv_bytes)
+            engine = load_engine(_role_engine(opts.model), kv_bytes=opts.kv_bytes)
             return fitted(_measure(engine, opts, devices, log))
         except EngineError as e:  # a model that cannot load, or a KV pool too small for the decode points
             raise ValueError(f"{e} (model {opts.model!r}, --kv-bytes {opts.kv_bytes})") from None
     finally:
         torch.set_num_threads(before)
+
+
+def _role_engine(model: str) -> str:
+    """An engines folder (prefill/ + decode/, what `tandem serve --model` takes) is measured through its
+    prefill engine (both roles hold the same weights); anything else is loaded as it is."""
+    role = os.path.join(model, "prefill")
+    return role if os.path.isdir(role) else model
 
 
 def _measure(engine, opts: MeasureOptions, devices: list[int], log) -> Profile:

@@ -138,6 +138,7 @@ class Overload:
         rss1 = proc.memory_info().rss if proc else 0
         p50 = (lambda xs: statistics.median(xs) if xs else None)
         return {"capacity": cap, "burst": len(burst), "refused": len(refused), "accepted": len(accepted),
+                "refusal_s_p50": p50([o.seconds for o in refused]),
                 "refusal_s_max": max((o.seconds for o in refused), default=None),
                 "normal_p50_s": p50([o.seconds for o in normal if o.status == "OK"]),
                 "accepted_p50_s": p50([o.seconds for o in accepted]),

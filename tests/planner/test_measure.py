@@ -36,3 +36,12 @@ def test_quick_profile_of_the_default_model(tmp_path):
     assert p.frontdoor.ttft_s == 1.5e-3 and p.frontdoor.per_token_s == 1e-4
     assert p.measured.command == "tandem profile --model smollm2-135m --threads 1 --quick --handoff-gbps 4.5"
     assert str(tmp_path) not in out.read_text()  # no paths of this machine in the profile
+
+
+def test_an_engines_folder_is_measured_through_its_prefill_engine(tmp_path):
+    """`tandem serve --model` takes an engines folder (prefill/ + decode/); so does `tandem profile`."""
+    from planner.measure import _role_engine
+
+    (tmp_path / "engines" / "prefill").mkdir(parents=True)
+    assert _role_engine(str(tmp_path / "engines")) == str(tmp_path / "engines" / "prefill")
+    assert _role_engine("smollm2-135m") == "smollm2-135m"

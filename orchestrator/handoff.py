@@ -63,6 +63,16 @@ def blame(e: TandemError, worker: WorkerState) -> TandemError:
     return e
 
 
+async def until_finished(tokens: AsyncIterator[Token], worker: str, request_id: str) -> AsyncIterator[Token]:
+    """A worker's token stream up to and including the token with a finish reason; a stream that ends
+    without one is the worker's fault (Unavailable)."""
+    async for tok in tokens:
+        yield tok
+        if tok.finish_reason:
+            return
+    raise Unavailable(f"{worker} ended the stream of {request_id} without a finish reason")
+
+
 async def handoff(decode: WorkerState, prefill: WorkerState, request_id: str, prompt_ids: list[int],
                   params: SamplingParams, sent: list[int], timings: Timings) -> AsyncIterator[Token]:
     """Yield the request's tokens after `sent`; raises a TandemError tagged with the failing worker."""
@@ -91,13 +101,9 @@ async def handoff(decode: WorkerState, prefill: WorkerState, request_id: str, pr
         if first.finish_reason:
             return
         await decode.client.start(Start(request_id, lease, first.token, first.logprob))
-        async for tok in opened:
-            if tok.token is not None or tok.finish_reason:
-                yield tok
-            if tok.finish_reason:
-                done = True
-                return
-        raise Unavailable(f"{decode.name} ended the stream of {request_id} without a finish reason")
+        async for tok in until_finished(opened, decode.name, request_id):
+            yield tok
+        done = True
     except TandemError as e:
         raise blame(e, decode) from None
     finally:

@@ -23,7 +23,7 @@ from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator
 
 from orchestrator.fleet import Fleet, WorkerState
-from orchestrator.handoff import Timings, blame, handoff
+from orchestrator.handoff import Timings, blame, handoff, until_finished
 from orchestrator.prefix_index import PrefixView
 from orchestrator.router import Demand, NoWorker, Router
 from tandem.kv_layout import KVLayout
@@ -110,12 +110,9 @@ class ServingPath(ABC):
         done = False
         opened = w.client.open(Open(request_id, list(prep.prompt_ids), prep.params, list(sent), local_prefill=True))
         try:
-            async for tok in opened:
+            async for tok in until_finished(opened, w.name, request_id):
                 yield tok
-                if tok.finish_reason:
-                    done = True
-                    return
-            raise Unavailable(f"{w.name} ended the stream of {request_id} without a finish reason")
+            done = True
         except TandemError as e:
             raise blame(e, w) from None
         finally:

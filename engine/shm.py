@@ -156,9 +156,24 @@ def mapped_shm_files(pgid: int | None = None) -> set[str]:
     return found
 
 
-def remove_orphaned_triton_regions(min_age_s: float = 60.0) -> list[str]:
+def process_started_at(pid: int) -> float | None:
+    """When process `pid` started (seconds since the epoch), or None if there is no such process."""
+    ticks = _start_time(pid)
+    if ticks is None:
+        return None
+    with open("/proc/stat") as f:
+        boot = next(float(line.split()[1]) for line in f if line.startswith("btime "))
+    return boot + int(ticks) / os.sysconf("SC_CLK_TCK")
+
+
+def remove_orphaned_triton_regions(min_age_s: float = 60.0, made_since: float | None = None) -> list[str]:
     """Unlink Triton python-backend regions no process maps, older than `min_age_s` (a region a
-    starting server made a moment ago may not be mapped yet)."""
+    starting server made a moment ago may not be mapped yet).
+
+    `made_since` (epoch seconds): also unlink unmapped regions written at or after it, whatever their
+    age: a stopped server's group calls this once it is gone, for the regions it made after its last
+    snapshot (a server stopped while loading its models makes them as it goes).
+    """
     try:
         names = [n for n in os.listdir(SHM_DIR) if n.startswith(TRITON_PREFIX)]
     except FileNotFoundError:
@@ -169,7 +184,9 @@ def remove_orphaned_triton_regions(min_age_s: float = 60.0) -> list[str]:
     for name in names:
         path = os.path.join(SHM_DIR, name)
         try:
-            if path not in mapped and now - os.stat(path).st_mtime > min_age_s:
+            written = os.stat(path).st_mtime
+            ours = made_since is not None and written >= made_since
+            if path not in mapped and (ours or now - written > min_age_s):
                 os.unlink(path)
                 removed.append(name)
         except FileNotFoundError:

@@ -1,6 +1,6 @@
 """Admission control: bounded work in flight, refused at once beyond it (HTTP 429 / RESOURCE_EXHAUSTED).
 
-Two limits, both deployment keys: requests in flight (admitted and not finished), and prompt tokens
+Two limits, both deployment keys: requests in flight (being tokenized, or admitted and not finished), and prompt tokens
 queued (admitted requests that have not had their first token yet: the prefill backlog). A request
 over either is refused before any worker sees it, so an overload burst costs the accepted requests
 nothing and memory stays bounded.
@@ -8,6 +8,7 @@ nothing and memory stays bounded.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 from tandem.status import ResourceExhausted
@@ -19,12 +20,26 @@ class Admission:
     max_queued_tokens: int = 32768
     in_flight: int = 0
     queued_tokens: int = 0
+    preparing: int = 0  # passed `check`, being tokenized, not yet admitted (or refused)
 
     def check(self) -> None:
-        """Refuse at once, before any work (tokenizing) is spent on a request that cannot be admitted."""
-        if self.in_flight >= self.max_in_flight:
-            raise ResourceExhausted(f"{self.in_flight} requests in flight (limit {self.max_in_flight}); "
-                                    f"retry after a moment")
+        """Refuse at once, before any work (tokenizing) is spent on a request that cannot be admitted.
+
+        Requests still being prepared count: in a burst, the ones that arrive while the first are
+        tokenized are refused at the door, not after they too have waited for the tokenizer."""
+        busy = self.in_flight + self.preparing
+        if busy >= self.max_in_flight:
+            raise ResourceExhausted(f"{busy} requests in flight (limit {self.max_in_flight}); retry after a moment")
+
+    @contextlib.contextmanager
+    def prepare(self):
+        """Hold a place for a request while it is tokenized; right after, `admit` takes it (or refuses)."""
+        self.check()
+        self.preparing += 1
+        try:
+            yield
+        finally:
+            self.preparing -= 1
 
     def admit(self, prompt_tokens: int) -> "Ticket":
         self.check()

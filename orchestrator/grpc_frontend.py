@@ -117,6 +117,7 @@ class TritonProtocolServicer(pb_grpc.GRPCInferenceServiceServicer):
     async def ModelInfer(self, request, context):
         start = time.perf_counter()
         try:
+            self.service.refuse_if_closed()  # before the tensors are decoded: a refusal costs almost nothing
             reqs, _, _, rid, wanted = self._parse(request, context)
             preps = [await self.service.prepare(r) for r in reqs]
             results = await asyncio.gather(*[self.served.collect(p) for p in preps])
@@ -169,6 +170,7 @@ class TritonProtocolServicer(pb_grpc.GRPCInferenceServiceServicer):
                 t.cancel()
 
     async def _stream_one(self, request):
+        self.service.refuse_if_closed()
         reqs, stream, empty_final, rid, wanted = self._parse(request)
         if len(reqs) != 1:
             raise InvalidArgument("ModelStreamInfer takes one prompt per request")

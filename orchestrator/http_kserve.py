@@ -65,6 +65,7 @@ class KServeRoutes:
 
     async def infer(self, request):
         self._check_model(request)
+        self.service.refuse_if_closed()  # before the body is read: a refusal costs almost nothing
         start = time.perf_counter()
         header, binary = await self._infer_body(request)
         inputs = _decode_inputs(header, binary)

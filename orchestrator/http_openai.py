@@ -41,12 +41,14 @@ class OpenAIRoutes:
                                                               "created": 0, "owned_by": "tandem"}]})
 
     async def completions(self, request):
+        self.service.refuse_if_closed()
         body = await read_object(request)
         rid = oa.new_id("cmpl")
         req, stream = oa.completion_request(body, self.names, rid)
         return await self._answer(request, req, stream, rid, oa.completion_body, body)
 
     async def chat(self, request):
+        self.service.refuse_if_closed()
         body = await read_object(request)
         rid = oa.new_id("chatcmpl")
         req, stream = oa.chat_request(body, self.names, rid)

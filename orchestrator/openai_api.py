@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import secrets
 import time
-import uuid
 
 from engine.tokenizer import CHAT_ROLES, ChatMessage
 from orchestrator.requests import GenerationRequest
@@ -105,7 +105,7 @@ def chat_request(body: dict, models: tuple[str, ...], request_id: str) -> tuple[
 
 
 def new_id(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:24]}"
+    return f"{prefix}-{secrets.token_hex(12)}"
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:

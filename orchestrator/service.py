@@ -46,12 +46,18 @@ class Orchestrator:
     def ready(self) -> bool:
         return not self.draining and self.path.ready()
 
-    async def prepare(self, req: GenerationRequest) -> Prepared:
+    def refuse_if_closed(self) -> None:
+        """Raise at once when no new request can be taken (draining, or over an admission limit): the
+        front doors call this before they read a request's body, so a refusal costs almost nothing."""
         if self.draining:
             raise Unavailable("the server is shutting down; send the request to another replica")
         self.admission.check()
+
+    async def prepare(self, req: GenerationRequest) -> Prepared:
+        self.refuse_if_closed()
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._pool, prepare, req, self.tokenizer, self.limits)
+        with self.admission.prepare():  # counts against max_in_flight until `stream` admits it
+            return await loop.run_in_executor(self._pool, prepare, req, self.tokenizer, self.limits)
 
     async def stream(self, prep: Prepared) -> AsyncIterator[Delta]:
         """Text deltas of one request; raises a TandemError (nothing is ever streamed twice)."""

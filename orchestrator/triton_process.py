@@ -23,7 +23,7 @@ import urllib.request
 from dataclasses import dataclass, field
 
 from engine.checkpoint import cache_dir
-from engine.shm import mapped_shm_files, remove_stale_segments
+from engine.shm import mapped_shm_files, process_started_at, remove_orphaned_triton_regions, remove_stale_segments
 from tandem.secret import is_loopback
 
 
@@ -88,6 +88,7 @@ class TritonServer:
     log_stdout: bool = False  # the server's log goes to our stdout (a container) instead of a file
     proc: subprocess.Popen | None = None
     shm_files: set = field(default_factory=set)  # /dev/shm files its processes mapped once ready
+    launched_at: float | None = None  # epoch seconds of the last launch (regions made since are its own)
 
     @property
     def local_host(self) -> str:
@@ -153,6 +154,7 @@ class TritonServer:
         if self.tied:
             wrap += ["--tied", str(os.getpid())]
         log = None if self.log_stdout else open(self.log_path, "w")
+        self.launched_at = time.time()
         self.proc = subprocess.Popen(wrap + ["--"] + self.command(), stdout=log, stderr=subprocess.STDOUT, env=env,
                                      start_new_session=True, cwd=_PROJECT_ROOT)
         if log is not None:
@@ -190,7 +192,7 @@ class TritonServer:
     def stop(self, timeout_s: float = 20.0) -> None:
         """Stop the server and every process in its group; remove shared memory they left."""
         if self.proc is not None:
-            stop_group(self.proc.pid, timeout_s, self.proc, self.shm_files)
+            stop_group(self.proc.pid, timeout_s, self.proc, self.shm_files, self.launched_at)
 
     def kill(self) -> None:
         """Kill without warning (failure tests): SIGKILL to the whole group."""
@@ -200,10 +202,13 @@ class TritonServer:
 
 
 def stop_group(pgid: int, timeout_s: float = 20.0, proc: subprocess.Popen | None = None,
-               known_shm: set | None = None) -> None:
+               known_shm: set | None = None, launched_at: float | None = None) -> None:
     """Stop a server: SIGTERM to the server (it unloads its models, whose stubs clean up), SIGKILL to
-    whatever of its group is left after `timeout_s`; then unlink shared memory the group had mapped."""
+    whatever of its group is left after `timeout_s`; then unlink shared memory the group had mapped,
+    and Triton regions that nobody maps and that were made since `launched_at` (default: when the
+    group's leader started)."""
     mapped = mapped_shm_files(pgid) | (known_shm or set())
+    started = launched_at if launched_at is not None else process_started_at(pgid)
     try:
         os.kill(pgid, signal.SIGTERM)
     except ProcessLookupError:
@@ -219,6 +224,8 @@ def stop_group(pgid: int, timeout_s: float = 20.0, proc: subprocess.Popen | None
         if os.path.exists(path):
             os.unlink(path)
     remove_stale_segments()
+    if started is not None:
+        remove_orphaned_triton_regions(made_since=started - 1.0)  # st_mtime and start ticks round differently
 
 
 def _group_alive(pgid: int) -> bool:

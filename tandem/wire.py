@@ -29,6 +29,7 @@ whole set in `stored` (its first push, or after it fell behind). A one-off Stats
 from __future__ import annotations
 
 import enum
+import functools
 import json
 import types
 import typing
@@ -248,8 +249,7 @@ def parse(cls, data):
         data = _object(data, cls.__name__)
     if not isinstance(data, dict):
         raise WireError(f"{cls.__name__}: expected a JSON object, got {type(data).__name__}")
-    hints = typing.get_type_hints(cls)
-    known = {f.name: f for f in fields(cls)}
+    hints, known = _schema(cls)
     unknown = set(data) - set(known)
     if unknown:
         raise WireError(f"{cls.__name__}: unknown fields {sorted(unknown)}; allowed: {sorted(known)}")
@@ -263,13 +263,34 @@ def parse(cls, data):
     return cls(**kwargs)
 
 
-def _check(where: str, value, hint):
+@functools.cache
+def _schema(cls) -> tuple[dict, dict]:
+    """(field name -> type hint, field name -> Field) of a message class: resolved once per class, not
+    per message (get_type_hints evaluates every annotation string; a token reply would pay it each time)."""
+    return typing.get_type_hints(cls), {f.name: f for f in fields(cls)}
+
+
+_PLAIN = frozenset({int, float, str, bool})
+
+
+@functools.cache
+def _shape(hint) -> tuple:
+    """(the hint without Optional, its origin, its args, whether None is allowed), once per hint."""
     origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        hint = next(a for a in args if a is not type(None))
-        origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin not in (typing.Union, types.UnionType):
+        return hint, origin, args, False
+    inner = next(a for a in args if a is not type(None))
+    return inner, typing.get_origin(inner), typing.get_args(inner), type(None) in args
+
+
+def _check(where: str, value, hint):
+    if type(value) is hint and hint in _PLAIN:  # the common case: a JSON scalar of the declared type
+        return value
+    hint, origin, args, optional = _shape(hint)
+    if value is None and optional:
+        return None
+    if type(value) is hint and hint in _PLAIN:
+        return value
     if is_dataclass(hint):
         return parse(hint, value)
     if isinstance(hint, type) and issubclass(hint, enum.Enum):

@@ -62,22 +62,34 @@ async def _stream(session, url: str, body: dict, out: Outcome, timeout_s: float)
                             headers={"Tandem-Timeout": str(timeout_s)}) as resp:
         out.http = resp.status
         if resp.status != 200:
-            try:
-                out.status = (await resp.json())["error"]["code"] or f"HTTP_{resp.status}"
-            except (aiohttp.ContentTypeError, KeyError, TypeError, json.JSONDecodeError):
-                out.status = f"HTTP_{resp.status}"
+            out.status = error_code(await resp.read(), resp.status)
             return
         async for chunk in sse_chunks(resp):
-            if "error" in chunk:
-                out.status = chunk.get("status") or "ERROR"
+            if not take_event(out, chunk):
                 return
-            piece = chunk["choices"][0]["text"] if chunk.get("choices") else ""
-            if piece:
-                now = time.monotonic()
-                out.ttft = out.ttft if out.ttft is not None else now - out.start
-                out.events.append(now)
-                out.text += piece
         out.status = "OK"
+
+
+def take_event(out: Outcome, chunk: dict) -> bool:
+    """Add one SSE event of a completion stream to `out`; False when it was an error event (the end)."""
+    if "error" in chunk:
+        out.status = chunk.get("status") or "ERROR"
+        return False
+    piece = chunk["choices"][0]["text"] if chunk.get("choices") else ""
+    if piece:
+        now = time.monotonic()
+        out.ttft = out.ttft if out.ttft is not None else now - out.start
+        out.events.append(now)
+        out.text += piece
+    return True
+
+
+def error_code(raw: bytes | str, http: int) -> str:
+    """The status an error body names (our {"error": {"code": ...}}), else HTTP_<status>."""
+    try:
+        return json.loads(raw)["error"]["code"] or f"HTTP_{http}"
+    except (KeyError, TypeError, ValueError):
+        return f"HTTP_{http}"
 
 
 async def health(session: aiohttp.ClientSession, url: str) -> bool:

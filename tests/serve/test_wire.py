@@ -1,0 +1,50 @@
+"""The control messages parse back to what was sent, and a wrong key or value type is a WireError that
+names the field (the checks are cached per class and hint: the second message must be checked as the first)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tandem.sampling import SamplingParams
+from tandem.status import Status, status_of
+from tandem.wire import Open, Start, Token, WireError, decode_reply, decode_request, encode_reply, encode_request
+
+
+def test_requests_and_replies_round_trip():
+    msg = Open("r1", [1, 2, 3], SamplingParams(max_tokens=4), output_ids=[7], writer="prefill-0")
+    assert decode_request(encode_request(msg)) == msg
+    for tok in (Token(5, -0.25, None), Token(None, None, "stop", cached_tokens=16)):
+        reply = decode_reply(encode_reply(tok))
+        assert reply.status is Status.OK and reply.body == tok
+
+
+def _start(**body) -> bytes:
+    return json.dumps({"type": "start", "body": {"request_id": "r", "lease": "l", "token": 1, **body}}).encode()
+
+
+def test_an_integer_is_a_float_but_nothing_else_passes_for_another_type():
+    assert decode_request(_start(logprob=-1)).logprob == -1.0
+    assert decode_request(_start(logprob=None)).logprob is None
+    assert decode_request(_start()) == Start("r", "l", 1)
+    for bad, field in (({"token": True}, "Start.token"), ({"token": 1.5}, "Start.token"),
+                       ({"logprob": "x"}, "Start.logprob"), ({"lease": 3}, "Start.lease")):
+        for _ in range(2):  # once to fill the per-hint cache, once through it
+            with pytest.raises(WireError, match=field) as e:
+                decode_request(_start(**bad))
+            assert status_of(e.value) is Status.INVALID_ARGUMENT
+
+
+def test_unknown_missing_and_nested_fields_are_named():
+    with pytest.raises(WireError, match=r"unknown fields \['extra'\]"):
+        decode_request(_start(extra=1))
+    with pytest.raises(WireError, match="missing field 'lease'"):
+        decode_request(json.dumps({"type": "start", "body": {"request_id": "r", "token": 1}}))
+    body = json.loads(encode_request(Open("r", [1], SamplingParams())))
+    body["body"]["prompt_ids"] = [1, "2"]
+    with pytest.raises(WireError, match="Open.prompt_ids: expected a list of integers"):
+        decode_request(json.dumps(body))
+    body["body"]["prompt_ids"], body["body"]["sampling"]["max_tokens"] = [1], "many"
+    with pytest.raises(WireError, match="SamplingParams.max_tokens"):
+        decode_request(json.dumps(body))

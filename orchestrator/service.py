@@ -49,20 +49,22 @@ class Orchestrator:
     def refuse_if_closed(self) -> None:
         """Raise at once when no new request can be taken (draining, or over an admission limit): the
         front doors call this before they read a request's body, so a refusal costs almost nothing."""
-        if self.draining:
-            raise Unavailable("the server is shutting down; send the request to another replica")
+        self._refuse_if_draining()
         self.admission.check()
 
+    def _refuse_if_draining(self) -> None:
+        if self.draining:
+            raise Unavailable("the server is shutting down; send the request to another replica")
+
     async def prepare(self, req: GenerationRequest) -> Prepared:
-        self.refuse_if_closed()
+        self._refuse_if_draining()
         loop = asyncio.get_running_loop()
-        with self.admission.prepare():  # counts against max_in_flight until `stream` admits it
+        with self.admission.prepare():  # checks the limits, then holds a place until `stream` admits it
             return await loop.run_in_executor(self._pool, prepare, req, self.tokenizer, self.limits)
 
     async def stream(self, prep: Prepared) -> AsyncIterator[Delta]:
         """Text deltas of one request; raises a TandemError (nothing is ever streamed twice)."""
-        if self.draining:
-            raise Unavailable("the server is shutting down; send the request to another replica")
+        self._refuse_if_draining()
         ticket = self.admission.admit(len(prep.prompt_ids))  # ResourceExhausted at once when over a limit
         m, mode = self.metrics, self.mode
         text = TextStream(self.tokenizer, prep.params.stop)

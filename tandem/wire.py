@@ -284,13 +284,11 @@ def _shape(hint) -> tuple:
 
 
 def _check(where: str, value, hint):
+    hint, origin, args, optional = _shape(hint)
     if type(value) is hint and hint in _PLAIN:  # the common case: a JSON scalar of the declared type
         return value
-    hint, origin, args, optional = _shape(hint)
     if value is None and optional:
         return None
-    if type(value) is hint and hint in _PLAIN:
-        return value
     if is_dataclass(hint):
         return parse(hint, value)
     if isinstance(hint, type) and issubclass(hint, enum.Enum):

@@ -81,3 +81,10 @@ def post(url: str, path: str, body, raw: bytes | None = None, headers: dict | No
             return r.status, json.loads(r.read())
     except urllib.error.HTTPError as e:
         return e.code, json.loads(e.read())
+
+
+def pages_used(http: str) -> dict[str, float]:
+    """`tandem_kv_pages_used{worker=...}` -> pages held by requests, as the front door's /metrics says."""
+    with urllib.request.urlopen(http + "/metrics") as r:
+        lines = r.read().decode().splitlines()
+    return {line.split()[0]: float(line.split()[1]) for line in lines if line.startswith("tandem_kv_pages_used")}

@@ -20,17 +20,11 @@ import yaml
 from engine.generate import run_generation
 from tandem.sampling import SamplingParams
 from tests.conftest import start_serve, stop_serve
-from tests.serve.clients import post
+from tests.serve.clients import pages_used, post
 
 LONG = "Summarize the following log in one line. " + " ".join(
     f"At step {i} the pump at station {i % 7} reported pressure {100 + i} and flow {i * 3 % 50}." for i in range(70))
 SHORT = ["The capital of France is", "Two plus two is", "The color of the sky is"]
-
-
-def worker_stats(http: str) -> dict[str, float]:
-    with urllib.request.urlopen(http + "/metrics") as r:
-        lines = r.read().decode().splitlines()
-    return {line.split()[0]: float(line.split()[1]) for line in lines if line.startswith("tandem_kv_pages_used")}
 
 
 def test_a_long_prefill_backlog_loses_nothing(built_engines, tmp_path, default_engine):
@@ -61,7 +55,7 @@ def test_a_long_prefill_backlog_loses_nothing(built_engines, tmp_path, default_e
             assert body["choices"][0]["text"] == (want_long if prompt is LONG else want_short[prompt])
         assert backlog_s > 10 * 1.0, f"the backlog ({backlog_s:.1f}s) must outlast the timers many times over"
         time.sleep(2.5)  # two heartbeats: the pushed stats are current
-        used = worker_stats(s.http)  # every pool's pages are back: decode's, and prefill's (its prefix cache)
+        used = pages_used(s.http)  # every pool's pages are back: decode's, and prefill's (its prefix cache)
         assert 'tandem_kv_pages_used{worker="decode-0"}' in used and set(used.values()) == {0.0}, used
     finally:
         stop_serve(s)

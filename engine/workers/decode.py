@@ -209,10 +209,6 @@ class DecodeWorker:
     def _housekeeping(self) -> bool:
         """Apply notices, fence completions, timeouts and calls; admit ready requests. True if anything changed."""
         changed = self._notices()
-        if self.leases and not self.deadlines.armed(SWEEP):
-            self.deadlines.after(CANCEL_SWEEP_S, SWEEP)
-        if self._awaiting_writes() and not self.deadlines.armed(PROGRESS):
-            self.deadlines.after(PROGRESS_S, PROGRESS)  # the next iteration polls the transport again
         for key in self.deadlines.due():
             changed = changed or key != PROGRESS  # a progress tick changes nothing by itself
             self._deadline(key)
@@ -223,6 +219,12 @@ class DecodeWorker:
                 self._advance(lease)
         for lease in [x for x in self.leases.values() if x.state is LeaseState.WAITING_KV]:
             changed |= self._advance(lease)
+        # Armed last, after the due ones fired: the loop may sleep right after this call, and a tick
+        # that fired without re-arming would leave a lease nobody looks at again.
+        if self.leases and not self.deadlines.armed(SWEEP):
+            self.deadlines.after(CANCEL_SWEEP_S, SWEEP)
+        if self._awaiting_writes() and not self.deadlines.armed(PROGRESS):
+            self.deadlines.after(PROGRESS_S, PROGRESS)  # the next iteration polls the transport again
         return changed
 
     def _notices(self) -> bool:

@@ -122,6 +122,19 @@ def test_a_reservation_lives_as_long_as_its_request_however_long_the_prefill_wai
     assert [first.token] + dsink.tokens == complete(default_engine, ids, params).output_ids
 
 
+def test_a_reservation_whose_caller_leaves_after_a_cancel_sweep_still_ends(pair):
+    """The cancel sweep keeps running while leases exist: a caller that goes away after a sweep found
+    it present is noticed by a later one (the loop must not sleep for good after a sweep)."""
+    _, decode = pair
+    reserved, dsink = reserve(decode, [1, 2, 3, 4], SamplingParams(max_tokens=4), "late-leaver")
+    time.sleep(1.5)  # one sweep runs and finds the caller there
+    assert not dsink.finished.is_set()
+    dsink.gone = True  # no Release, no wake-up: only a sweep can find out
+    assert dsink.finished.wait(10)
+    assert isinstance(dsink.error, Cancelled)
+    assert wait_until(lambda: decode.stats().pages_used == 0 and decode.stats().reserved == 0)
+
+
 def test_pages_that_never_arrive_time_out(default_engine, pair):
     _, decode = pair
     decode.transfer_timeout_s = 0.2

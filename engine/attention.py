@@ -6,6 +6,7 @@ A packed batch is all tokens of all sequences in one `[T, ...]` tensor, sequence
 - `PagedAttention`: tokens that continue a sequence whose earlier K/V sit in the local pool (decode
   steps, prompt chunks). New K/V are written to the pool first, then each sequence's whole context
   is gathered from its pages.
+`TeeAttention` also hands new K/V to writers; `StoppableAttention` ends a pass nobody waits for.
 """
 
 from __future__ import annotations
@@ -87,6 +88,24 @@ class TeeAttention:
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         for a, b, writer, start in self.parts:
             writer.write_layer(layer, k[a:b], v[a:b], start)
+        return self.inner.attend(layer, q, k, v)
+
+
+class PassStopped(Exception):
+    """The pass was given up between two layers: every request in it went away. Nothing it computed
+    is valid (the caller discards its pages and does not advance its sequences)."""
+
+
+class StoppableAttention:
+    """Any attention, checking `stop()` before each layer and raising PassStopped once it is true (a
+    long prompt chunk whose client left frees its pages now, not when the pass would have ended)."""
+
+    def __init__(self, inner, stop):
+        self.inner, self.stop = inner, stop
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        if self.stop():
+            raise PassStopped(f"pass stopped before layer {layer}: its requests were aborted")
         return self.inner.attend(layer, q, k, v)
 
 

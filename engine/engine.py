@@ -15,9 +15,11 @@ max_tokens) up front, so an admitted request never runs out of pages mid-answer.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
-from engine.attention import KVWriter, PagedAttention, PoolWriter, PrefillAttention, TeeAttention
+from engine.attention import KVWriter, PagedAttention, PoolWriter, PrefillAttention, StoppableAttention, TeeAttention
 from engine.config import ModelConfig
 from engine.errors import InvalidRequest
 from engine.kv_pool import TORCH_DTYPES, KVCache, PageAllocator
@@ -122,12 +124,14 @@ class Engine:
 
     # -- passes -------------------------------------------------------------------------------------
 
-    def prefill(self, seqs: list[Sequence], writers: list[KVWriter] | None = None) -> list[TokenOut]:
+    def prefill(self, seqs: list[Sequence], writers: list[KVWriter] | None = None,
+                stop: Callable[[], bool] | None = None) -> list[TokenOut]:
         """Run every sequence's tokens (its prompt, plus outputs already streamed when a request is
         re-prefilled after a failure) in one packed pass; append and return each next token.
 
         Without `writers`, K/V go to each sequence's pages in the local pool (which must be reserved).
-        With writers, the caller calls each writer's `finish` (and handles its failure).
+        With writers, the caller calls each writer's `finish` (and handles its failure). `stop`: checked
+        before each layer; once true the pass raises PassStopped and no sequence advances.
         """
         lens = [s.num_tokens for s in seqs]
         dev = self.device
@@ -137,7 +141,9 @@ class Engine:
         if writers is None:
             writers = [PoolWriter(self.cache, self._slots(s, 0, n)) for s, n in zip(seqs, lens)]
         last = torch.tensor(lens, device=dev).cumsum(0) - 1  # [B]
-        logits = self.model.forward(tokens, positions, rope_lens, PrefillAttention(lens, writers), last)
+        attn = PrefillAttention(lens, writers)
+        logits = self.model.forward(tokens, positions, rope_lens, attn if stop is None else StoppableAttention(attn, stop),
+                                    last)
         for s, n in zip(seqs, lens):
             s.num_cached = n
         return self._sample(seqs, logits)
@@ -146,13 +152,14 @@ class Engine:
         """One new token for each sequence; each must have all but its newest token cached."""
         return self.extend(seqs, [1] * len(seqs))
 
-    def extend(self, seqs: list[Sequence], counts: list[int],
-               writers: list[KVWriter] | None = None) -> list[TokenOut | None]:
+    def extend(self, seqs: list[Sequence], counts: list[int], writers: list[KVWriter] | None = None,
+               stop: Callable[[], bool] | None = None) -> list[TokenOut | None]:
         """Process the next `counts[i]` uncached tokens of each sequence against its cached pages.
 
         This is a decode step (count 1: the newest output token), a prompt chunk (chunked prefill), or
         both in one pass. Sequences left with nothing uncached get their next token; others get None.
-        With `writers`, each sequence's new K/V also go to its writer (at their positions).
+        With `writers`, each sequence's new K/V also go to its writer (at their positions). `stop`: as
+        for `prefill` (the sequences' pages then hold partial K/V past their cached tokens).
         """
         dev = self.device
         starts = [s.num_cached for s in seqs]
@@ -169,6 +176,8 @@ class Engine:
         attn = PagedAttention(self.cache, [s.page_table for s in seqs], counts, ctx)
         if writers is not None:
             attn = TeeAttention(attn, counts, writers, starts)
+        if stop is not None:
+            attn = StoppableAttention(attn, stop)
         logits = self.model.forward(tokens, positions, rope_lens, attn, counts_t.cumsum(0) - 1)  # [B, V]
         ready = []
         for i, (s, c) in enumerate(zip(seqs, ctx)):

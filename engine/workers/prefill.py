@@ -27,6 +27,7 @@ import itertools
 import threading
 import time
 
+from engine.attention import PassStopped
 from engine.engine import Engine
 from engine.errors import OutOfPages
 from engine.transports import KVSender, sender
@@ -224,12 +225,20 @@ class PrefillWorker:
             it.started_at = it.started_at or t0
         pooled = [it for it in group if it.pooled]
         direct = [it for it in group if not it.pooled]
+
+        def stop() -> bool:  # a shared pass ends early only once every request in it was aborted
+            return all(x.aborted for x in group)
+
         try:
             for it in pooled:
                 send_cached(self.engine.cache, it)
             outs = self.engine.extend([it.seq for it in pooled], [self._todo(it) for it in pooled],
-                                      [it.writer for it in pooled]) if pooled else []
-            outs += self.engine.prefill([it.seq for it in direct], [it.writer for it in direct]) if direct else []
+                                      [it.writer for it in pooled], stop) if pooled else []
+            outs += self.engine.prefill([it.seq for it in direct], [it.writer for it in direct], stop) if direct else []
+        except PassStopped:
+            for it in group:
+                self._end_cancelled(it)
+            return
         except Exception as e:  # a failed pass fails its requests, not the worker
             for it in group:
                 self._fail(it, e)
@@ -257,7 +266,10 @@ class PrefillWorker:
         n = min(self.chunk_tokens, seq.num_tokens - seq.num_cached)
         t0 = time.perf_counter()
         try:
-            out = engine.extend([seq], [n], [it.writer])[0]
+            out = engine.extend([seq], [n], [it.writer], stop=lambda: it.aborted)[0]
+        except PassStopped:  # aborted mid-chunk: its pages are free now, not when the chunk would end
+            self._end_cancelled(it)
+            return
         except Exception as e:  # a failed chunk must not hold pages or leave the writer open
             self._fail(it, e)
             return

@@ -198,6 +198,28 @@ def test_a_prefill_whose_destination_is_gone_fails_alone(default_engine, pair):
     decode.release(Release("ok", reserved.lease, writer_closed=True))
 
 
+def test_an_abort_stops_the_prefill_pass_at_the_next_layer(default_engine, pair):
+    """A prefill aborted mid-pass computes no further layer: its request ends CANCELLED long before the
+    pass could have ended (a writer slowed to 0.1 s a layer makes a whole pass take 30 x 0.1 = 3 s)."""
+    prefill, decode = pair
+    prefill.write_delay_s = 0.1
+    params = SamplingParams(max_tokens=4)
+    ids = default_engine.tokenizer.encode("Tell me about the history of the Roman empire in detail.")
+    reserved, dsink = reserve(decode, ids, params, "left")
+    psink = ListSink()
+    t0 = time.monotonic()
+    prefill.submit(Prefill("left", ids, params, destination=reserved.destination), psink)
+    time.sleep(0.25)  # a few layers in
+    assert prefill.abort("left").found
+    assert psink.finished.wait(30)
+    took = time.monotonic() - t0
+    assert isinstance(psink.error, Cancelled)
+    assert took < 2.0, f"the aborted pass ran on for {took:.1f}s (a whole pass is at least 3 s)"
+    decode.release(Release("left", reserved.lease, writer_closed=True))
+    assert dsink.finished.wait(5)
+    assert wait_until(lambda: decode.stats().pages_used == 0)
+
+
 def test_the_fence_keeps_a_late_writer_out_of_pages_given_to_another_request(default_engine, pair):
     """A slowed writer is still writing when its lease is released; its pages go at once to a new
     request, which a second prefill worker fills and the decode worker runs while the late writer is

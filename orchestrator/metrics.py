@@ -13,9 +13,11 @@ _TOKEN = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
 
 
 class Metrics:
-    def __init__(self, mode: str):
+    def __init__(self, mode: str, tokens_per_page: int = 0):
+        """`tokens_per_page`: the engines' KV page size, published so clients can turn tokens into pages."""
         self.registry = r = CollectorRegistry()
         self.mode = mode
+        Gauge("tandem_kv_tokens_per_page", "Tokens one KV page holds", registry=r).set(tokens_per_page)
         self.ttft = Histogram("tandem_ttft_seconds", "Time to first token", ["mode"], buckets=_LATENCY, registry=r)
         self.itl = Histogram("tandem_itl_seconds", "Gap between consecutive streamed tokens", ["mode"],
                              buckets=_TOKEN, registry=r)

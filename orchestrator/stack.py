@@ -109,7 +109,7 @@ class Stack:
             await asyncio.gather(*[loop.run_in_executor(None, self.workers.wait_ready, name)
                                    for name in self.workers.specs])
         self._record_workers()
-        metrics = Metrics(dep.mode)
+        metrics = Metrics(dep.mode, manifest.kv_layout.tokens_per_page)
         secret = load_secret()
         auth = ((SECRET_PARAMETER, secret),) if secret else ()
         self.fleet = Fleet(dep.health.heartbeat_s, dep.health.stall_s, auth=auth, on_stats=metrics.record_worker)

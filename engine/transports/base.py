@@ -149,6 +149,10 @@ class LayerWriter(ABC):
     def _write(self, layer: int, k: torch.Tensor, v: torch.Tensor, runs: list) -> None:
         """Copy (or start copying) one layer into the runs; raise a TandemError on failure."""
 
+    def settle(self) -> None:
+        """Block until no write is in flight, and tell no one (the pass is redone: its layers are written
+        again). Copies that land before `write_layer` returns have nothing to wait for."""
+
     @abstractmethod
     def finish(self) -> None:
         """Block until every layer landed; raise the recorded error (LeaseLost, TransferFailed) if any."""

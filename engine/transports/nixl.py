@@ -170,6 +170,9 @@ class NixlWriter(LayerWriter):
                 self.fail(TransferFailed(f"request {self.request_id}: NIXL transfer {state}: {err or 'timed out'}"))
                 return
 
+    def settle(self) -> None:
+        self.wait()  # a redone layer must not race a WRITE of the given-up pass to the same pages
+
     def release_all(self) -> None:
         for handle, staged in self.inflight:
             self.sender.agent.release_xfer_handle(handle)

@@ -225,9 +225,10 @@ class PrefillWorker:
             it.started_at = it.started_at or t0
         pooled = [it for it in group if it.pooled]
         direct = [it for it in group if not it.pooled]
+        work = {it: self._todo(it) for it in group}
 
-        def stop() -> bool:  # a shared pass ends early only once every request in it was aborted
-            return all(x.aborted for x in group)
+        def stop() -> bool:  # most of the pass is for requests that left: cheaper to redo the rest
+            return 2 * sum(n for it, n in work.items() if it.aborted) >= sum(work.values())
 
         try:
             for it in pooled:
@@ -236,8 +237,7 @@ class PrefillWorker:
                                       [it.writer for it in pooled], stop) if pooled else []
             outs += self.engine.prefill([it.seq for it in direct], [it.writer for it in direct], stop) if direct else []
         except PassStopped:
-            for it in group:
-                self._end_cancelled(it)
+            self._redo_live(group)
             return
         except Exception as e:  # a failed pass fails its requests, not the worker
             for it in group:
@@ -249,6 +249,20 @@ class PrefillWorker:
             if it.pooled:
                 self._release(it, computed=True)
             self._answer(it, out)
+
+    def _redo_live(self, group: list[PrefillItem]) -> None:
+        """After a pass was given up: its aborted requests end, the others go back to the head of the
+        queue with no pages (they are reserved again and computed from where their cache left them);
+        their writers first let any write of the given-up pass land, since the redo writes it again."""
+        live = [it for it in group if not it.aborted]
+        for it in group:
+            if it.aborted:
+                self._end_cancelled(it)
+        for it in live:
+            it.writer.settle()
+            self._release(it, computed=False)
+        with self.lock:
+            self.queue[:0] = live
 
     def _chunk(self, it: PrefillItem) -> None:
         seq, engine = it.seq, self.engine

@@ -26,6 +26,9 @@ class DiscardWriter:
     def stop(self) -> None:
         return None
 
+    def settle(self) -> None:
+        return None
+
     def finish(self) -> None:
         return None
 

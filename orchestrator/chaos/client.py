@@ -101,10 +101,28 @@ async def health(session: aiohttp.ClientSession, url: str) -> bool:
 
 
 async def pages_in_use(session: aiohttp.ClientSession, url: str) -> float | None:
-    """Decode pages in use, summed over workers, as the front door's /metrics reports them."""
+    """KV pages in use, summed over workers, as the front door's /metrics reports them."""
+    return await _metric_sum(session, url, "tandem_kv_pages_used{")
+
+
+async def tokens_per_page(session: aiohttp.ClientSession, url: str) -> int | None:
+    """The deployment's KV page size (its /metrics), None if it does not say."""
+    n = await _metric_sum(session, url, "tandem_kv_tokens_per_page ")
+    return int(n) if n else None
+
+
+async def _metric_sum(session: aiohttp.ClientSession, url: str, prefix: str) -> float | None:
     try:
         async with session.get(f"{url}/metrics", timeout=aiohttp.ClientTimeout(total=5)) as r:
             text = await r.text()
     except (aiohttp.ClientError, asyncio.TimeoutError):
         return None
-    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith("tandem_kv_pages_used{"))
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(prefix))
+
+
+def pages_bound(prompt: str, max_tokens: int, tokens_per_page: int) -> int:
+    """At most the pages one request holds over all workers: its whole context on the decode worker,
+    its prompt on the prefill worker while prefilling. A byte-level tokenizer makes at most one token
+    per byte of the prompt (plus a begin-of-text token)."""
+    tokens = len(prompt.encode()) + 1
+    return -(-(tokens + max_tokens) // tokens_per_page) + -(-tokens // tokens_per_page)

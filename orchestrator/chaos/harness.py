@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
-from orchestrator.chaos.client import Outcome, complete, health, pages_in_use
+from orchestrator.chaos.client import Outcome, complete, health, pages_bound, pages_in_use, tokens_per_page
 from orchestrator.chaos.faults import LocalTarget
 
 log = logging.getLogger("tandem.chaos")
@@ -64,6 +64,8 @@ class Harness:
         self._stop = asyncio.Event()
         self.session: aiohttp.ClientSession | None = None  # canaries, load, metrics
         self.crowd: aiohttp.ClientSession | None = None  # storms, bursts, backlogs
+        self.background: dict[int, tuple[str, int]] = {}  # canary and load requests in flight: (prompt, max_tokens)
+        self.tokens_per_page: int | None = None
 
     def record(self, out: Outcome) -> Outcome:
         ref = self.references.get(out.prompt)
@@ -76,9 +78,22 @@ class Harness:
                       exact_length: bool = False) -> Outcome:
         # storms and bursts open a connection each (no pool, no limit): a client that goes away closes
         # its connection, and a burst is not queued on our side before it reaches the server
-        session = self.session if kind in ("canary", "load") else self.crowd
-        return self.record(await complete(session, self.cfg.url, kind, prompt, max_tokens, cancel_after_s,
-                                          self.cfg.request_timeout_s, exact_length))
+        background = kind in ("canary", "load")
+        session = self.session if background else self.crowd
+        key = id(object())
+        if background:
+            self.background[key] = (prompt, max_tokens)
+        try:
+            return self.record(await complete(session, self.cfg.url, kind, prompt, max_tokens, cancel_after_s,
+                                              self.cfg.request_timeout_s, exact_length))
+        finally:
+            self.background.pop(key, None)
+
+    def background_pages(self) -> int | None:
+        """At most the pages the canary and load requests in flight hold now (None: page size unknown)."""
+        if not self.tokens_per_page:
+            return None
+        return sum(pages_bound(p, n, self.tokens_per_page) for p, n in self.background.values())
 
     async def _load(self, i: int) -> None:
         n = 0
@@ -109,6 +124,7 @@ class Harness:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None)) as session, \
                 aiohttp.ClientSession(connector=crowd, timeout=aiohttp.ClientTimeout(total=None)) as self.crowd:
             self.session = session
+            self.tokens_per_page = await tokens_per_page(session, self.cfg.url)
             t0 = time.monotonic()
             background = [asyncio.ensure_future(self._load(i)) for i in range(self.cfg.load_clients)]
             background.append(asyncio.ensure_future(self._canaries()))

@@ -99,7 +99,7 @@ class CancelStorm:
     name: str = "cancel-storm"
 
     async def inject(self, h) -> dict:
-        idle = await pages_in_use(h.session, h.cfg.url)
+        idle, held = await pages_in_use(h.session, h.cfg.url), h.background_pages()
         n = h.cfg.storm
         # half walk away while their long prompt is still in prefill, half a few tokens into the answer
         jobs = [h.request("storm", LONG_PROMPT, 64, cancel_after_s=0.2, exact_length=True) for _ in range(n // 2)]
@@ -107,22 +107,24 @@ class CancelStorm:
                            exact_length=True) for _ in range(n - n // 2)]
         outs = await asyncio.gather(*jobs)
         last_gone = max(o.end for o in outs)
-        back = await _pages_back(h, idle, last_gone)
-        return {"streams": n, "pages_idle_before": idle, "pages_back_to_idle_s": back,
-                "cancelled": sum(o.status == "CLIENT_CANCELLED" for o in outs)}
+        back, pages, allowed = await _pages_back(h, max(0.0, (idle or 0) - (held or 0)), last_gone)
+        return {"streams": n, "pages_idle_before": idle, "pages_back_to_idle_s": back, "pages_then": pages,
+                "background_pages_bound_then": allowed, "cancelled": sum(o.status == "CLIENT_CANCELLED" for o in outs)}
 
 
-async def _pages_back(h, idle: float | None, since: float, timeout_s: float = 30.0) -> float | None:
-    """Seconds from `since` until the pages in use are back at `idle` (load and canaries still run, so
-    "idle" is what they hold: at most the pages of the requests they have in flight)."""
-    allowance = (h.cfg.load_clients + 2) * 8  # pages the background requests may hold at any moment
+async def _pages_back(h, idle: float, since: float, timeout_s: float = 30.0):
+    """(seconds from `since`, pages in use, background bound) once the pages in use are back at `idle`
+    (pages no request holds) plus what the load and canary requests in flight at that moment may hold:
+    they run on, and the storm delayed them, so more of them are in flight after it than before. A
+    deployment that does not publish its page size gets no allowance. Seconds are None if not in time."""
     deadline = since + timeout_s
+    pages = held = None
     while time.monotonic() < deadline:
-        pages = await pages_in_use(h.session, h.cfg.url)
-        if pages is not None and pages <= (idle or 0) + allowance:
-            return max(0.0, time.monotonic() - since)
+        pages, held = await pages_in_use(h.session, h.cfg.url), h.background_pages() or 0
+        if pages is not None and pages <= idle + held:
+            return max(0.0, time.monotonic() - since), pages, held
         await asyncio.sleep(0.05)
-    return None
+    return None, pages, held
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,8 @@ import pytest
 import yaml
 
 from orchestrator.chaos import scenarios as sc
+from orchestrator.chaos.client import pages_bound
+from orchestrator.chaos.harness import CANARIES, LOAD
 from orchestrator.chaos.run import ChaosRun
 from orchestrator.serve_process import ServeProcess
 from tests.conftest import leak_check, leak_snapshot, start_serve, stop_serve
@@ -90,6 +92,15 @@ def test_a_cancel_storm_frees_every_page_within_a_second(one_by_one, references)
     assert storm["details"]["streams"] == 100 and storm["details"]["cancelled"] == 100
     assert storm["details"]["pages_back_to_idle_s"] is not None and storm["details"]["pages_back_to_idle_s"] < 5.0
     assert storm["failed_total"] == 0 and storm["wrong"] == 0
+
+
+def test_the_page_bound_of_a_background_request_holds_for_every_harness_prompt(default_engine):
+    """The storm's pages-back figure allows the canary and load requests in flight what they may hold;
+    the bound must not be below what they really take (real tokenizer, real page size)."""
+    tpp = default_engine.kv_layout().tokens_per_page
+    for prompt in [*CANARIES, *LOAD, sc.LONG_PROMPT]:
+        n = len(default_engine.tokenizer.encode(prompt))
+        assert pages_bound(prompt, 12, tpp) >= -(-(n + 12) // tpp) + -(-n // tpp), prompt
 
 
 def test_an_overload_burst_is_shed_at_once_and_spares_accepted_requests(built_engines, tmp_path, references):

@@ -95,6 +95,7 @@ def test_model_config_metadata_and_health(served):
                  "tandem_queue_seconds", "tandem_prefill_seconds", "tandem_kv_transfer_bytes_total",
                  "tandem_kv_transfer_seconds", "tandem_kv_pages_used", "tandem_requests_in_flight"):
         assert name in text, name
+    assert "\ntandem_kv_tokens_per_page 16.0\n" in text  # the default engines' page size, for clients' sums
     with urllib.request.urlopen(served.http + "/v1/models") as r:
         assert [m["id"] for m in json.loads(r.read())["data"]] == ["smollm2-135m"]  # the served model's name
 

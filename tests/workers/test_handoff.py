@@ -220,6 +220,48 @@ def test_an_abort_stops_the_prefill_pass_at_the_next_layer(default_engine, pair)
     assert wait_until(lambda: decode.stats().pages_used == 0)
 
 
+def test_a_pass_mostly_for_requests_that_left_is_given_up_and_the_rest_redone(default_engine, pair):
+    """Two prompts share a pass; the longer one is aborted mid-pass. The pass stops at the next layer
+    (the aborted one ends at once), and the other is computed again on its own: exact first token,
+    exact answer. (Writers slowed to 0.1 s a layer each: the shared pass alone would take 6 s.)"""
+    prefill, decode = pair
+    prefill.write_delay_s = 0.1
+    params = SamplingParams(max_tokens=6)
+    tok = default_engine.tokenizer
+    prompts = {"blocker": tok.encode("Hello there."), "leave": tok.encode(
+        "Tell me about the history of the Roman empire in detail, from its founding to its fall."),
+        "stay": tok.encode("Name a color.")}
+    leases = {rid: reserve(decode, ids, params, rid) for rid, ids in prompts.items()}
+    sinks = {rid: ListSink() for rid in prompts}
+
+    def submit(rid):
+        prefill.submit(Prefill(rid, prompts[rid], params, destination=leases[rid][0].destination), sinks[rid])
+
+    submit("blocker")
+    time.sleep(0.15)  # its pass runs; the next two queue behind it and share the next pass
+    submit("leave")
+    submit("stay")
+    prefill.abort("blocker")
+    time.sleep(0.5)  # a few layers into the shared pass
+    t0 = time.monotonic()
+    prefill.abort("leave")
+    assert sinks["leave"].finished.wait(30)
+    took = time.monotonic() - t0
+    assert isinstance(sinks["leave"].error, Cancelled) and isinstance(sinks["blocker"].error, Cancelled)
+    assert took < 3.0, f"the aborted request waited {took:.1f}s for its pass (the pass alone takes 6 s)"
+    assert sinks["stay"].finished.wait(60)
+    first = sinks["stay"].replies[0]
+    assert isinstance(first, Prefilled), sinks["stay"].error
+    (_, dsink) = leases["stay"]
+    decode.start(Start("stay", leases["stay"][0].lease, first.token, first.logprob))
+    assert dsink.finished.wait(60)
+    assert [first.token] + dsink.tokens == complete(default_engine, prompts["stay"], params).output_ids
+    for rid in ("blocker", "leave"):
+        decode.release(Release(rid, leases[rid][0].lease, writer_closed=True))
+        assert leases[rid][1].finished.wait(5)
+    assert wait_until(lambda: decode.stats().pages_used == 0)
+
+
 def test_the_fence_keeps_a_late_writer_out_of_pages_given_to_another_request(default_engine, pair):
     """A slowed writer is still writing when its lease is released; its pages go at once to a new
     request, which a second prefill worker fills and the decode worker runs while the late writer is

@@ -92,8 +92,8 @@ class TeeAttention:
 
 
 class PassStopped(Exception):
-    """The pass was given up between two layers: every request in it went away. Nothing it computed
-    is valid (the caller discards its pages and does not advance its sequences)."""
+    """The pass was given up between two layers (its requests, or most of them, went away). Nothing it
+    computed is valid: no sequence advanced, and the K/V it wrote past their cached tokens are junk."""
 
 
 class StoppableAttention:

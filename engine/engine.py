@@ -142,8 +142,9 @@ class Engine:
             writers = [PoolWriter(self.cache, self._slots(s, 0, n)) for s, n in zip(seqs, lens)]
         last = torch.tensor(lens, device=dev).cumsum(0) - 1  # [B]
         attn = PrefillAttention(lens, writers)
-        logits = self.model.forward(tokens, positions, rope_lens, attn if stop is None else StoppableAttention(attn, stop),
-                                    last)
+        if stop is not None:
+            attn = StoppableAttention(attn, stop)
+        logits = self.model.forward(tokens, positions, rope_lens, attn, last)
         for s, n in zip(seqs, lens):
             s.num_cached = n
         return self._sample(seqs, logits)

@@ -119,5 +119,9 @@ class FenceGuard:
             _lock(self.fd, fcntl.F_UNLCK, slot, wait=True)
 
     def close(self) -> None:
+        """Safe to call twice (a second close must not close a descriptor number reused since)."""
+        if self.fd < 0:
+            return
         self.words.close()
         os.close(self.fd)
+        self.fd = -1

@@ -87,6 +87,9 @@ class ShmWriter(LayerWriter):
             f.result()  # _copy records its own failures; this only waits
         self.pending.clear()
 
+    def settle(self) -> None:
+        self._drain()
+
     def finish(self) -> None:
         self._drain()
         self.guard.close()

@@ -12,6 +12,8 @@ from __future__ import annotations
 import hmac
 import json
 import logging
+import os
+import signal
 import time
 
 import numpy as np
@@ -49,6 +51,14 @@ def pass_budget(params: Params, device: torch.device) -> int:
     """Prompt tokens per prefill pass: the profile's max_num_tokens, capped on CPU (see profiles.py)."""
     budget = params.int("max_num_tokens")
     return min(budget, params.int("cpu_pass_tokens")) if device.type == "cpu" else budget
+
+
+def end_server(error: BaseException) -> None:
+    """A worker's loop thread died (a bug). Its heartbeats would go on while its requests hang, so end
+    the whole server (its process group: tritonserver and its stubs) at once; the supervisor sees the
+    exit, replaces the worker and removes its shared memory."""
+    log.critical("the worker loop died; ending this server so that it is replaced", exc_info=error)
+    os.killpg(os.getpgid(0), signal.SIGKILL)
 
 
 def setup_threads(params: Params) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from engine.load import load_engine
 from engine.transports.host import PoolHost
-from engine.triton.common import Auth, Params, dispatch, pass_budget, setup_threads
+from engine.triton.common import Auth, Params, dispatch, end_server, pass_budget, setup_threads
 from engine.workers.decode import DecodeWorker
 from tandem.wire import Flush, Open, Release, Start, Stats, Watch, WriterGone
 
@@ -38,7 +38,7 @@ class TritonPythonModel:
         self.worker = DecodeWorker(self.engine, self.pool, role="decode", max_batch_size=p.int("max_batch_size"),
                                    pass_tokens=pass_budget(p, self.engine.device), chunk_tokens=chunk or None,
                                    transfer_timeout_s=p.float("transfer_timeout_s"),
-                                   fence_timeout_s=p.float("fence_timeout_s")).launch()
+                                   fence_timeout_s=p.float("fence_timeout_s")).launch(end_server)
         self.handlers = handlers(self.worker)
 
     def execute(self, requests):

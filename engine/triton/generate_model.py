@@ -7,7 +7,7 @@ the prefill-first policy or chunked prefill (`chunk_tokens` > 0): see engine/sch
 from __future__ import annotations
 
 from engine.load import load_engine
-from engine.triton.common import Auth, Params, dispatch, pass_budget, setup_threads
+from engine.triton.common import Auth, Params, dispatch, end_server, pass_budget, setup_threads
 from engine.triton.decode_model import handlers
 from engine.workers.decode import DecodeWorker
 
@@ -22,7 +22,8 @@ class TritonPythonModel:
         chunk = p.int("chunk_tokens")
         # the same prefill pass budget as the disaggregated prefill worker: a fair baseline
         self.worker = DecodeWorker(engine, None, role="generate", max_batch_size=p.int("max_batch_size"),
-                                   pass_tokens=pass_budget(p, engine.device), chunk_tokens=chunk or None).launch()
+                                   pass_tokens=pass_budget(p, engine.device),
+                                   chunk_tokens=chunk or None).launch(end_server)
         self.handlers = handlers(self.worker)
 
     def execute(self, requests):

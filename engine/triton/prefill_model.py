@@ -6,7 +6,7 @@ answers each request as soon as its last pass is done.
 from __future__ import annotations
 
 from engine.load import load_engine
-from engine.triton.common import Auth, Params, dispatch, pass_budget, setup_threads
+from engine.triton.common import Auth, Params, dispatch, end_server, pass_budget, setup_threads
 from engine.workers.prefill import PrefillWorker
 from tandem.wire import Abort, Flush, Prefill, Stats, Watch
 
@@ -25,7 +25,7 @@ class TritonPythonModel:
                                                                                    layout.tokens_per_page))
             engine.attach_pool(pages, prefix_cache=caching)
         w = self.worker = PrefillWorker(engine, pass_tokens=budget,
-                                        write_delay_s=p.float("fault_write_delay_ms") / 1000).launch()
+                                        write_delay_s=p.float("fault_write_delay_ms") / 1000).launch(end_server)
         self.handlers = {
             Prefill: w.submit,
             Abort: lambda msg, sink: w.abort(msg.request_id),

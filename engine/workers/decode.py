@@ -69,7 +69,9 @@ class DecodeWorker:
         self.kv_bytes_received = 0
         self.loop = Loop(self._iterate, self._next_due, f"{role}-loop", clock)
 
-    def launch(self) -> "DecodeWorker":
+    def launch(self, on_crash=None) -> "DecodeWorker":
+        """Start the loop thread; `on_crash(error)` if it ever dies of an exception (see loop.py)."""
+        self.loop.on_crash = on_crash
         self.loop.start()
         return self
 

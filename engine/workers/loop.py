@@ -53,11 +53,15 @@ class Deadlines:
 
 class Loop:
     """Runs `body()` on a daemon thread. `body` returns True while it has more work to do right away;
-    when it returns False the thread sleeps until `wake()` or the time `next_due()` returns."""
+    when it returns False the thread sleeps until `wake()` or the time `next_due()` returns.
+
+    `on_crash(error)`: called if `body` raises (a bug). The thread is the worker: without it requests
+    hang while the heartbeats go on, so a server passes a handler that ends the process (see
+    engine/triton/common.py:end_server) and its supervisor replaces it."""
 
     def __init__(self, body: Callable[[], bool], next_due: Callable[[], float | None], name: str,
-                 clock=time.monotonic):
-        self.body, self.next_due, self.clock = body, next_due, clock
+                 clock=time.monotonic, on_crash: Callable[[BaseException], None] | None = None):
+        self.body, self.next_due, self.clock, self.on_crash = body, next_due, clock, on_crash
         self._cond = threading.Condition()
         self._woken = False
         self._stop = False
@@ -73,6 +77,14 @@ class Loop:
             self._cond.notify()
 
     def _run(self) -> None:
+        try:
+            self._serve()
+        except BaseException as e:
+            if self.on_crash is None:
+                raise
+            self.on_crash(e)
+
+    def _serve(self) -> None:
         while not self._stop:
             if self.body():
                 continue

@@ -64,7 +64,9 @@ class PrefillWorker:
         self.watchers = Watchers(self.stats, feed=self.feed)
         self.loop = Loop(self.step, self._progress_due, "prefill-loop")
 
-    def launch(self) -> "PrefillWorker":
+    def launch(self, on_crash=None) -> "PrefillWorker":
+        """Start the loop thread; `on_crash(error)` if it ever dies of an exception (see loop.py)."""
+        self.loop.on_crash = on_crash
         self.loop.start()
         return self
 
@@ -254,10 +256,10 @@ class PrefillWorker:
         """After a pass was given up: its aborted requests end, the others go back to the head of the
         queue with no pages (they are reserved again and computed from where their cache left them);
         their writers first let any write of the given-up pass land, since the redo writes it again."""
-        live = [it for it in group if not it.aborted]
-        for it in group:
-            if it.aborted:
-                self._end_cancelled(it)
+        ended = [it for it in group if it.aborted]  # one reading: an abort may land while we work
+        live = [it for it in group if it not in ended]
+        for it in ended:
+            self._end_cancelled(it)
         for it in live:
             it.writer.settle()
             self._release(it, computed=False)

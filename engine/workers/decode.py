@@ -22,6 +22,7 @@ import secrets
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 
 from engine.engine import Engine
 from engine.errors import InvalidRequest
@@ -69,10 +70,9 @@ class DecodeWorker:
         self.kv_bytes_received = 0
         self.loop = Loop(self._iterate, self._next_due, f"{role}-loop", clock)
 
-    def launch(self, on_crash=None) -> "DecodeWorker":
+    def launch(self, on_crash: Callable[[BaseException], None] | None = None) -> "DecodeWorker":
         """Start the loop thread; `on_crash(error)` if it ever dies of an exception (see loop.py)."""
-        self.loop.on_crash = on_crash
-        self.loop.start()
+        self.loop.start(on_crash)
         return self
 
     # -- control calls (any thread) -----------------------------------------------------------------

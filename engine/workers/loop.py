@@ -55,19 +55,21 @@ class Loop:
     """Runs `body()` on a daemon thread. `body` returns True while it has more work to do right away;
     when it returns False the thread sleeps until `wake()` or the time `next_due()` returns.
 
-    `on_crash(error)`: called if `body` raises (a bug). The thread is the worker: without it requests
-    hang while the heartbeats go on, so a server passes a handler that ends the process (see
-    engine/triton/common.py:end_server) and its supervisor replaces it."""
+    `start(on_crash)`: `on_crash(error)` is called if `body` raises (a bug). The thread is the worker:
+    without it requests hang while the heartbeats go on, so a server passes a handler that ends the
+    process (engine/triton/common.py:end_server) and its supervisor replaces it."""
 
     def __init__(self, body: Callable[[], bool], next_due: Callable[[], float | None], name: str,
-                 clock=time.monotonic, on_crash: Callable[[BaseException], None] | None = None):
-        self.body, self.next_due, self.clock, self.on_crash = body, next_due, clock, on_crash
+                 clock=time.monotonic):
+        self.body, self.next_due, self.clock = body, next_due, clock
+        self.on_crash: Callable[[BaseException], None] | None = None
         self._cond = threading.Condition()
         self._woken = False
         self._stop = False
         self.thread = threading.Thread(target=self._run, name=name, daemon=True)
 
-    def start(self) -> "Loop":
+    def start(self, on_crash: Callable[[BaseException], None] | None = None) -> "Loop":
+        self.on_crash = on_crash
         self.thread.start()
         return self
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
+from collections.abc import Callable
 
 from engine.attention import PassStopped
 from engine.engine import Engine
@@ -64,10 +65,9 @@ class PrefillWorker:
         self.watchers = Watchers(self.stats, feed=self.feed)
         self.loop = Loop(self.step, self._progress_due, "prefill-loop")
 
-    def launch(self, on_crash=None) -> "PrefillWorker":
+    def launch(self, on_crash: Callable[[BaseException], None] | None = None) -> "PrefillWorker":
         """Start the loop thread; `on_crash(error)` if it ever dies of an exception (see loop.py)."""
-        self.loop.on_crash = on_crash
-        self.loop.start()
+        self.loop.start(on_crash)
         return self
 
     # -- calls (any thread) -------------------------------------------------------------------------
@@ -228,9 +228,10 @@ class PrefillWorker:
         pooled = [it for it in group if it.pooled]
         direct = [it for it in group if not it.pooled]
         work = {it: self._todo(it) for it in group}
+        half = sum(work.values()) / 2
 
         def stop() -> bool:  # most of the pass is for requests that left: cheaper to redo the rest
-            return 2 * sum(n for it, n in work.items() if it.aborted) >= sum(work.values())
+            return sum(n for it, n in work.items() if it.aborted) >= half
 
         try:
             for it in pooled:

@@ -64,7 +64,7 @@ class Harness:
         self._stop = asyncio.Event()
         self.session: aiohttp.ClientSession | None = None  # canaries, load, metrics
         self.crowd: aiohttp.ClientSession | None = None  # storms, bursts, backlogs
-        self.background: dict[int, tuple[str, int]] = {}  # canary and load requests in flight: (prompt, max_tokens)
+        self.background: dict[object, tuple[str, int]] = {}  # canary and load requests in flight: (prompt, max_tokens)
         self.tokens_per_page: int | None = None
 
     def record(self, out: Outcome) -> Outcome:
@@ -80,7 +80,7 @@ class Harness:
         # its connection, and a burst is not queued on our side before it reaches the server
         background = kind in ("canary", "load")
         session = self.session if background else self.crowd
-        key = id(object())
+        key = object()  # kept alive until the request ends (an id() could be reused at once)
         if background:
             self.background[key] = (prompt, max_tokens)
         try:

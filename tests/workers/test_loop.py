@@ -22,7 +22,7 @@ def test_a_body_that_raises_is_reported_to_on_crash():
         got.append(e)
         crashed.set()
 
-    loop = Loop(body, lambda: None, "test-loop", on_crash=on_crash).start()
+    loop = Loop(body, lambda: None, "test-loop").start(on_crash)
     assert crashed.wait(5)
     loop.thread.join(5)
     assert not loop.thread.is_alive() and len(calls) == 3
@@ -37,7 +37,7 @@ def test_a_loop_that_stops_normally_reports_nothing():
         woken.set()
         return False
 
-    loop = Loop(body, lambda: None, "test-loop", on_crash=got.append).start()
+    loop = Loop(body, lambda: None, "test-loop").start(got.append)
     assert woken.wait(5)
     loop.stop()
     assert not loop.thread.is_alive() and got == []

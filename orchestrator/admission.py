@@ -22,12 +22,13 @@ class Admission:
     queued_tokens: int = 0
     preparing: int = 0  # passed `check`, being tokenized, not yet admitted (or refused)
 
-    def check(self) -> None:
+    def check(self, ahead: int = 0) -> None:
         """Refuse at once, before any work (tokenizing) is spent on a request that cannot be admitted.
 
-        Requests still being prepared count: in a burst, the ones that arrive while the first are
-        tokenized are refused at the door, not after they too have waited for the tokenizer."""
-        busy = self.in_flight + self.preparing
+        Requests still being prepared count, and `ahead` more on their way in that have not reached
+        `prepare` yet: in a burst, the ones that arrive while the first are tokenized are refused at
+        the door, not after they too have waited for the tokenizer."""
+        busy = self.in_flight + self.preparing + ahead
         if busy >= self.max_in_flight:
             raise ResourceExhausted(f"{busy} requests in flight (limit {self.max_in_flight}); retry after a moment")
 

@@ -1,8 +1,9 @@
-"""Exec a program pinned to some cores and, optionally, tied to its parent (it gets SIGTERM when the
-thread that started it dies), without `preexec_fn`, which can crash a child forked from a
+"""Exec a program pinned to some cores, optionally nicer than its parent (a lower CPU priority, which
+every thread and child it makes inherits), and optionally tied to its parent (it gets SIGTERM when
+the thread that started it dies), without `preexec_fn`, which can crash a child forked from a
 multithreaded process (gRPC and asyncio threads): this runs in a fresh interpreter, then execs.
 
-    python -m orchestrator.child_exec [--cpus 0,1] [--tied PARENT_PID] -- PROGRAM ARGS...
+    python -m orchestrator.child_exec [--cpus 0,1] [--nice 10] [--tied PARENT_PID] -- PROGRAM ARGS...
 """
 
 from __future__ import annotations
@@ -17,13 +18,16 @@ _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 def main(argv: list[str]) -> None:
     if "--" not in argv:
-        sys.exit("usage: child_exec [--cpus LIST] [--tied PID] -- PROGRAM ARGS...")
+        sys.exit("usage: child_exec [--cpus LIST] [--nice N] [--tied PID] -- PROGRAM ARGS...")
     split = argv.index("--")
     opts, program = argv[:split], argv[split + 1:]
     cpus = opts[opts.index("--cpus") + 1] if "--cpus" in opts else None
+    nice = int(opts[opts.index("--nice") + 1]) if "--nice" in opts else 0
     tied = int(opts[opts.index("--tied") + 1]) if "--tied" in opts else None
     if cpus:
         os.sched_setaffinity(0, {int(c) for c in cpus.split(",")})
+    if nice:
+        os.nice(nice)
     if tied is not None:
         ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
         if os.getppid() != tied:  # the parent died before we could tie ourselves to it

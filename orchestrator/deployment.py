@@ -107,6 +107,10 @@ class Deployment(_Strict):
     kv_pool_bytes: int | None = Field(None, ge=1 << 20)
     chunk_tokens: int = Field(256, ge=1)
     max_retries: int = Field(2, ge=0)
+    # Local workers run this much nicer (lower CPU priority) than the front door. Where they share cores
+    # (CPU-only serving), refusals, health probes and token streaming then wait for no model step; the
+    # workers still get every cycle the front door leaves idle, which is nearly all of them.
+    worker_nice: int = Field(10, ge=0, le=19)
     front_door: FrontDoor = FrontDoor()
     limits: Limits = Limits()
     health: Health = Health()

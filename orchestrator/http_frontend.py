@@ -9,16 +9,19 @@ same model (http_kserve.py, so `tritonclient.http` works too), health and Promet
 Every failure is answered with the HTTP status of its tandem status (tandem/status.py), an
 OpenAI-style error body naming the problem, and Retry-After when retrying may help. A body over the
 size limit is refused (413) before it is read whole. A client that disconnects cancels its request.
+Under overload a generation request is refused before aiohttp sees it (orchestrator/http_gate.py).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from aiohttp import web
 
 from orchestrator import openai_api as oa
 from orchestrator.http_admin import add_admin_routes
+from orchestrator.http_gate import Gate, Turnstile, arrived, generation_line, raw_response
 from orchestrator.http_kserve import add_kserve_routes
 from orchestrator.http_openai import add_openai_routes
 from orchestrator.protocol_status import http_headers, http_status
@@ -33,11 +36,17 @@ _KIND = {Status.INVALID_ARGUMENT: "invalid_request_error", Status.NOT_FOUND: "in
          Status.RESOURCE_EXHAUSTED: "rate_limit_error", Status.CANCELLED: "cancelled"}
 
 
-def error_response(e: TandemError) -> web.Response:
+def error_parts(e: TandemError) -> tuple[int, dict[str, str], dict]:
+    """The HTTP status, headers and OpenAI-style JSON body that answer an error."""
     status = status_of(e)
     body = oa.error_body(str(e), getattr(e, "param", None), _KIND.get(status, "server_error"))
     body["error"]["code"] = status.value
-    return web.json_response(body, status=http_status(status), headers=http_headers(status))
+    return http_status(status), http_headers(status), body
+
+
+def error_response(e: TandemError) -> web.Response:
+    code, headers, body = error_parts(e)
+    return web.json_response(body, status=code, headers=headers)
 
 
 class HttpFrontend:
@@ -54,6 +63,7 @@ class HttpFrontend:
 
     @web.middleware
     async def _errors(self, request, handler):
+        arrived(request)  # admission counts it from here on (see http_gate.Turnstile)
         try:
             return await handler(request)
         except TandemError as e:
@@ -74,11 +84,32 @@ class HttpFrontend:
     async def metrics(self, request):
         return web.Response(body=self.service.metrics.render(), content_type="text/plain", charset="utf-8")
 
+    def refusal(self, ahead: int = 0) -> bytes | None:
+        """The whole answer for a generation request while none can be taken, counting `ahead` more
+        requests than admission knows of yet (the gate's, see http_gate.py), else None."""
+        try:
+            self.service.refuse_if_closed(ahead)
+        except TandemError as e:
+            return raw_response(*error_parts(e))
+        return None
 
-async def start_http(frontend: HttpFrontend, host: str, port: int) -> web.AppRunner:
+
+class HttpServer:
+    """The listening socket (each connection behind a Gate) and aiohttp's runner behind it."""
+
+    def __init__(self, runner: web.AppRunner, listener: asyncio.Server):
+        self.runner, self.listener = runner, listener
+
+    async def cleanup(self) -> None:
+        self.listener.close()  # no new connection; the runner then ends the open ones
+        await self.runner.cleanup()
+
+
+async def start_http(frontend: HttpFrontend, host: str, port: int) -> HttpServer:
     # handler_cancellation: a client that disconnects cancels its handler, and with it the request
     runner = web.AppRunner(frontend.app, access_log=None, handler_cancellation=True)
     await runner.setup()
-    site = web.TCPSite(runner, host, port)
-    await site.start()
-    return runner
+    line, turnstile = generation_line(frontend.served.triton_name), Turnstile()
+    listener = await asyncio.get_running_loop().create_server(
+        lambda: Gate(runner.server(), line, turnstile, frontend.refusal), host, port)
+    return HttpServer(runner, listener)

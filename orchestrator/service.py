@@ -46,11 +46,12 @@ class Orchestrator:
     def ready(self) -> bool:
         return not self.draining and self.path.ready()
 
-    def refuse_if_closed(self) -> None:
-        """Raise at once when no new request can be taken (draining, or over an admission limit): the
-        front doors call this before they read a request's body, so a refusal costs almost nothing."""
+    def refuse_if_closed(self, ahead: int = 0) -> None:
+        """Raise at once when no new request can be taken (draining, or over an admission limit with
+        `ahead` more requests on their way in): the front doors call this before they read a request's
+        body, so a refusal costs almost nothing."""
         self._refuse_if_draining()
-        self.admission.check()
+        self.admission.check(ahead)
 
     def _refuse_if_draining(self) -> None:
         if self.draining:

@@ -100,7 +100,7 @@ class Stack:
                               prefill_pool_bytes=dep.prefix_cache.prefill_pool_bytes)
         for name in remove_stale_segments() + remove_orphaned_triton_regions():
             self.log(f"removed shared memory {name} left by a process that is gone")
-        self.workers = WorkerSet(engines, self.workdir, counts, options)
+        self.workers = WorkerSet(engines, self.workdir, counts, options, nice=dep.worker_nice)
         if any(counts.values()):  # none: every worker is remote (`tandem worker` elsewhere)
             self.log(f"starting {', '.join(f'{n} {r}' for r, n in counts.items() if n)} worker(s) ({dep.mode}) ...")
             await loop.run_in_executor(None, self.workers.prepare)

@@ -78,6 +78,7 @@ class TritonServer:
     models: tuple[str, ...]  # loaded explicitly; nothing else in the repository is
     name: str = "triton"
     cpus: tuple[int, ...] | None = None  # pin the server and its stubs to these cores
+    nice: int = 0  # run the server and its stubs this much nicer than us (see Deployment.worker_nice)
     grpc_port: int = field(default_factory=free_port)
     http_port: int = field(default_factory=free_port)
     metrics_port: int = field(default_factory=free_port)
@@ -151,6 +152,8 @@ class TritonServer:
         wrap = [sys.executable, "-m", "orchestrator.child_exec"]  # pins and ties it; see child_exec.py
         if self.cpus:
             wrap += ["--cpus", ",".join(map(str, self.cpus))]
+        if self.nice:
+            wrap += ["--nice", str(self.nice)]
         if self.tied:
             wrap += ["--tied", str(os.getpid())]
         log = None if self.log_stdout else open(self.log_path, "w")

@@ -66,6 +66,7 @@ class WorkerSet:
     counts: dict[str, int]
     options: RepoOptions = field(default_factory=RepoOptions)
     cpus: list[int] | None = None
+    nice: int = 0  # the servers' CPU priority below ours (TritonServer.nice)
     detached: bool = False  # True: the servers outlive this process (tandem workers up)
     servers: dict[str, TritonServer] = field(default_factory=dict)
     specs: dict[str, WorkerSpec] = field(default_factory=dict)
@@ -88,8 +89,8 @@ class WorkerSet:
         with self._lock:
             if self._closed:
                 raise WorkerSetClosed(f"not starting {name}: the workers are being stopped")
-            server = TritonServer(self.repo, (spec.role,), name=spec.name, cpus=spec.cpus, log_dir=self.workdir,
-                                  tied=not self.detached).launch()
+            server = TritonServer(self.repo, (spec.role,), name=spec.name, cpus=spec.cpus, nice=self.nice,
+                                  log_dir=self.workdir, tied=not self.detached).launch()
             self.servers[name] = server
         return server
 

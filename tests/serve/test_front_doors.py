@@ -149,3 +149,24 @@ def test_bad_input_gets_the_protocols_error_while_good_requests_go_on(served, ex
         assert status == 400 and "'messages' must be a non-empty list" in err["error"]["message"]
         assert good.result(timeout=120) == expected[PROMPTS[2]]
     assert grpc_infer(served.grpc, PROMPTS[0], 24) == expected[PROMPTS[0]]
+
+
+def test_workers_run_nicer_than_the_front_door(served):
+    """deployment.worker_nice (default 10): each worker's python stubs, where the model computes, run
+    below the front door's priority in every thread, and so does the server itself. (Triton sets its
+    own model-instance threads' priority, which only hand requests to the stubs.)"""
+    import os
+
+    import psutil
+
+    from orchestrator.deployment import Deployment
+
+    want = min(19, psutil.Process(served.proc.pid).nice() + Deployment().worker_nice)  # the serve process's own
+    for w in served.workers().values():
+        server = psutil.Process(w["pid"])
+        assert server.nice() == want
+        stubs = server.children(recursive=True)
+        assert stubs and all(p.name().startswith("triton_python") for p in stubs)
+        for p in stubs:
+            for t in os.listdir(f"/proc/{p.pid}/task"):  # every thread: nice is per thread on Linux
+                assert os.getpriority(os.PRIO_PROCESS, int(t)) == want, (p.name(), t)

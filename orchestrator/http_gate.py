@@ -1,0 +1,125 @@
+"""The HTTP front door's gate: under overload, a generation request is refused from its bytes.
+
+aiohttp spends about a quarter of a millisecond of this process's one event-loop thread on each
+request it answers, refusals included (parse, request object, middleware, handler, response). In an
+overload burst of hundreds of requests the last refusal then waits for all the ones before it. The gate
+sits between the socket and aiohttp's protocol. While the service takes no new request (`refusal`
+returns the answer to send), the first request on a connection is refused right here when it is a
+generation request (POST to /v1/completions, /v1/chat/completions or the model's KServe infer)
+that arrived whole (headers, and all of its Content-Length body, in one read). It gets the same
+status, headers and JSON body as aiohttp would have sent, then `Connection: close`.
+
+Everything else goes to aiohttp untouched: health, metrics, admin, a request in pieces, a chunked
+body, pipelined requests, the second request on a keep-alive connection (aiohttp refuses those
+itself, before their bodies are read). Whole requests only, so closing leaves no unread bytes behind
+and the client reads its answer, not a reset.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http
+import json
+import re
+from collections.abc import Callable
+
+_CONTENT_LENGTH = re.compile(rb"\r\ncontent-length:[ \t]*(\d{1,12})[ \t]*(?=\r\n|$)")
+
+
+def generation_line(triton_name: str) -> re.Pattern:
+    """The request line of a generation request (the routes that check admission before the body):
+    the OpenAI completions, and KServe infer for the model's Triton name (another is a 404, not a 429)."""
+    model = re.escape(triton_name.encode())
+    paths = rb"/v1/completions|/v1/chat/completions|/v2/models/" + model + rb"(?:/versions/1)?/infer"
+    return re.compile(rb"POST (?:" + paths + rb")(?:\?[^\s]*)? HTTP/1\.[01]\r\n")
+
+
+def is_whole(data: bytes) -> bool:
+    """One request exactly: its headers end here, its Content-Length body is all here, nothing follows."""
+    end = data.find(b"\r\n\r\n")
+    if end < 0:
+        return False
+    head = data[:end].lower()
+    if b"\r\ntransfer-encoding:" in head or head.count(b"\r\ncontent-length:") > 1:
+        return False
+    m = _CONTENT_LENGTH.search(head)
+    return len(data) == end + 4 + (int(m.group(1)) if m else 0)
+
+
+def raw_response(status: int, headers: dict[str, str], body: dict) -> bytes:
+    """An HTTP/1.1 answer that closes its connection: status line, headers, a JSON body."""
+    payload = json.dumps(body).encode()
+    lines = [f"HTTP/1.1 {status} {http.HTTPStatus(status).phrase}", "Content-Type: application/json; charset=utf-8",
+             f"Content-Length: {len(payload)}", "Connection: close"] + [f"{k}: {v}" for k, v in headers.items()]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode() + payload
+
+
+class Turnstile:
+    """Generation requests the gates let through whose handlers have not started yet.
+
+    A burst arrives as one batch of reads, all handled before any request handler runs, and admission
+    counts a request only once its handler runs. The turnstile counts them in the meantime, so the gate
+    of the 33rd request of a burst on a limit of 32 refuses it. Each one leaves it exactly once: when
+    its handler starts (`arrived`, called by the front door's middleware) or its connection ends."""
+
+    def __init__(self):
+        self.ahead = 0
+
+
+class Gate(asyncio.Protocol):
+    """One connection: aiohttp's protocol (`inner`) behind a check of the connection's first request.
+
+    `refusal(ahead)` is the whole answer to send while no request can be taken, with `ahead` more
+    let through than admission counts yet, else None. The inner protocol sees the connection from the
+    start (aiohttp tracks it for shutdown) and every byte after the first read; a refused connection
+    only ever shows it `connection_lost`."""
+
+    def __init__(self, inner: asyncio.Protocol, line: re.Pattern, turnstile: Turnstile,
+                 refusal: Callable[[int], bytes | None]):
+        self.inner, self.line, self.turnstile, self.refusal = inner, line, turnstile, refusal
+        self.transport: asyncio.Transport | None = None
+        self.first = True
+        self.ahead = False  # its request was let through and counts in the turnstile
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+        self.inner.connection_made(transport)
+
+    def data_received(self, data: bytes) -> None:
+        if self.first:
+            self.first = False
+            if self.line.match(data) and is_whole(data):
+                answer = self.refusal(self.turnstile.ahead)
+                if answer is not None:
+                    self.transport.write(answer)
+                    self.transport.close()
+                    return
+                self.ahead = True
+                self.turnstile.ahead += 1
+        self.inner.data_received(data)
+
+    def arrived(self) -> None:
+        """The request let through reached its handler: admission counts it from here."""
+        if self.ahead:
+            self.ahead = False
+            self.turnstile.ahead -= 1
+
+    def eof_received(self):
+        return self.inner.eof_received()
+
+    def connection_lost(self, exc) -> None:
+        self.arrived()  # its handler never started, or has started: it leaves the turnstile either way
+        self.inner.connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        self.inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        self.inner.resume_writing()
+
+
+def arrived(request) -> None:
+    """Tell the gate of `request`'s connection that its handler started (a no-op without a gate)."""
+    gate = request.transport.get_protocol() if request.transport is not None else None
+    if isinstance(gate, Gate):
+        gate.arrived()

@@ -16,6 +16,18 @@ import sys
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
+def _lower_priority(increment: int) -> None:
+    """Nicer by `increment`, and so is our session's scheduling group where the kernel groups by session
+    (autogroup): there, CPU is shared fairly between sessions first, so a process started in a session
+    of its own (as the workers are) would otherwise compete at full weight whatever its nice value."""
+    nice = os.nice(increment)
+    try:
+        with open("/proc/self/autogroup", "w") as f:
+            f.write(str(nice))
+    except OSError:
+        pass  # no autogroup on this kernel: the nice value alone sets the priority
+
+
 def main(argv: list[str]) -> None:
     if "--" not in argv:
         sys.exit("usage: child_exec [--cpus LIST] [--nice N] [--tied PID] -- PROGRAM ARGS...")
@@ -27,7 +39,7 @@ def main(argv: list[str]) -> None:
     if cpus:
         os.sched_setaffinity(0, {int(c) for c in cpus.split(",")})
     if nice:
-        os.nice(nice)
+        _lower_priority(nice)
     if tied is not None:
         ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
         if os.getppid() != tied:  # the parent died before we could tie ourselves to it

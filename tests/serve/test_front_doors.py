@@ -153,8 +153,9 @@ def test_bad_input_gets_the_protocols_error_while_good_requests_go_on(served, ex
 
 def test_workers_run_nicer_than_the_front_door(served):
     """deployment.worker_nice (default 10): each worker's python stubs, where the model computes, run
-    below the front door's priority in every thread, and so does the server itself. (Triton sets its
-    own model-instance threads' priority, which only hand requests to the stubs.)"""
+    below the front door's priority in every thread, and so does the server itself, and its session's
+    scheduling group where the kernel has autogroups. (Triton sets its own model-instance threads'
+    priority, which only hand requests to the stubs.)"""
     import os
 
     import psutil
@@ -165,6 +166,9 @@ def test_workers_run_nicer_than_the_front_door(served):
     for w in served.workers().values():
         server = psutil.Process(w["pid"])
         assert server.nice() == want
+        if os.path.exists(f"/proc/{server.pid}/autogroup"):  # its own session's group is as nice
+            with open(f"/proc/{server.pid}/autogroup") as f:
+                assert f.read().split()[-1] == str(want)
         stubs = server.children(recursive=True)
         assert stubs and all(p.name().startswith("triton_python") for p in stubs)
         for p in stubs:

@@ -40,6 +40,7 @@ class ChaosConfig:
     stop_s: float = 20.0  # SIGSTOP length
     storm: int = 100  # streams in the cancel storm
     burst_factor: int = 10  # the overload burst, in multiples of the admission limit
+    bursts: int = 3  # overload bursts, one after another (the slowest refusal varies from one to the next)
     capacity: int = 32  # the deployment's limits.max_in_flight
     backlog: int = 6  # long prompts in the backlog scenario
     request_timeout_s: float = 120.0

@@ -30,7 +30,7 @@ class ChaosRun:
 
     def config(self, url: str, workdir: str) -> ChaosConfig:
         if self.quick:
-            return ChaosConfig(url, workdir, load_clients=2, settle_s=1.0, stop_s=7.0, storm=100, burst_factor=10,
+            return ChaosConfig(url, workdir, load_clients=2, settle_s=1.0, stop_s=7.0, storm=100, burst_factor=10, bursts=1,
                                capacity=self.capacity, backlog=3, recover_timeout_s=90.0)
         return ChaosConfig(url, workdir, capacity=self.capacity)
 

@@ -5,10 +5,11 @@
     stop-prefill / stop-decode    SIGSTOP for stop_s, then SIGCONT (the supervisor may replace it first)
     cancel-storm                  `storm` streams whose clients walk away, half during prefill, half
                                   while decoding; measures how soon the pages in use are back to idle
-    overload                      `capacity` requests at once (the normal load), then a burst of
-                                  `burst_factor` x capacity: refusals must be immediate 429s and the
-                                  accepted requests as fast as under normal load (both sent as
-                                  burst.py sends them: written at once on open connections)
+    overload                      `capacity` requests at once (the normal load), then `bursts` bursts
+                                  of `burst_factor` x capacity, one after another: refusals must be
+                                  immediate 429s and the accepted requests as fast as under normal
+                                  load (all sent as burst.py sends them: written at once on open
+                                  connections); the slowest refusal is reported per burst too
     backlog                       `backlog` long prompts at once: a prefill queue far longer than any
                                   timer on the data path, with canaries and load going on
 """
@@ -139,14 +140,17 @@ class Overload:
         # own costs stay out of the times
         url, timeout = h.cfg.url, h.cfg.request_timeout_s
         normal = [h.record(o) for o in await in_own_process(url, "Name a color.", 8, cap, timeout)]
-        flood = [h.record(o) for o in await in_own_process(url, "Name a color.", 8, cap * h.cfg.burst_factor, timeout)]
-        refused = [o for o in flood if o.http == 429]
-        accepted = [o for o in flood if o.status == "OK"]
+        floods = [[h.record(o) for o in await in_own_process(url, "Name a color.", 8, cap * h.cfg.burst_factor,
+                                                             timeout)] for _ in range(h.cfg.bursts)]
+        refused = [[o for o in flood if o.http == 429] for flood in floods]
+        accepted = [o for flood in floods for o in flood if o.status == "OK"]
+        every = [o.seconds for r in refused for o in r]
         rss1 = proc.memory_info().rss if proc else 0
         p50 = (lambda xs: statistics.median(xs) if xs else None)
-        return {"capacity": cap, "burst": len(flood), "refused": len(refused), "accepted": len(accepted),
-                "refusal_s_p50": p50([o.seconds for o in refused]),
-                "refusal_s_max": max((o.seconds for o in refused), default=None),
+        return {"capacity": cap, "burst": cap * h.cfg.burst_factor, "bursts": len(floods),
+                "refused": len(every), "accepted": len(accepted), "refusal_s_p50": p50(every),
+                "refusal_s_max": max(every, default=None),
+                "refusal_s_max_per_burst": [round(max((o.seconds for o in r), default=0.0), 3) for r in refused],
                 "normal_p50_s": p50([o.seconds for o in normal if o.status == "OK"]),
                 "accepted_p50_s": p50([o.seconds for o in accepted]),
                 "orchestrator_rss_growth_mb": (rss1 - rss0) / 1e6 if proc else None}

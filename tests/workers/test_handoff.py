@@ -60,6 +60,8 @@ def pair(default_engine):
     decode = DecodeWorker(decode_engine, host, transfer_timeout_s=5.0).launch()
     prefill = PrefillWorker(Engine(default_engine.model, default_engine.tokenizer, None), registry=registry).launch()
     yield prefill, decode
+    # a Release is applied by the decode loop between steps: let the ones a test sent last land first
+    assert wait_until(lambda: not decode.inbox), "the decode loop never applied its last notices"
     prefill.close()
     decode.close()
     host.close()

@@ -15,7 +15,9 @@ Under overload a generation request is refused before aiohttp sees it (orchestra
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
+from collections.abc import Callable
 
 from aiohttp import web
 
@@ -47,6 +49,16 @@ def error_parts(e: TandemError) -> tuple[int, dict[str, str], dict]:
 def error_response(e: TandemError) -> web.Response:
     code, headers, body = error_parts(e)
     return web.json_response(body, status=code, headers=headers)
+
+
+def raw_refusal(refuse_if_closed: Callable[[int], None], ahead: int) -> bytes | None:
+    """The gate's answer (http_gate.py): the whole HTTP response `error_response` would give while
+    `refuse_if_closed(ahead)` raises (`ahead` requests more than admission counts yet), else None."""
+    try:
+        refuse_if_closed(ahead)
+    except TandemError as e:
+        return raw_response(*error_parts(e))
+    return None
 
 
 class HttpFrontend:
@@ -84,15 +96,6 @@ class HttpFrontend:
     async def metrics(self, request):
         return web.Response(body=self.service.metrics.render(), content_type="text/plain", charset="utf-8")
 
-    def refusal(self, ahead: int = 0) -> bytes | None:
-        """The whole answer for a generation request while none can be taken, counting `ahead` more
-        requests than admission knows of yet (the gate's, see http_gate.py), else None."""
-        try:
-            self.service.refuse_if_closed(ahead)
-        except TandemError as e:
-            return raw_response(*error_parts(e))
-        return None
-
 
 class HttpServer:
     """The listening socket (each connection behind a Gate) and aiohttp's runner behind it."""
@@ -110,6 +113,7 @@ async def start_http(frontend: HttpFrontend, host: str, port: int) -> HttpServer
     runner = web.AppRunner(frontend.app, access_log=None, handler_cancellation=True)
     await runner.setup()
     line, turnstile = generation_line(frontend.served.triton_name), Turnstile()
+    refusal = functools.partial(raw_refusal, frontend.service.refuse_if_closed)
     listener = await asyncio.get_running_loop().create_server(
-        lambda: Gate(runner.server(), line, turnstile, frontend.refusal), host, port)
+        lambda: Gate(runner.server(), line, turnstile, refusal), host, port)
     return HttpServer(runner, listener)

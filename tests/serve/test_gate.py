@@ -6,13 +6,14 @@ the same gate, is tests/faults/test_chaos.py.)"""
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 
 from aiohttp import web
 
 from orchestrator.admission import Admission
-from orchestrator.http_frontend import error_parts
-from orchestrator.http_gate import Gate, Turnstile, arrived, generation_line, is_whole, raw_response
+from orchestrator.http_frontend import error_parts, error_response, raw_refusal
+from orchestrator.http_gate import Gate, Turnstile, arrived, generation_line, is_whole
 from tandem.status import ResourceExhausted, TandemError
 
 LIMIT = 4
@@ -41,8 +42,7 @@ class Door:
         try:
             return await handler(request)
         except TandemError as e:
-            code, headers, body = error_parts(e)
-            return web.json_response(body, status=code, headers=headers)
+            return error_response(e)
 
     async def completions(self, request):
         await request.read()
@@ -56,13 +56,6 @@ class Door:
     async def small(self, request):
         return web.json_response({"path": request.path})
 
-    def refusal(self, ahead: int) -> bytes | None:
-        try:
-            self.admission.check(ahead)
-        except TandemError as e:
-            return raw_response(*error_parts(e))
-        return None
-
     async def start(self) -> int:
         app = web.Application(middlewares=[self.middleware])
         app.router.add_post("/v1/completions", self.completions)
@@ -71,8 +64,9 @@ class Door:
         self.runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
         await self.runner.setup()
         line = generation_line("ensemble")
+        refusal = functools.partial(raw_refusal, self.admission.check)  # as start_http's, on our admission
         self.listener = await asyncio.get_running_loop().create_server(
-            lambda: Gate(self.runner.server(), line, self.turnstile, self.refusal), "127.0.0.1", 0)
+            lambda: Gate(self.runner.server(), line, self.turnstile, refusal), "127.0.0.1", 0)
         return self.listener.sockets[0].getsockname()[1]
 
     async def stop(self) -> None:
@@ -212,7 +206,8 @@ def test_only_one_whole_request_is_judged_from_its_bytes():
     assert is_whole(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n\r\n")  # no body: aiohttp reads none either
     line = generation_line("ensemble")
     for ok in (b"POST /v1/completions HTTP/1.1\r\n", b"POST /v1/chat/completions HTTP/1.0\r\n",
-               b"POST /v2/models/ensemble/infer HTTP/1.1\r\n", b"POST /v2/models/ensemble/versions/1/infer?a=b HTTP/1.1\r\n"):
+               b"POST /v2/models/ensemble/infer HTTP/1.1\r\n",
+               b"POST /v2/models/ensemble/versions/1/infer?a=b HTTP/1.1\r\n"):
         assert line.match(ok), ok
     for no in (b"GET /v1/completions HTTP/1.1\r\n", b"POST /v1/completions2 HTTP/1.1\r\n",
                b"POST /v2/models/ensemble/versions/2/infer HTTP/1.1\r\n", b"POST /admin/flush HTTP/1.1\r\n",

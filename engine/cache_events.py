@@ -1,6 +1,6 @@
 """The prefix-cache event log: which page hashes a KV pool started or stopped holding since last asked.
 
-A worker drains it into its stats replies so the router's PrefixIndex (orchestrator/prefix_index.py)
+A worker drains it into its stats replies so the router's PrefixIndex (control/prefix_index.py)
 can follow what each worker caches without ever asking for the whole set, except after an overflow.
 """
 

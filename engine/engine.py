@@ -25,8 +25,8 @@ from engine.errors import InvalidRequest
 from engine.kv_pool import TORCH_DTYPES, KVCache, PageAllocator
 from engine.model import LlamaModel
 from engine.prefix_cache import PrefixCache
-from engine.sampling import sample
-from tandem.sampling import SamplingParams
+from engine.sampler import sample
+from tandem.sampling_params import SamplingParams
 from engine.sequence import FinishReason, Sequence
 from engine.tokenizer import Tokenizer
 from tandem.kv_layout import KVLayout

@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass, field
 
 from engine.detokenizer import TextStream
-from tandem.sampling import SamplingParams
+from tandem.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 
 

@@ -20,7 +20,7 @@ import torch
 
 from engine.cache_events import CacheEventLog
 from engine.errors import OutOfPages
-from engine.shm import SharedBuffer
+from engine.shm_region import SharedBuffer
 from tandem.kv_layout import KVLayout
 from tandem.prefix import HASH_BYTES
 

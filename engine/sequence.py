@@ -6,7 +6,7 @@ import enum
 from dataclasses import dataclass, field
 
 from engine.detokenizer import Decoder, TextStream
-from tandem.sampling import SamplingParams
+from tandem.sampling_params import SamplingParams
 
 
 class FinishReason(str, enum.Enum):

@@ -17,10 +17,10 @@ from dataclasses import dataclass
 
 from planner.costs import PassCosts
 from planner.profile import Profile
-from planner.sim.layouts import Layout, layouts_for
-from planner.sim.metrics import summarize
-from planner.sim.run import simulate
-from planner.workload import ClosedLoop, Poisson, Workload, draw
+from planner.sim.sim_layouts import Layout, layouts_for
+from planner.sim.sim_metrics import summarize
+from planner.sim.sim_run import simulate
+from planner.plan_workload import ClosedLoop, Poisson, Workload, draw
 
 PLAN_FORMAT = "tandem-plan/1"
 

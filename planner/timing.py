@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import torch
 
-from tandem.sampling import SamplingParams  # moving to tandem.sampling (same constructor)
+from tandem.sampling_params import SamplingParams  # moving to tandem.sampling_params (same constructor)
 
 # Enough output room for every decode point that reuses a sequence; EOS must not end it early.
 _PARAMS = SamplingParams(max_tokens=40, ignore_eos=True)

@@ -14,10 +14,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from planner.profile import Profile
-from planner.sim.layouts import Layout
-from planner.sim.metrics import summarize
-from planner.sim.run import simulate
-from planner.workload import RequestSpec
+from planner.sim.sim_layouts import Layout
+from planner.sim.sim_metrics import summarize
+from planner.sim.sim_run import simulate
+from planner.plan_workload import RequestSpec
 
 TARGETS = {"ttft_p50_rel": 0.20, "itl_p50_rel": 0.20, "attainment_points": 0.10}
 
@@ -40,7 +40,7 @@ def for_deployment(profile: Profile, layout: Layout, pool_bytes_per_worker: int)
 
 def predict(profile: Profile, layout: Layout, sent: list[Sent], slo_ttft_s: float, slo_tpot_s: float,
             chunk_tokens: int | None = None) -> dict:
-    """The simulator's summary (planner.sim.metrics) of these requests on `layout`."""
+    """The simulator's summary (planner.sim.sim_metrics) of these requests on `layout`."""
     if not sent:
         raise ValueError("nothing to predict: no requests were sent")
     t0 = min(s.at for s in sent)

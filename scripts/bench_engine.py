@@ -20,7 +20,7 @@ import torch
 
 from engine.checkpoint import KNOWN_MODELS
 from engine.load import load_engine
-from tandem.sampling import SamplingParams
+from tandem.sampling_params import SamplingParams
 
 PROMPT_WORDS = ("The history of the river valley begins with small farming villages that traded grain, "
                 "pottery and stories along the water. ").split()

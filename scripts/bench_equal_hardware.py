@@ -45,7 +45,7 @@ def main() -> None:
     args = ap.parse_args()
     gbps = handoff_gbps()
     print(f"handoff: {gbps:g} GB/s (shm, 512 tokens)")
-    cmd = [sys.executable, "-m", "tandem.cli", "bench", "compare", "--suite", args.suite, "--handoff-gbps", f"{gbps:g}",
+    cmd = [sys.executable, "-m", "cli.main", "bench", "compare", "--suite", args.suite, "--handoff-gbps", f"{gbps:g}",
            "--out", args.out, "--note", args.note, *args.rest]
     sys.exit(subprocess.run(cmd).returncode)
 

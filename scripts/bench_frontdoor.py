@@ -25,12 +25,12 @@ import numpy as np
 import tritonclient.grpc.aio as aio
 from tritonclient.grpc import InferInput
 
-from tandem.sampling import SamplingParams
+from tandem.sampling_params import SamplingParams
 from engine.tokenizer import Tokenizer
-from orchestrator.fleet import WorkerState
-from orchestrator.handoff import Timings, handoff
-from orchestrator.serve_process import ServeProcess
-from orchestrator.worker_client import DecodeClient, PrefillClient
+from control.fleet import WorkerState
+from control.handoff import Timings, handoff
+from ops.serve_process import ServeProcess
+from control.worker_client import DecodeClient, PrefillClient
 
 PROMPT = "Describe the water cycle in detail, step by step, for a school report."
 

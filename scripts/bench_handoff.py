@@ -129,8 +129,8 @@ def memcpy_gbs(kv: list, repeats: int) -> float:
 
 def ttft(engine, s, prompt: list[int], pool: Pool | None, repeats: int) -> float:
     """Best seconds for one prefill pass (with the handoff when `pool` is given)."""
-    from engine.workers.prefill import DiscardWriter
-    from tandem.sampling import SamplingParams
+    from engine.workers.prefill_worker import DiscardWriter
+    from tandem.sampling_params import SamplingParams
 
     best = float("inf")
     for r in range(repeats):

@@ -17,11 +17,11 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from orchestrator.bench.cli import _tokenizer  # noqa: E402
-from orchestrator.bench.multiturn import MultiTurn  # noqa: E402
-from orchestrator.bench.prefix_suite import run_prefix_suite, variants  # noqa: E402
-from orchestrator.bench.threshold_sweep import run_sweep  # noqa: E402
-from orchestrator.deployment import DEFAULT_LOCAL_PREFILL_TOKENS  # noqa: E402
+from cli.bench_cmd import _tokenizer  # noqa: E402
+from clients.bench.multiturn import MultiTurn  # noqa: E402
+from clients.bench.prefix_suite import run_prefix_suite, variants  # noqa: E402
+from clients.bench.threshold_sweep import run_sweep  # noqa: E402
+from ops.deployment import DEFAULT_LOCAL_PREFILL_TOKENS  # noqa: E402
 
 OUT = os.path.join("docs", "benchmarks", "prefix-cache")
 

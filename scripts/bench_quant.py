@@ -22,7 +22,7 @@ from builder.build import BuildRequest, build
 from engine.evaluate import perplexity
 from engine.generate import run_generation
 from engine.load import load_engine
-from tandem.sampling import SamplingParams
+from tandem.sampling_params import SamplingParams
 from engine.tokenizer import ChatMessage
 from tandem.roles import Role
 

@@ -6,7 +6,7 @@ One frozen dataclass per operation. A request travels as `{"type": T, "body": {.
 unknown or missing keys and wrong types, so a malformed message from a peer is an INVALID_ARGUMENT
 naming the field, never a crash deeper in.
 
-Decode and co-located workers (a request's life there: engine/workers/decode.py):
+Decode and co-located workers (a request's life there: engine/workers/decode_worker.py):
   Open     -> Reserved (pages leased; remote prefill), then Token... after Start; or Token... at once
               (local_prefill). The request stays open as long as the reservation lives: its end is
               the release.
@@ -37,7 +37,7 @@ from dataclasses import MISSING, asdict, dataclass, field, fields, is_dataclass
 from typing import ClassVar
 
 from tandem.pool import Destination
-from tandem.sampling import SamplingParams
+from tandem.sampling_params import SamplingParams
 from tandem.status import InvalidArgument, Status
 
 

@@ -68,7 +68,7 @@ def _leftovers() -> set[str]:
     """Our shm segments, Triton's shm regions, and tritonserver / stub processes alive now."""
     import subprocess
 
-    from engine.shm import our_segments
+    from engine.shm_region import our_segments
 
     found = {f"shared memory segment {s}" for s in our_segments()}
     found |= {f"Triton shared memory {n}" for n in os.listdir("/dev/shm") if n.startswith("triton_python_backend")}
@@ -109,7 +109,7 @@ def rendered_repo(built_engines, tmp_path_factory):
 
 def start_serve(engines, workdir, *extra):
     """`tandem serve` in its own process on free ports, for the given engines (256 MiB decode pool)."""
-    from orchestrator.serve_process import ServeProcess
+    from ops.serve_process import ServeProcess
 
     before = leak_snapshot()
     s = ServeProcess(str(workdir), ("--model", str(engines), "--kv-pool-bytes", str(256 << 20), *extra)).start()

@@ -12,7 +12,7 @@ import subprocess
 import pytest
 import yaml
 
-from orchestrator.deployment import WorkerPool, load_deployment
+from ops.deployment import WorkerPool, load_deployment
 
 # keys double as test ids: not "gpu", which tests/conftest.py skips on CPU machines
 STACKS = {"cpu": "deploy/docker-compose.cpu.yml", "nvidia": "deploy/docker-compose.gpu.yml"}
@@ -92,7 +92,7 @@ def test_kubernetes_orchestrator_config_is_accepted():
     with open("deploy/kubernetes/base/orchestrator.yaml") as f:
         cm = next(d for d in yaml.safe_load_all(f) if d["kind"] == "ConfigMap")
     data = yaml.safe_load(cm["data"]["deployment.yaml"])
-    from orchestrator.deployment import Deployment
+    from ops.deployment import Deployment
 
     assert Deployment(**data).prefill.count == 0
 

@@ -29,7 +29,7 @@ import threading
 from collections.abc import Callable
 from contextlib import contextmanager
 
-from engine.shm import SHM_DIR, SHM_PREFIX, owned_name
+from engine.shm_region import SHM_DIR, SHM_PREFIX, owned_name
 from tandem.status import LeaseLost, TransferFailed
 
 WORD = 8

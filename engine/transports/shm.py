@@ -17,7 +17,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import torch
 
 from engine.kv_pool import TORCH_DTYPES, KVCache
-from engine.shm import SHM_DIR, SharedBuffer
+from engine.shm_region import SHM_DIR, SharedBuffer
 from engine.transports.base import KVSender, LayerWriter, PoolEndpoint, TransferState, copy_into_pages
 from engine.transports.fence import FenceGuard
 from tandem.kv_layout import KVLayout

@@ -9,7 +9,7 @@ from __future__ import annotations
 from engine.load import load_engine
 from engine.transports.host import PoolHost
 from engine.triton.common import Auth, Params, dispatch, end_server, pass_budget, setup_threads
-from engine.workers.decode import DecodeWorker
+from engine.workers.decode_worker import DecodeWorker
 from tandem.wire import Flush, Open, Release, Start, Stats, Watch, WriterGone
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from engine.load import load_engine
 from engine.triton.common import Auth, Params, dispatch, end_server, pass_budget, setup_threads
 from engine.triton.decode_model import handlers
-from engine.workers.decode import DecodeWorker
+from engine.workers.decode_worker import DecodeWorker
 
 
 class TritonPythonModel:

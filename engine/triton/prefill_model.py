@@ -1,5 +1,5 @@
 """Triton `prefill` model (dynamic batching, decoupled): `execute` queues the requests Triton hands us;
-a background loop runs packed passes and chunks of long prompts (engine/workers/prefill.py) and
+a background loop runs packed passes and chunks of long prompts (engine/workers/prefill_worker.py) and
 answers each request as soon as its last pass is done.
 """
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from engine.load import load_engine
 from engine.triton.common import Auth, Params, dispatch, end_server, pass_budget, setup_threads
-from engine.workers.prefill import PrefillWorker
+from engine.workers.prefill_worker import PrefillWorker
 from tandem.wire import Abort, Flush, Prefill, Stats, Watch
 
 

@@ -1,4 +1,4 @@
-"""The pieces a prefill worker (engine/workers/prefill.py) moves through its queue: one queued request,
+"""The pieces a prefill worker (engine/workers/prefill_worker.py) moves through its queue: one queued request,
 the writers that stand in for a real transport, and sending cached pages a destination lacks."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A simulated co-located engine (engine/workers/decode.py with no pool for writers), with the two
+"""A simulated co-located engine (engine/workers/decode_worker.py with no pool for writers), with the two
 batching policies of engine/scheduler.py.
 
 A request is opened here by the orchestrator (replicas.py) only when its pages fit: Open reserves
@@ -12,7 +12,7 @@ see waiting.py), and the prompt joins the waiting queue; it is seen at the next 
 Pages are freed when the request finishes.
 
 The batch cap (`max_batch`: running + being prefilled) is the rendered model repository's
-`max_batch_size`. Note: the worker in engine/workers/decode.py does not apply it to locally
+`max_batch_size`. Note: the worker in engine/workers/decode_worker.py does not apply it to locally
 prefilled requests at present (only pages and the orchestrator's max_in_flight bound them); the
 loads of our benchmarks stay within it per replica.
 """

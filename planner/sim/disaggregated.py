@@ -4,7 +4,7 @@ A request's life: a decode worker with free pages for prompt + max_tokens reserv
 has them the request waits in the orchestrator and retries after pages are freed: waiting.py); a
 prefill worker takes its prompt; when its first token and K/V are ready (pass end plus the handoff's
 tail) it joins that decode worker's batch.
-Routing is least-loaded, as in orchestrator/router.py: the decode worker with room that holds the
+Routing is least-loaded, as in control/router.py: the decode worker with room that holds the
 fewest requests (then the most free pages), and the prefill worker with the fewest prompt tokens
 queued or in flight.
 """
@@ -15,10 +15,10 @@ from collections.abc import Callable
 
 from planner.costs import PassCosts
 from planner.profile import Profile
-from planner.sim.decode import DecodeSim
+from planner.sim.sim_decode import DecodeSim
 from planner.sim.events import EventLoop
 from planner.sim.pages import PagePool
-from planner.sim.prefill import Link, PrefillSim
+from planner.sim.sim_prefill import Link, PrefillSim
 from planner.sim.request import SimRequest
 from planner.sim.waiting import FleetWait
 

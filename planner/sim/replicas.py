@@ -1,7 +1,7 @@
 """Co-located replicas behind the orchestrator (ColocatedPath and the least-loaded router).
 
 Each request is opened on the replica that has free pages for it and, among those, holds the
-fewest requests (then has the most free pages), as orchestrator/router.py picks. When no replica
+fewest requests (then has the most free pages), as control/router.py picks. When no replica
 has the pages, the request waits in the orchestrator and retries on any replica after pages are
 freed anywhere (waiting.py): one wait for the whole fleet, not a queue per replica.
 """

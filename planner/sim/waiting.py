@@ -1,6 +1,6 @@
 """Requests that found every KV pool full, waiting in the orchestrator for the fleet to change.
 
-As in orchestrator/paths.py: a request's Open either reserves its pages at once or is answered
+As in control/serving_path.py: a request's Open either reserves its pages at once or is answered
 OUT_OF_PAGES; the request then sleeps until some worker's state changes (pages freed) and tries
 again, at most once per change, and waits again if its pages are still not there. There is no
 queue inside a worker and no head-of-line blocking: every waiting request tries, oldest first, and

@@ -8,7 +8,7 @@ import sys
 
 
 def bench(*args):
-    return subprocess.run([sys.executable, "-m", "tandem.cli", "bench", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "cli.main", "bench", *args], capture_output=True, text=True,
                           timeout=300)
 
 

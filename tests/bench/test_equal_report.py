@@ -6,13 +6,13 @@ import json
 
 import pytest
 
-from orchestrator.bench.equal_markdown import write_report
-from orchestrator.bench.equal_report import build
-from orchestrator.bench.slo import claim_change
-from orchestrator.bench.stats import RequestRecord
-from orchestrator.bench.suite import Suite, Sweep
-from orchestrator.bench.workload import seed_scenario
-from planner.sim.layouts import Layout
+from clients.bench.equal_markdown import write_report
+from clients.bench.equal_report import build
+from clients.bench.slo import claim_change
+from clients.bench.stats import RequestRecord
+from clients.bench.suite import Suite, Sweep
+from clients.bench.bench_workload import seed_scenario
+from planner.sim.sim_layouts import Layout
 from tests.planner.toy import toy_profile
 
 SUITE = Suite("tiny", (seed_scenario(2 / 64, 1 / 16),), Sweep(32, 8, (1.0, 2.0), duration_s=2.0, min_requests=2),

@@ -6,10 +6,10 @@ import os
 
 import pytest
 
-from orchestrator.bench.layouts import ServeSettings
-from orchestrator.bench.suite import run_layout
-from orchestrator.bench.workload import Scenario, Stream
-from planner.sim.layouts import Layout
+from clients.bench.bench_layouts import ServeSettings
+from clients.bench.suite import run_layout
+from clients.bench.bench_workload import Scenario, Stream
+from planner.sim.sim_layouts import Layout
 from tests.conftest import leak_check, leak_snapshot
 
 

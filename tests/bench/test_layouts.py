@@ -7,10 +7,10 @@ import os
 import pytest
 import yaml
 
-from orchestrator.bench.layouts import (LayoutError, ServeSettings, check_pinning, cores, deployment,
+from clients.bench.bench_layouts import (LayoutError, ServeSettings, check_pinning, cores, deployment,
                                         equal_hardware_layouts, parse_layouts, write_deployment)
-from orchestrator.deployment import load_deployment
-from planner.sim.layouts import Layout
+from ops.deployment import load_deployment
+from planner.sim.sim_layouts import Layout
 
 SETTINGS = ServeSettings(model="smollm2-135m", kv_pool_bytes=1 << 30, chunk_tokens=128, max_in_flight=80,
                          max_queued_tokens=80 * 512)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.bench.slo import attainment, claim_change, refused, sustained, verdict
-from orchestrator.bench.stats import RequestRecord, summarize
+from clients.bench.slo import attainment, claim_change, refused, sustained, verdict
+from clients.bench.stats import RequestRecord, summarize
 
 
 def test_attainment_counts_failed_and_refused_requests_as_misses():

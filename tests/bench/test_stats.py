@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.bench.stats import RequestRecord, percentile, summarize
-from orchestrator.bench.workload import SCENARIOS, Scenario, Stream, requests_for
+from clients.bench.stats import RequestRecord, percentile, summarize
+from clients.bench.bench_workload import SCENARIOS, Scenario, Stream, requests_for
 
 
 def test_percentiles_interpolate_linearly():

@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
-from orchestrator.bench.interference import CpuMeter
-from orchestrator.bench.suite import SUITES, settings_for
-from orchestrator.bench.workload import SCENARIOS, poisson_scenario, requests_for, seed_scenario, warmup_scenario
+from clients.bench.interference import CpuMeter
+from clients.bench.suite import SUITES, settings_for
+from clients.bench.bench_workload import SCENARIOS, poisson_scenario, requests_for, seed_scenario, warmup_scenario
 
 
 def test_the_seed_and_its_scaled_variants():

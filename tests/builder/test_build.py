@@ -17,7 +17,7 @@ from tandem.roles import Role
 
 
 def tandem(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "tandem.cli", *args], capture_output=True, text=True, cwd=cwd)
+    return subprocess.run([sys.executable, "-m", "cli.main", *args], capture_output=True, text=True, cwd=cwd)
 
 
 def test_both_roles_have_manifest_weights_and_tokenizer(built_engines):
@@ -51,7 +51,7 @@ def test_rebuild_is_a_noop_and_fast(built_engines):
 
 def test_int8_decode_engine_is_smaller_and_loads(tmp_path, default_engine):
     from engine.load import load_engine
-    from tandem.sampling import SamplingParams
+    from tandem.sampling_params import SamplingParams
 
     build(BuildRequest(model="smollm2-135m", out=str(tmp_path), roles=(Role.DECODE,), weight_quant="int8-dynamic"),
           log=lambda *_: None)

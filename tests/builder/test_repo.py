@@ -18,9 +18,9 @@ from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
 from builder.repo import MODELS, RenderError, RepoOptions, render, render_repo
-from orchestrator.triton_process import TritonServer
-from orchestrator.worker_client import CLIENTS, GenerateClient
-from tandem.sampling import SamplingParams
+from ops.triton_process import TritonServer
+from control.worker_client import CLIENTS, GenerateClient
+from tandem.sampling_params import SamplingParams
 from tandem.status import InvalidArgument
 from tandem.wire import Open
 from tests.conftest import leak_check, leak_snapshot
@@ -71,7 +71,7 @@ def triton_all_models(rendered_repo):
 
 
 def test_triton_loads_every_model_and_generate_matches_tandem_generate(triton_all_models, built_engines):
-    cli = subprocess.run([sys.executable, "-m", "tandem.cli", "generate", "--model", str(built_engines / "prefill"),
+    cli = subprocess.run([sys.executable, "-m", "cli.main", "generate", "--model", str(built_engines / "prefill"),
                           "--prompt", PROMPT, "--max-tokens", "24", "--json"], capture_output=True, text=True)
     assert cli.returncode == 0, cli.stderr
     want = json.loads(cli.stdout)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from engine.load import load_engine
-from tandem.sampling import SamplingParams
+from tandem.sampling_params import SamplingParams
 from engine.tokenizer import ChatMessage
 from tests.conftest import complete
 from tests.engine.test_exactness import CHAT_PROMPTS

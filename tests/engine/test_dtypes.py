@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from engine.load import load_engine
-from tandem.sampling import SamplingParams
+from tandem.sampling_params import SamplingParams
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])

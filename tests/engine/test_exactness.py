@@ -10,7 +10,7 @@ import torch
 from engine.engine import Engine
 from engine.kv_pool import KVCache
 from engine.load import load_engine
-from tandem.sampling import SamplingParams
+from tandem.sampling_params import SamplingParams
 from engine.tokenizer import ChatMessage
 
 LONG_TEXT = " ".join(

@@ -12,8 +12,8 @@ import torch
 
 from engine.errors import OutOfPages
 from engine.kv_pool import KVCache, PageAllocator
-from tandem.sampling import SamplingParams
-from engine.shm import our_segments
+from tandem.sampling_params import SamplingParams
+from engine.shm_region import our_segments
 from tandem.kv_layout import KVLayout
 
 LAYOUT = KVLayout(num_layers=2, num_kv_heads=2, head_dim=4, dtype="float32", tokens_per_page=4)
@@ -80,7 +80,7 @@ def test_shared_pool_is_owner_only_and_visible_to_another_process():
     try:
         mode = stat.S_IMODE(os.stat(cache.shm.path).st_mode)
         assert mode == 0o600
-        code = ("import torch; from engine.shm import SharedBuffer; "
+        code = ("import torch; from engine.shm_region import SharedBuffer; "
                 f"b = SharedBuffer.attach({name!r}, {cache.shm.size}); "
                 "t = b.tensor(torch.float32, (-1,)); t[:4] = 7.0")
         subprocess.run([sys.executable, "-c", code], check=True)

@@ -11,7 +11,7 @@ from engine.prefix_cache import PrefixCache
 from engine.sequence import Sequence
 from engine.workers.cache_feed import CacheFeed
 from tandem.prefix import engine_salt, page_hashes
-from tandem.sampling import SamplingParams
+from tandem.sampling_params import SamplingParams
 
 TPP = 4
 SALT = engine_salt("sha256:test", {"tokens_per_page": TPP})

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from tandem.status import InvalidArgument
-from engine.sampling import sample
-from tandem.sampling import SamplingParams
+from engine.sampler import sample
+from tandem.sampling_params import SamplingParams
 from engine.tokenizer import ChatMessage
 
 PROMPT = "Tell me a short story about a robot."

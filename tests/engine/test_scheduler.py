@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tandem.sampling import SamplingParams
+from tandem.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 from engine.tokenizer import ChatMessage
 from tests.conftest import complete

@@ -17,11 +17,11 @@ import time
 import pytest
 import yaml
 
-from orchestrator.chaos import scenarios as sc
-from orchestrator.chaos.client import pages_bound
-from orchestrator.chaos.harness import CANARIES, LOAD
-from orchestrator.chaos.run import ChaosRun
-from orchestrator.serve_process import ServeProcess
+from clients.chaos import scenarios as sc
+from clients.chaos.client import pages_bound
+from clients.chaos.harness import CANARIES, LOAD
+from clients.chaos.chaos_run import ChaosRun
+from ops.serve_process import ServeProcess
 from tests.conftest import leak_check, leak_snapshot, start_serve, stop_serve
 
 CAPACITY = 8

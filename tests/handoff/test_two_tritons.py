@@ -13,11 +13,11 @@ from builder.repo import RepoOptions
 from engine.generate import run_generation
 from engine.tokenizer import ChatMessage
 from engine.transports.nixl import available as nixl_available
-from orchestrator.fleet import WorkerState
-from orchestrator.handoff import Timings, handoff
-from orchestrator.worker_client import DecodeClient, PrefillClient
-from orchestrator.workers import WorkerSet
-from tandem.sampling import SamplingParams
+from control.fleet import WorkerState
+from control.handoff import Timings, handoff
+from control.worker_client import DecodeClient, PrefillClient
+from ops.local_workers import WorkerSet
+from tandem.sampling_params import SamplingParams
 from tandem.status import InvalidArgument, LeaseLost, TandemError, TransferFailed
 from tandem.wire import Open, Prefill, Release, Reserved, Start
 from tests.conftest import leak_check, leak_snapshot

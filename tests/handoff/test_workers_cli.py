@@ -11,7 +11,7 @@ from tests.conftest import leak_check, leak_snapshot
 
 
 def tandem(*args):
-    return subprocess.run([sys.executable, "-m", "tandem.cli", *args], capture_output=True, text=True, timeout=300)
+    return subprocess.run([sys.executable, "-m", "cli.main", *args], capture_output=True, text=True, timeout=300)
 
 
 def test_up_status_down(built_engines, tmp_path):

@@ -26,7 +26,7 @@ from tests.multihost.test_nixl_hosts import ucx_env
 pytestmark = [pytest.mark.skipif(not nixl_available(), reason="NIXL not installed"),
               pytest.mark.skipif(netns.unavailable() is not None, reason=str(netns.unavailable()))]
 PROMPT = "Name three planets of the solar system."
-TANDEM = [sys.executable, "-m", "tandem.cli"]
+TANDEM = [sys.executable, "-m", "cli.main"]
 
 
 def wait_http(url: str, timeout_s: float = 300.0, proc: subprocess.Popen | None = None) -> None:

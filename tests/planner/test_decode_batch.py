@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import pytest
 
-from planner.sim.layouts import Layout
-from planner.sim.metrics import summarize
-from planner.sim.run import simulate
-from planner.workload import RequestSpec
+from planner.sim.sim_layouts import Layout
+from planner.sim.sim_metrics import summarize
+from planner.sim.sim_run import simulate
+from planner.plan_workload import RequestSpec
 from tests.planner.toy import toy_profile
 
 PASS = 0.05

@@ -1,14 +1,14 @@
 """Full pools: a request waits in the orchestrator for any replica or decode worker to free pages,
-and retries on whichever has them (orchestrator/paths.py), not in one worker's queue."""
+and retries on whichever has them (control/serving_path.py), not in one worker's queue."""
 
 from __future__ import annotations
 
 import pytest
 
-from planner.sim.layouts import Layout
-from planner.sim.run import simulate
+from planner.sim.sim_layouts import Layout
+from planner.sim.sim_run import simulate
 from planner.sim.waiting import RETRY_DELAY_S
-from planner.workload import RequestSpec
+from planner.plan_workload import RequestSpec
 from tests.planner.toy import toy_profile
 
 

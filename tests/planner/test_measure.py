@@ -13,7 +13,7 @@ from planner.profile import load_profile
 def test_quick_profile_of_the_default_model(tmp_path):
     out = tmp_path / "cpu.json"
     t0 = time.perf_counter()
-    r = subprocess.run([sys.executable, "-m", "tandem.cli", "profile", "--quick", "--scaling-devices", "2",
+    r = subprocess.run([sys.executable, "-m", "cli.main", "profile", "--quick", "--scaling-devices", "2",
                         "--handoff-gbps", "4.5", "--out", str(out)], capture_output=True, text=True, timeout=300,
                        cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
     took = time.perf_counter() - t0

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from planner.sim.layouts import Layout
-from planner.sim.run import simulate
-from planner.workload import Fixed, Poisson, RequestSpec, Workload, draw
+from planner.sim.sim_layouts import Layout
+from planner.sim.sim_run import simulate
+from planner.plan_workload import Fixed, Poisson, RequestSpec, Workload, draw
 from tests.planner.toy import toy_profile
 
 TOKENS_PER_PAGE = 16

@@ -6,7 +6,7 @@ import json
 
 from click.testing import CliRunner
 
-from tandem.cli import main
+from cli.main import main
 
 # Long prompts (2 s passes) and a tight TPOT: a co-located engine stalls its streams for every new
 # prompt (prefill-first) or slows every step (chunked); disaggregation keeps decode steps at ~20 ms.

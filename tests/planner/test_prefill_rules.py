@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from planner.sim.layouts import Layout
-from planner.sim.run import simulate
+from planner.sim.sim_layouts import Layout
+from planner.sim.sim_run import simulate
 from planner.sim.waiting import RETRY_DELAY_S
-from planner.workload import RequestSpec
+from planner.plan_workload import RequestSpec
 from tests.planner.toy import toy_profile
 
 ONE_BY_ONE = Layout("disaggregated", 1, 1)

@@ -8,7 +8,7 @@ import pytest
 
 from planner.costs import PassCosts
 from planner.profile import ProfileError, dump_profile, load_profile, parse_profile
-from planner.sim.layouts import layouts_for, speedup
+from planner.sim.sim_layouts import layouts_for, speedup
 from tests.planner.toy import toy_profile
 
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from planner.sim.layouts import Layout
-from planner.sim.run import simulate
-from planner.workload import Fixed, Poisson, Workload, draw
+from planner.sim.sim_layouts import Layout
+from planner.sim.sim_run import simulate
+from planner.plan_workload import Fixed, Poisson, Workload, draw
 from tests.planner.toy import toy_profile
 
 D = 0.01  # seconds per pass

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from planner.sim.layouts import Layout
+from planner.sim.sim_layouts import Layout
 from planner.validate import TARGETS, Sent, compare, for_deployment, predict
 from tests.planner.toy import toy_profile
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from planner.workload import (ClosedLoop, Empirical, Fixed, Normal, Poisson, Uniform, Workload, WorkloadError, draw,
+from planner.plan_workload import (ClosedLoop, Empirical, Fixed, Normal, Poisson, Uniform, Workload, WorkloadError, draw,
                               parse_length)
 
 

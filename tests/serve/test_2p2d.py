@@ -13,7 +13,7 @@ import urllib.request
 import pytest
 
 from engine.generate import run_generation
-from tandem.sampling import SamplingParams
+from tandem.sampling_params import SamplingParams
 from tests.serve.clients import grpc_stream, post
 from tests.conftest import start_serve, stop_serve
 

@@ -18,7 +18,7 @@ import urllib.request
 import yaml
 
 from engine.generate import run_generation
-from tandem.sampling import SamplingParams
+from tandem.sampling_params import SamplingParams
 from tests.conftest import start_serve, stop_serve
 from tests.serve.clients import pages_used, post
 

@@ -10,7 +10,7 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 
 from engine.generate import run_generation
-from tandem.sampling import SamplingParams
+from tandem.sampling_params import SamplingParams
 from tests.serve.clients import grpc_stream, post
 
 EOS_FIRST = "Write one sentence about the sea."  # without the chat template, greedy answers EOS at once

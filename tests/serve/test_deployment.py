@@ -7,8 +7,8 @@ import shutil
 
 import pytest
 
-from orchestrator.deployment import DeploymentError, load_deployment
-from orchestrator.stack import ensure_engines
+from ops.deployment import DeploymentError, load_deployment
+from ops.stack import ensure_engines
 
 
 def test_example_file_and_overrides(tmp_path):
@@ -53,6 +53,6 @@ def test_serve_refuses_a_bad_deployment_without_starting_anything(tmp_path):
 
     path = tmp_path / "dep.yaml"
     path.write_text("mode: disaggregated\ndecode: {count: 0}\n")
-    proc = subprocess.run([sys.executable, "-m", "tandem.cli", "serve", "--config", str(path)], capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "cli.main", "serve", "--config", str(path)], capture_output=True,
                           text=True, timeout=60)
     assert proc.returncode != 0 and "needs at least one decode worker" in proc.stderr

@@ -12,7 +12,7 @@ import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from engine.generate import run_generation
-from tandem.sampling import SamplingParams
+from tandem.sampling_params import SamplingParams
 from engine.tokenizer import ChatMessage
 from tests.serve.clients import ensemble_inputs, grpc_infer, grpc_stream, http_infer, post
 
@@ -160,7 +160,7 @@ def test_workers_run_nicer_than_the_front_door(served):
 
     import psutil
 
-    from orchestrator.deployment import Deployment
+    from ops.deployment import Deployment
 
     want = min(19, psutil.Process(served.proc.pid).nice() + Deployment().worker_nice)  # the serve process's own
     for w in served.workers().values():

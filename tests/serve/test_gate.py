@@ -1,4 +1,4 @@
-"""The HTTP gate (orchestrator/http_gate.py) over real sockets, in front of a real aiohttp server and a
+"""The HTTP gate (frontdoor/http_gate.py) over real sockets, in front of a real aiohttp server and a
 real Admission: a burst beyond the limit is refused from its bytes with the answer aiohttp would have
 sent; everything the gate must not judge reaches aiohttp. (The whole stack's overload burst, through
 the same gate, is tests/faults/test_chaos.py.)"""
@@ -11,9 +11,9 @@ import json
 
 from aiohttp import web
 
-from orchestrator.admission import Admission
-from orchestrator.http_frontend import error_parts, error_response, raw_refusal
-from orchestrator.http_gate import Gate, Turnstile, arrived, generation_line, is_whole
+from frontdoor.admission import Admission
+from frontdoor.http_app import error_parts, error_response, raw_refusal
+from frontdoor.http_gate import Gate, Turnstile, arrived, generation_line, is_whole
 from tandem.status import ResourceExhausted, TandemError
 
 LIMIT = 4

@@ -6,9 +6,9 @@ from __future__ import annotations
 import subprocess
 import sys
 
-FRONT = ["orchestrator.grpc_frontend", "orchestrator.http_frontend", "orchestrator.service", "orchestrator.paths",
-         "orchestrator.handoff", "orchestrator.channel", "orchestrator.fleet", "orchestrator.router",
-         "orchestrator.stack", "tandem.wire", "tandem.status", "tandem.sampling", "tandem.pool"]
+FRONT = ["frontdoor.grpc_door", "frontdoor.http_app", "control.orchestrator", "control.serving_path",
+         "control.handoff", "control.channel", "control.fleet", "control.router",
+         "ops.stack", "tandem.wire", "tandem.status", "tandem.sampling_params", "tandem.pool"]
 
 
 def test_front_door_modules_do_not_import_torch():

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.fleet import WorkerState
-from orchestrator.prefix_index import PrefixView
-from orchestrator.router import Demand, KvAware, LeastLoaded, NoWorker
+from control.fleet import WorkerState
+from control.prefix_index import PrefixView
+from control.router import Demand, KvAware, LeastLoaded, NoWorker
 from tandem.prefix import engine_salt, page_hashes
 from tandem.wire import WorkerStats
 

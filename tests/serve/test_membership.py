@@ -14,7 +14,7 @@ import urllib.request
 
 import yaml
 
-from orchestrator.triton_process import free_port
+from ops.triton_process import free_port
 from tests.conftest import leak_check, leak_snapshot, start_serve, stop_serve
 from tests.serve.clients import post
 
@@ -46,7 +46,7 @@ def ready(http_port: int) -> bool:
 def test_workers_join_by_dns_and_reload_and_removed_ones_drain(built_engines, tmp_path):
     before = leak_snapshot()
     ports = [(free_port(), free_port(), free_port()) for _ in range(2)]
-    extra = [subprocess.Popen([sys.executable, "-m", "tandem.cli", "worker", "--role", "decode", "--engines",
+    extra = [subprocess.Popen([sys.executable, "-m", "cli.main", "worker", "--role", "decode", "--engines",
                                str(built_engines), "--grpc-port", str(g), "--http-port", str(h), "--metrics-port", str(m),
                                "--kv-pool-bytes", str(128 << 20), "--workdir", str(tmp_path / f"w{i}"), "--log-file"])
              for i, (g, h, m) in enumerate(ports)]

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from engine.generate import run_generation
-from tandem.sampling import SamplingParams
+from tandem.sampling_params import SamplingParams
 from tests.conftest import start_serve, stop_serve
 from tests.serve.clients import grpc_stream, post
 
@@ -128,7 +128,7 @@ def test_operators_can_flush_every_cache(stack):
     complete(stack.http, SYSTEM + TURNS[0])
     settled(stack.http)
     assert sum(metric(stack.http, "tandem_prefix_cache_pages").values()) > 0
-    out = subprocess.run([sys.executable, "-m", "tandem.cli", "cache", "flush", "--url", stack.http],
+    out = subprocess.run([sys.executable, "-m", "cli.main", "cache", "flush", "--url", stack.http],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert "flushed" in out.stdout

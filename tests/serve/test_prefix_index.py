@@ -7,7 +7,7 @@ import random
 import pytest
 
 from engine.kv_pool import PageAllocator
-from orchestrator.prefix_index import PrefixIndex
+from control.prefix_index import PrefixIndex
 from tandem.prefix import engine_salt, page_hashes
 
 SALT = engine_salt("sha256:test", {"tokens_per_page": 4})

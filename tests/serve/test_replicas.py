@@ -12,7 +12,7 @@ import time
 import urllib.request
 
 from engine.generate import run_generation
-from tandem.sampling import SamplingParams
+from tandem.sampling_params import SamplingParams
 from tests.conftest import start_serve, stop_serve
 from tests.serve.clients import post
 

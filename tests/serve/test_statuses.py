@@ -17,8 +17,8 @@ import tritonclient.grpc as grpcclient
 import yaml
 from tritonclient.utils import InferenceServerException
 
-from orchestrator.http_frontend import error_response
-from orchestrator.protocol_status import grpc_code, http_headers, http_status
+from frontdoor.http_app import error_response
+from frontdoor.protocol_status import grpc_code, http_headers, http_status
 from tandem.status import STATUS_TABLE, Status, error_for, status_of
 from tests.conftest import start_serve, stop_serve
 from tests.serve.clients import ensemble_inputs, pages_used, post

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from tandem.sampling import SamplingParams
+from tandem.sampling_params import SamplingParams
 from tandem.status import Status, status_of
 from tandem.wire import Open, Start, Token, WireError, decode_reply, decode_request, encode_reply, encode_request
 

@@ -14,10 +14,10 @@ from engine.kv_pool import KVCache
 from engine.tokenizer import ChatMessage
 from engine.transports import sender
 from engine.transports.host import PoolHost
-from engine.workers.decode import DecodeWorker
-from engine.workers.prefill import PrefillWorker
+from engine.workers.decode_worker import DecodeWorker
+from engine.workers.prefill_worker import PrefillWorker
 from tandem.pool import host_identity
-from tandem.sampling import SamplingParams
+from tandem.sampling_params import SamplingParams
 from tandem.status import Cancelled, LeaseLost, Status, TransferFailed, status_of
 from tandem.wire import Open, Prefill, Prefilled, Release, Reserved, Start, Token
 from tests.conftest import complete

@@ -15,11 +15,11 @@ from engine.errors import OutOfPages
 from engine.kv_pool import KVCache, PageState
 from engine.tokenizer import ChatMessage
 from engine.transports.host import PoolHost
-from engine.workers.decode import DecodeWorker
-from engine.workers.prefill import PrefillWorker
-from orchestrator.prefix_index import PrefixView
+from engine.workers.decode_worker import DecodeWorker
+from engine.workers.prefill_worker import PrefillWorker
+from control.prefix_index import PrefixView
 from tandem.prefix import page_hashes
-from tandem.sampling import SamplingParams
+from tandem.sampling_params import SamplingParams
 from tandem.wire import Open, Prefilled, Start, WorkerStats
 from tests.conftest import complete
 from tests.workers.test_handoff import ListSink, prefill_into, reserve, wait_until

@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from engine.shm import SHM_DIR, TRITON_PREFIX
-from orchestrator.triton_process import TritonServer
+from engine.shm_region import SHM_DIR, TRITON_PREFIX
+from ops.triton_process import TritonServer
 from tests.conftest import leak_check, leak_snapshot
 
 

@@ -1,0 +1,173 @@
+"""The workers the orchestrator routes to: their clients, health and load, and a change signal.
+
+Each worker is watched through one long-lived Watch call: the worker pushes its stats on every change
+and as a heartbeat. Nothing for `stall_s` (a stopped or wedged process) or a broken stream (a dead
+one) takes it out of routing at once; the watch reconnects with back-off, and the worker rejoins when
+it answers again. Workers can be added and removed while serving (a supervisor restarting one on new
+ports, DNS discovery, a reloaded deployment): a removed worker gets no new requests, and its client
+closes once the requests it still serves are done.
+
+`changed` is a version counter with a condition: a request waiting for pages (or for any healthy
+worker) sleeps until some worker's state changes or its deadline passes, never on a timer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass, field
+
+from control.worker_client import CLIENTS
+from tandem.status import TandemError
+from tandem.wire import WorkerStats
+
+log = logging.getLogger("tandem.fleet")
+
+
+@dataclass(eq=False)
+class WorkerState:
+    name: str
+    role: str  # prefill | decode | generate
+    url: str
+    client: object
+    healthy: bool = False
+    draining: bool = False  # removed: finishes what it has, gets nothing new
+    stats: WorkerStats | None = None
+    last_seen: float = 0.0
+    inflight_tokens: int = 0  # our own count: prompt tokens sent and not yet answered (prefill)
+    running: int = 0  # our own count: requests holding pages or streaming (decode, generate)
+    failures: int = 0  # consecutive failed watch connections
+    watcher: asyncio.Task | None = field(default=None, repr=False)
+
+    @property
+    def host(self) -> str:
+        return self.stats.host if self.stats is not None else ""
+
+    @property
+    def pages_free(self) -> int | None:
+        s = self.stats
+        return None if s is None or not s.pages_total else s.pages_total - s.pages_used
+
+    @property
+    def routable(self) -> bool:
+        return self.healthy and not self.draining
+
+
+class Fleet:
+    def __init__(self, heartbeat_s: float = 1.0, stall_s: float = 3.0, auth: tuple = (), on_change=None,
+                 on_stats=None):
+        self.heartbeat_s, self.stall_s, self.auth = heartbeat_s, stall_s, auth
+        self.workers: dict[str, WorkerState] = {}
+        self.version = 0
+        self._cond = asyncio.Condition()
+        self.on_change = on_change  # callback(worker) after a health change (metrics, supervisor)
+        self.on_stats = on_stats  # callback(worker) after every stats push (metrics)
+
+    def role(self, role: str) -> list[WorkerState]:
+        return [w for w in self.workers.values() if w.role == role]
+
+    def routable(self, role: str) -> list[WorkerState]:
+        return [w for w in self.workers.values() if w.role == role and w.routable]
+
+    def ready(self, roles: tuple[str, ...]) -> bool:
+        return all(self.routable(r) for r in roles)
+
+    def add(self, name: str, role: str, url: str) -> WorkerState:
+        if name in self.workers:
+            raise ValueError(f"worker {name!r} is already in the fleet")
+        w = WorkerState(name, role, url, CLIENTS[role](url, self.auth))
+        self.workers[name] = w
+        w.watcher = asyncio.get_running_loop().create_task(self._watch(w), name=f"watch-{name}")
+        return w
+
+    async def replace(self, name: str, url: str) -> WorkerState:
+        """A worker restarted elsewhere (new ports): route to the new one under the same name. Calls still
+        on the old one fail (its process is gone) and resume; its client is closed."""
+        old = self.workers.pop(name)
+        new = self.add(name, old.role, url)
+        await self._close(old)
+        await self._bump()
+        return new
+
+    async def remove(self, name: str) -> None:
+        """Drain a worker out: no new requests; its client closes when its last request is done."""
+        w = self.workers.get(name)
+        if w is None:
+            return
+        w.draining = True
+        await self._bump()
+        while w.running or w.inflight_tokens:
+            await self.wait_change(self.version, time.monotonic() + 3600)
+        self.workers.pop(name, None)
+        await self._close(w)
+
+    async def _close(self, w: WorkerState) -> None:
+        if w.watcher is not None:
+            w.watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await w.watcher
+        await w.client.close()
+
+    async def _watch(self, w: WorkerState) -> None:
+        backoff = 0.25
+        while True:
+            try:
+                async for stats in w.client.watch(self.heartbeat_s, self.stall_s):
+                    w.stats, w.last_seen, w.failures, backoff = stats, time.monotonic(), 0, 0.25
+                    if self.on_stats is not None:
+                        self.on_stats(w)
+                    if not w.healthy:
+                        w.healthy = True
+                        log.info("worker %s (%s) at %s is ready", w.name, w.role, w.url)
+                        self._changed(w)
+                    await self._bump()
+            except TandemError as e:
+                why = str(e)
+            else:
+                why = "it ended its watch (shutting down?)"
+            w.failures += 1
+            w.client.channel.reset(why)  # calls waiting on a stalled worker fail now and resume elsewhere
+            if w.healthy:
+                w.healthy = False
+                log.warning("worker %s (%s) at %s left routing: %s", w.name, w.role, w.url, why)
+                self._changed(w)
+            await self._bump()
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 5.0)
+
+    def _changed(self, w: WorkerState) -> None:
+        if self.on_change is not None:
+            self.on_change(w)
+
+    def mark_unreachable(self, w: WorkerState, why: str) -> None:
+        """A request found the worker unreachable: out of routing now (its watch decides when it is back)."""
+        if w.healthy:
+            w.healthy = False
+            log.warning("worker %s (%s) left routing: %s", w.name, w.role, why)
+            self._changed(w)
+            self.poke()
+
+    def poke(self) -> None:
+        """Signal a change from synchronous code (own load accounting, health)."""
+        asyncio.get_running_loop().create_task(self._bump())
+
+    async def _bump(self) -> None:
+        async with self._cond:
+            self.version += 1
+            self._cond.notify_all()
+
+    async def wait_change(self, version: int, deadline: float) -> bool:
+        """Sleep until the version moves past `version` or `deadline` (monotonic). False on the deadline."""
+        try:
+            async with asyncio.timeout_at(deadline), self._cond:  # monotonic, like the loop's clock
+                await self._cond.wait_for(lambda: self.version != version)
+        except TimeoutError:
+            return False
+        return True
+
+    async def close(self) -> None:
+        for w in list(self.workers.values()):
+            await self._close(w)
+        self.workers.clear()

@@ -1,0 +1,114 @@
+"""The handoff protocol, orchestrator side: one attempt of one request on a decode and a prefill worker.
+
+    OPEN      decode.open(prompt, writer)  -> Reserved(lease, destination: pages + fence slot/epoch)
+      │       the Open call stays open for the request's whole life: the reservation lives exactly as
+      │       long as it; it cannot expire while the prompt waits in a live prefill worker's queue
+    PREFILL   prefill(prompt, destination) -> the first token; the prefill worker writes each layer's
+      │       K/V straight into the leased pages while the next layer computes
+    FIRST     the first token goes to the client at once (a first token that ends the request: done)
+    START     decode.start(lease, first token) -> the Open call streams the remaining tokens
+    DONE      the decode worker ended the Open call and freed the pages
+
+Every exit that is not DONE ends the lease with a Release (sent without waiting, so a request that
+is being torn down never blocks on it) and, if the prefill is still running, an Abort; if this
+process dies, Triton cancels its calls and the workers drop them. No KV byte passes through here.
+
+Why no late writer can land a write in pages another request holds (the fence):
+- a lease's pages go back to the free list only when the decode worker knows its writer is done:
+  the prefill answered (Start, or Release with writer_closed), or the writer was fenced out;
+- shm (and inproc): the writer checks the lease's epoch in the pool's fence table under a read lock
+  around every layer copy; the decode worker revokes the slot under the write lock. After a revoke no
+  check can pass and no copy can be in flight (it would hold the lock), whatever the writer does next,
+  even if it was stopped and resumes later;
+- NIXL: writes are one-sided RDMA into registered memory and cannot be checked remotely. The writer
+  sends a `done` or `closed` notice after its last WRITE completed (or after draining them on abort);
+  until that notice, or until the writer is known dead, a released lease's pages stay quarantined
+  (`pages_fenced` in the worker's stats). A writer that is neither heard from nor known dead within
+  the fence timeout (60 s) is presumed gone: the one bounded assumption, documented in docs/.
+A request resumed after a failure carries the tokens already streamed (`sent`): they are prefilled
+with the prompt and not streamed again.
+
+Prefix cache: the reservation says how many leading tokens the decode worker already holds
+(Reserved.cached_tokens; its destination starts after them, so no writer is ever handed a shared
+cached page); the prefill worker computes only what its own cache lacks and writes only what the
+decode worker lacks. The first token carries the prefill worker's cached count (what the client saved).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from control.fleet import WorkerState
+from tandem.sampling_params import SamplingParams
+from tandem.status import TandemError, Unavailable
+from tandem.wire import Open, Prefill, Prefilled, Reserved, Start, Token
+
+
+@dataclass
+class Timings:
+    start: float = field(default_factory=time.perf_counter)
+    reserved: float = 0.0
+    first_token: float = 0.0
+    transport: str = ""  # how the pages travelled (the decode worker chose it for this pair)
+    prefilled: Prefilled | None = None
+    decode_cached: int = 0  # prompt tokens the decode worker already held (none of their KV was moved)
+
+
+def blame(e: TandemError, worker: WorkerState) -> TandemError:
+    """Tag an error with the worker it came from (the retry loop avoids that worker next time)."""
+    if getattr(e, "worker", None) is None:
+        e.worker = worker
+    return e
+
+
+async def until_finished(tokens: AsyncIterator[Token], worker: str, request_id: str) -> AsyncIterator[Token]:
+    """A worker's token stream up to and including the token with a finish reason; a stream that ends
+    without one is the worker's fault (Unavailable)."""
+    async for tok in tokens:
+        yield tok
+        if tok.finish_reason:
+            return
+    raise Unavailable(f"{worker} ended the stream of {request_id} without a finish reason")
+
+
+async def handoff(decode: WorkerState, prefill: WorkerState, request_id: str, prompt_ids: list[int],
+                  params: SamplingParams, sent: list[int], timings: Timings) -> AsyncIterator[Token]:
+    """Yield the request's tokens after `sent`; raises a TandemError tagged with the failing worker."""
+    opened = decode.client.open(Open(request_id, list(prompt_ids), params, list(sent), writer=prefill.name,
+                                     writer_host=prefill.host))
+    lease, writer_running, done = "", False, False
+    try:
+        try:
+            reserved = await opened.__anext__()
+        except StopAsyncIteration:
+            raise Unavailable(f"{decode.name} ended the request before reserving pages") from None
+        if not isinstance(reserved, Reserved):
+            raise Unavailable(f"{decode.name} answered Open with {type(reserved).__name__}, not Reserved")
+        lease, timings.reserved = reserved.lease, time.perf_counter()
+        timings.decode_cached = reserved.cached_tokens
+        timings.transport = reserved.destination.transport
+        writer_running = True
+        try:
+            first = await prefill.client.prefill(Prefill(request_id, list(prompt_ids), params, list(sent),
+                                                         reserved.destination))
+        except TandemError as e:
+            raise blame(e, prefill) from None
+        writer_running = False  # it answered: its writer is closed, whatever the answer was
+        timings.first_token, timings.prefilled = time.perf_counter(), first
+        yield Token(first.token, first.logprob, first.finish_reason, cached_tokens=first.cached_tokens)
+        if first.finish_reason:
+            return
+        await decode.client.start(Start(request_id, lease, first.token, first.logprob))
+        async for tok in until_finished(opened, decode.name, request_id):
+            yield tok
+        done = True
+    except TandemError as e:
+        raise blame(e, decode) from None
+    finally:
+        if writer_running:
+            prefill.client.abort(request_id)
+        if not done and lease:
+            decode.client.release(request_id, lease, writer_closed=not writer_running)
+        await opened.aclose()

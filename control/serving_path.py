@@ -1,0 +1,220 @@
+"""Serving paths: how one request is served, chosen once when the stack starts.
+
+- `DisaggregatedPath`: a decode worker leases pages, a prefill worker computes the prompt into them
+  (control/handoff.py), the decode worker streams the rest. Conditional disaggregation: when the
+  chosen decode worker lacks at most `local_max` tokens of the prompt (the rest is in its prefix
+  cache), it prefills them itself and no prefill worker is involved.
+- `ColocatedPath`: one of N co-located replicas does both (the baselines: prefill-first or chunked).
+
+Both go through the same router and the same `serve` loop, which resumes a failed request elsewhere:
+prompt + tokens already streamed are prefilled again and the stream continues without repeating a
+token. A full pool (OUT_OF_PAGES) or no routable worker makes the request wait for the fleet to change
+(pages freed, a worker back), bounded by the request's deadline; a retryable failure tries another
+worker, at most `max_retries` times; anything else ends the request with its status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator
+
+from control.fleet import Fleet, WorkerState
+from control.handoff import Timings, blame, handoff, until_finished
+from control.prefix_index import PrefixView
+from control.router import Demand, NoWorker, Router
+from tandem.kv_layout import KVLayout
+from tandem.status import (DeadlineExceeded, InvalidArgument, OutOfPages, Status, TandemError, Unavailable, retryable,
+                           status_of)
+from tandem.wire import Open, Token
+
+log = logging.getLogger("tandem.paths")
+
+
+class ServingPath(ABC):
+    roles: tuple[str, ...]
+
+    def __init__(self, fleet: Fleet, router: Router, tokens_per_page: int, metrics, max_retries: int = 2,
+                 prefix: PrefixView | None = None, local_max: int = 0):
+        """`prefix`: what the workers cache (fed by their stats); `local_max`: see DisaggregatedPath."""
+        self.fleet, self.router, self.metrics = fleet, router, metrics
+        self.tokens_per_page, self.max_retries = tokens_per_page, max_retries
+        self.prefix = prefix if prefix is not None else PrefixView(tokens_per_page)
+        self.local_max = local_max
+        self._ids = itertools.count()
+
+    def ready(self) -> bool:
+        return self.fleet.ready(self.roles)
+
+    def pages_for(self, tokens: int) -> int:
+        return -(-tokens // self.tokens_per_page)
+
+    @abstractmethod
+    def attempt(self, prep, sent: list[int], avoid: set[str], request_id: str) -> AsyncIterator[Token]:
+        """One try on one choice of workers. Raises a TandemError, tagged `.worker` when one failed."""
+
+    async def serve(self, prep, deadline: float) -> AsyncIterator[Token]:
+        """The request's tokens, resuming after failures; raises the final TandemError."""
+        sent: list[int] = []
+        avoid: set[str] = set()
+        failures = 0
+        uid = f"{next(self._ids)}:{prep.request.request_id}"
+        waited: TandemError | None = None  # why the request is waiting (full pools, no worker), if it is
+        while True:
+            version = self.fleet.version
+            try:
+                async for tok in _until(self.attempt(prep, sent, avoid, f"{uid}#{failures}.{len(sent)}"), deadline):
+                    waited = None
+                    if tok.token is not None:
+                        sent.append(tok.token)
+                    yield tok
+                return
+            except (OutOfPages, NoWorker) as e:
+                waited = e
+                if not await self.fleet.wait_change(version, deadline):
+                    raise _gave_up(e) from None
+            except DeadlineExceeded as e:
+                raise _gave_up(waited) if waited is not None else e from None
+            except TandemError as e:
+                worker = getattr(e, "worker", None)
+                if not retryable(status_of(e)) or failures >= self.max_retries:
+                    raise
+                failures += 1
+                if worker is not None:
+                    avoid.add(worker.name)
+                    if status_of(e) is Status.UNAVAILABLE:
+                        self.fleet.mark_unreachable(worker, str(e))
+                self.metrics.recoveries.labels(worker.role if worker else "unknown").inc()
+                log.info("request %s: %s; resuming after %d token(s)", uid, e, len(sent))
+
+    def _check_fits(self, role: str, pages: int) -> None:
+        """A request no pool could ever hold is the client's to fix, not something to wait for."""
+        largest = max((w.stats.pages_total for w in self.fleet.role(role) if w.stats), default=0)
+        if largest and pages > largest:
+            raise InvalidArgument(f"the request needs {pages} KV pages (prompt + max_tokens) but the largest "
+                                  f"{role} pool has {largest}; lower max_tokens or shorten the prompt")
+
+    def _demand(self, prep, sent: list[int], local_max: int) -> Demand:
+        ids = list(prep.prompt_ids) + sent
+        lookup = self.prefix.lookup(ids)
+        pages = self.pages_for(len(ids) + prep.params.max_tokens - len(sent))
+        return Demand(len(ids), pages, self.tokens_per_page, lambda w: lookup.tokens(w.name), local_max)
+
+    async def _local(self, w: WorkerState, prep, sent: list[int], request_id: str) -> AsyncIterator[Token]:
+        """The request on one decode or co-located worker that prefills it itself (against its cache)."""
+        w.running += 1
+        self.metrics.requests.labels(w.name, w.role).inc()
+        done = False
+        opened = w.client.open(Open(request_id, list(prep.prompt_ids), prep.params, list(sent), local_prefill=True))
+        try:
+            async for tok in until_finished(opened, w.name, request_id):
+                yield tok
+            done = True
+        except TandemError as e:
+            raise blame(e, w) from None
+        finally:
+            w.running -= 1
+            if not done:
+                w.client.release(request_id, "", writer_closed=True)
+            await opened.aclose()
+            self.fleet.poke()
+
+    def _pick(self, role: str, avoid: set[str]) -> list[WorkerState]:
+        """Routable workers of the role, preferring those that did not just fail this request."""
+        workers = self.fleet.routable(role)
+        return [w for w in workers if w.name not in avoid] or workers
+
+
+class DisaggregatedPath(ServingPath):
+    roles = ("prefill", "decode")
+
+    async def attempt(self, prep, sent, avoid, request_id):
+        demand = self._demand(prep, sent, self.local_max)
+        n_ctx = demand.tokens
+        self._check_fits("decode", demand.pages)
+        d, p = self.router.pick_pair(self._pick("prefill", avoid), self._pick("decode", avoid), demand)
+        if p is None:
+            if not demand.local_on(d):  # no prefill worker, and too much for the decode worker to compute
+                raise NoWorker("no healthy prefill worker")
+            self.metrics.local_prefills.labels(d.name).inc()
+            async for tok in self._local(d, prep, sent, request_id):
+                yield tok
+            return
+        m, timings = self.metrics, Timings()
+        d.running += 1
+        p.inflight_tokens += n_ctx
+        prefill_pending = True
+        m.requests.labels(d.name, "decode").inc()
+        m.requests.labels(p.name, "prefill").inc()
+        try:
+            async for tok in handoff(d, p, request_id, prep.prompt_ids, prep.params, sent, timings):
+                if prefill_pending:
+                    prefill_pending = False
+                    p.inflight_tokens -= n_ctx
+                    m.record_prefill(p.name, timings)
+                yield tok
+        finally:
+            d.running -= 1
+            if prefill_pending:
+                p.inflight_tokens -= n_ctx
+            self.fleet.poke()
+
+
+class ColocatedPath(ServingPath):
+    roles = ("generate",)
+
+    async def attempt(self, prep, sent, avoid, request_id):
+        demand = self._demand(prep, sent, local_max=0)
+        self._check_fits("generate", demand.pages)
+        w, _ = self.router.pick_pair([], self._pick("generate", avoid), demand)  # no prefill workers: local
+        async for tok in self._local(w, prep, sent, request_id):
+            yield tok
+
+
+PATHS = {"disaggregated": DisaggregatedPath, "colocated": ColocatedPath, "chunked": ColocatedPath}
+
+
+def make_path(mode: str, fleet: Fleet, router: Router, layout: KVLayout, metrics, max_retries: int,
+              local_prefill_tokens: int = 0) -> ServingPath:
+    """The path for `mode`; it follows the workers' prefix caches through the fleet's stats callback."""
+    if mode not in PATHS:
+        raise ValueError(f"unknown mode {mode!r}; allowed: {', '.join(PATHS)}")
+    view = PrefixView(layout.tokens_per_page)
+    before = fleet.on_stats
+
+    def on_stats(w: WorkerState) -> None:
+        if before is not None:
+            before(w)
+        view.observe(w.name, w.stats)
+
+    fleet.on_stats = on_stats
+    return PATHS[mode](fleet, router, layout.tokens_per_page, metrics, max_retries, view, local_prefill_tokens)
+
+
+def _gave_up(why: TandemError) -> TandemError:
+    """What a request that waited until its deadline ends with: a full pool is OUT_OF_PAGES (429), no
+    worker UNAVAILABLE (503); both tell the client to retry."""
+    if isinstance(why, OutOfPages):
+        return OutOfPages(f"no KV pages became free before the request's deadline ({why})")
+    return Unavailable(f"{why}, and none came back before the request's deadline")
+
+
+async def _until(tokens: AsyncIterator[Token], deadline: float) -> AsyncIterator[Token]:
+    """The tokens of one attempt, each awaited no later than the request's deadline (monotonic)."""
+    try:
+        while True:
+            try:
+                # asyncio.timeout, not wait_for: wait_for runs the await in another task and can lose a
+                # cancel that arrives as that task ends (the request would go on for a client that left)
+                async with asyncio.timeout_at(deadline):
+                    tok = await tokens.__anext__()
+            except StopAsyncIteration:
+                return
+            except TimeoutError:
+                raise DeadlineExceeded("the request's deadline passed before it finished") from None
+            yield tok
+    finally:
+        await tokens.aclose()

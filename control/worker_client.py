@@ -1,0 +1,83 @@
+"""Typed clients of the worker models, over one multiplexed channel each (control/channel.py).
+
+Every method returns a tandem.wire reply or raises the tandem.status exception its status names:
+the orchestrator never looks at error text to decide what to do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+from control.channel import WorkerChannel
+from tandem.wire import (Abort, Ack, Flush, Open, Prefill, Prefilled, Release, Reserved, Start, Stats, Token, Watch,
+                         WorkerStats)
+
+CONTROL_TIMEOUT_S = 10.0  # a control call (start, release, stats) answered by no reply in this long: worker stalled
+
+
+class WorkerClient:
+    model = ""
+    batched = False
+
+    def __init__(self, url: str, auth: tuple[tuple[str, str], ...] = ()):
+        self.url = url
+        self.channel = WorkerChannel(url, self.model, self.batched, auth)
+
+    async def stats(self) -> WorkerStats:
+        return await self.channel.call(Stats(), CONTROL_TIMEOUT_S)
+
+    def watch(self, heartbeat_s: float, stall_s: float) -> AsyncIterator[WorkerStats]:
+        """Stats on every change and every `heartbeat_s`; Unavailable when nothing came for `stall_s`."""
+        return self.channel.stream(Watch(heartbeat_ms=int(heartbeat_s * 1000)), stall_s)
+
+    async def flush(self) -> Ack:
+        return await self.channel.call(Flush(), CONTROL_TIMEOUT_S)
+
+    async def close(self) -> None:
+        await self.channel.close()
+
+
+class DecodeClient(WorkerClient):
+    """A decode worker (or, with model 'generate', a co-located one)."""
+
+    model = "decode"
+
+    def open(self, msg: Open) -> AsyncIterator[Reserved | Token]:
+        """Reserved first (remote prefill), then the request's tokens after Start; ends with the request.
+
+        A caller that stops listening before the end releases what it knows of; a reservation whose reply
+        it never saw is released here when that reply arrives (no writer was ever given its pages)."""
+        released = []
+
+        def orphaned(body) -> None:
+            if not released:
+                released.append(True)
+                lease = body.lease if isinstance(body, Reserved) else ""
+                self.release(msg.request_id, lease, writer_closed=True)
+
+        return self.channel.stream(msg, on_orphan=orphaned)
+
+    async def start(self, msg: Start) -> Ack:
+        return await self.channel.call(msg, CONTROL_TIMEOUT_S)
+
+    def release(self, request_id: str, lease: str, writer_closed: bool) -> None:
+        """Fire and forget: the worker ends the request and answers its Open with CANCELLED."""
+        self.channel.send(Release(request_id, lease, writer_closed))
+
+
+class GenerateClient(DecodeClient):
+    model = "generate"
+
+
+class PrefillClient(WorkerClient):
+    model = "prefill"
+    batched = True  # dynamic batching: the model has a batch dimension
+
+    async def prefill(self, msg: Prefill) -> Prefilled:
+        return await self.channel.call(msg)
+
+    def abort(self, request_id: str) -> None:
+        self.channel.send(Abort(request_id))
+
+
+CLIENTS = {"prefill": PrefillClient, "decode": DecodeClient, "generate": GenerateClient}

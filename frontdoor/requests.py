@@ -1,0 +1,97 @@
+"""A generation request as both front doors describe it, and its validation at the edge.
+
+Validation happens once, here, before any worker is involved: the prompt is tokenized, checked
+against the context and the request's size limits, and the sampling parameters are checked by their
+own type (tandem/sampling_params.py). A bad request is an InvalidArgument naming the problem (gRPC
+INVALID_ARGUMENT, HTTP 400). Tokenizing is CPU work: the service runs `prepare` off the event loop.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from engine.tokenizer import ChatMessage, Tokenizer
+from tandem.sampling_params import SamplingParams
+from tandem.status import InvalidArgument
+
+# Pages are reserved for the whole answer up front, so an unbounded default would reserve the rest of
+# the context for every chat request; OpenAI-style requests without max_tokens get this many at most.
+DEFAULT_MAX_TOKENS = 1024
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    request_id: str
+    prompt: str | None = None
+    messages: tuple[ChatMessage, ...] = ()
+    prompt_ids: tuple[int, ...] = ()
+    max_tokens: int | None = 16  # None: up to DEFAULT_MAX_TOKENS, within the context
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+    min_tokens: int = 0
+    stop: tuple[str, ...] = ()
+    end_id: int | None = None
+    logprobs: bool = False
+    exclude_input: bool = True  # False: non-streamed text also repeats the prompt (Triton ensemble default)
+    timeout_s: float | None = None  # the client's own deadline for this request (None: the deployment's)
+    extra: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A validated request: token ids and concrete sampling parameters (with a seed if sampling)."""
+
+    request: GenerationRequest
+    prompt_ids: list[int]
+    params: SamplingParams
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_context: int
+    vocab_size: int
+    max_prompt_chars: int = 1 << 20  # refused before tokenizing: a 10 MB prompt never reaches the tokenizer
+
+
+def prepare(req: GenerationRequest, tokenizer: Tokenizer, limits: Limits) -> Prepared:
+    ids = _prompt_ids(req, tokenizer, limits)
+    max_context = limits.max_context
+    if len(ids) >= max_context:
+        raise InvalidArgument(f"prompt has {len(ids)} tokens but the model's context is {max_context}; "
+                              f"shorten it to at most {max_context - 1} tokens", "prompt")
+    max_tokens = req.max_tokens if req.max_tokens is not None else min(DEFAULT_MAX_TOKENS, max_context - len(ids))
+    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
+        raise InvalidArgument(f"max_tokens must be an integer >= 1, got {max_tokens!r}", "max_tokens")
+    if len(ids) + max_tokens > max_context:
+        raise InvalidArgument(f"prompt ({len(ids)} tokens) + max_tokens ({max_tokens}) exceeds the model's context "
+                              f"of {max_context}; ask for at most {max_context - len(ids)} tokens", "max_tokens")
+    params = SamplingParams(max_tokens=max_tokens, temperature=float(req.temperature), top_k=req.top_k,
+                            top_p=float(req.top_p), seed=req.seed, stop=tuple(req.stop), min_tokens=req.min_tokens,
+                            logprobs=req.logprobs,
+                            extra_eos=(req.end_id,) if req.end_id is not None else ()).with_seed()
+    return Prepared(req, ids, params)
+
+
+def _prompt_ids(req: GenerationRequest, tokenizer: Tokenizer, limits: Limits) -> list[int]:
+    chars = len(req.prompt or "") + sum(len(m.content) for m in req.messages)
+    if chars > limits.max_prompt_chars:
+        raise InvalidArgument(f"prompt has {chars} characters; this server takes at most {limits.max_prompt_chars}",
+                              "prompt")
+    if req.messages:
+        if not any(m.content for m in req.messages):
+            raise InvalidArgument("messages are empty; send at least one message with content", "messages")
+        ids = tokenizer.encode_chat(list(req.messages))  # InvalidRequest from the template names the problem
+    elif req.prompt_ids:
+        ids = list(req.prompt_ids)
+        bad = [t for t in ids if not 0 <= t < limits.vocab_size]
+        if bad:
+            raise InvalidArgument(f"token ids must be in [0, {limits.vocab_size}); got {bad[:5]}", "prompt")
+    else:
+        if not req.prompt:
+            raise InvalidArgument("prompt is empty; send the text to complete", "prompt")
+        ids = tokenizer.encode(req.prompt)
+    if not ids:
+        raise InvalidArgument("prompt is empty after tokenization", "prompt")
+    return ids

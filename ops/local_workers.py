@@ -1,0 +1,135 @@
+"""A set of role workers: Triton instances for x prefill and y decode workers (or one co-located).
+
+One model repository is rendered for the deployment; each Triton instance loads only its role's
+model from it. Workers are pinned to disjoint CPU cores where there are enough cores (round-robin
+single cores otherwise), with as many torch threads as cores.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from builder.repo import RepoOptions, render_repo
+from ops.triton_process import TritonError, TritonServer
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    role: str  # prefill | decode | generate
+    index: int
+    cpus: tuple[int, ...]
+
+    @property
+    def name(self) -> str:
+        return f"{self.role}-{self.index}"
+
+
+def plan_cpus(counts: dict[str, int], cpus: list[int] | None = None) -> list[WorkerSpec]:
+    """Give each worker its own cores: an equal share when there are enough, one core each (shared) if not."""
+    cpus = sorted(cpus if cpus is not None else os.sched_getaffinity(0))
+    roles = [(r, i) for r in ("prefill", "decode", "generate") for i in range(counts.get(r, 0))]
+    if not roles:
+        raise ValueError("a deployment needs at least one worker")
+    share = max(1, len(cpus) // len(roles))
+    specs = []
+    for k, (role, i) in enumerate(roles):
+        if share * len(roles) <= len(cpus):
+            mine = tuple(cpus[k * share:(k + 1) * share])
+        else:
+            mine = (cpus[k % len(cpus)],)
+        specs.append(WorkerSpec(role, i, mine))
+    return specs
+
+
+log = logging.getLogger("tandem.workers")
+
+
+class WorkerSetClosed(RuntimeError):
+    """A launch was asked of a worker set that is stopping."""
+
+START_ATTEMPTS = 3  # a worker that fails to start (e.g. a port taken after we chose it) is retried on new ports
+
+
+@dataclass
+class WorkerSet:
+    """Local Triton workers. `launch` only starts a process (call it from a thread that lives as long as
+    the workers: they are tied to it); `wait_ready` blocks until a server is ready. Once `stop` has
+    begun, `launch` refuses (WorkerSetClosed): a restart racing with shutdown cannot leave a server
+    behind."""
+
+    engines: str
+    workdir: str
+    counts: dict[str, int]
+    options: RepoOptions = field(default_factory=RepoOptions)
+    cpus: list[int] | None = None
+    nice: int = 0  # the servers' CPU priority below ours (TritonServer.nice)
+    detached: bool = False  # True: the servers outlive this process (tandem workers up)
+    servers: dict[str, TritonServer] = field(default_factory=dict)
+    specs: dict[str, WorkerSpec] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _closed: bool = False
+
+    def prepare(self) -> None:
+        """Plan the cores and render the model repository (once)."""
+        specs = plan_cpus(self.counts, self.cpus)
+        self.specs = {s.name: s for s in specs}
+        threads = min(len(s.cpus) for s in specs)
+        render_repo(self.engines, self.repo, RepoOptions(**{**self.options.__dict__, "threads": threads}))
+
+    @property
+    def repo(self) -> str:
+        return os.path.join(self.workdir, "model_repository")
+
+    def launch(self, name: str) -> TritonServer:
+        spec = self.specs[name]
+        with self._lock:
+            if self._closed:
+                raise WorkerSetClosed(f"not starting {name}: the workers are being stopped")
+            server = TritonServer(self.repo, (spec.role,), name=spec.name, cpus=spec.cpus, nice=self.nice,
+                                  log_dir=self.workdir, tied=not self.detached).launch()
+            self.servers[name] = server
+        return server
+
+    def wait_ready(self, name: str, timeout_s: float = 300.0) -> TritonServer:
+        """Block until the worker is ready; relaunch it on fresh ports when it exits while starting."""
+        for attempt in range(START_ATTEMPTS):
+            server = self.servers[name]
+            try:
+                server.wait_ready(timeout_s)
+                return server
+            except TritonError as e:
+                if server.alive() or attempt == START_ATTEMPTS - 1:
+                    raise
+                log.warning("worker %s failed to start (%s); trying again on new ports", name,
+                            str(e).splitlines()[0])
+                server.stop()
+                self.launch(name)
+        raise AssertionError("unreachable")
+
+    def start(self, timeout_s: float = 300.0) -> "WorkerSet":
+        self.prepare()
+        try:
+            for name in self.specs:
+                self.launch(name)
+            for name in self.specs:
+                self.wait_ready(name, timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def urls(self, role: str) -> list[str]:
+        return [s.grpc_url for name, s in sorted(self.servers.items()) if name.startswith(role + "-")]
+
+    def stop(self) -> None:
+        """Stop every server at once (each takes a few seconds to unload its model; not one after another)."""
+        with self._lock:
+            self._closed = True
+            servers = list(self.servers.values())
+            self.servers.clear()
+        with ThreadPoolExecutor(max_workers=max(1, len(servers))) as pool:
+            list(pool.map(lambda server: server.stop(), servers))

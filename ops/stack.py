@@ -1,0 +1,191 @@
+"""A whole deployment in one process: role workers (Triton instances), the orchestrator service, and
+both front doors. `tandem serve` runs one; tests and benchmarks start and stop it the same way.
+
+The serving path (disaggregated, or co-located replicas) is chosen here, once, from the deployment's
+mode; nothing after this point asks which mode it is in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import tempfile
+import time
+
+from builder.build import BuildError, BuildRequest, build
+from builder.repo import RepoOptions
+from engine.checkpoint import KNOWN_MODELS
+from engine.config import ModelConfig
+from engine.shm_region import remove_orphaned_triton_regions, remove_stale_segments
+from engine.tokenizer import Tokenizer
+from frontdoor.admission import Admission
+from ops.deployment import Deployment, DeploymentError
+from control.discovery import Discovery
+from control.fleet import Fleet
+from frontdoor.grpc_door import TritonProtocolServicer, start_grpc
+from frontdoor.http_app import HttpFrontend, start_http
+from frontdoor.door_metrics import Metrics
+from control.serving_path import make_path
+from frontdoor.requests import Limits
+from control.router import ROUTERS
+from frontdoor.served_model import ServedModel
+from control.orchestrator import Orchestrator
+from ops.supervisor import Supervisor
+from ops.local_workers import WorkerSet
+from tandem.manifest import EngineManifest, ManifestError, check_pair, read_manifest
+from tandem.secret import PARAMETER as SECRET_PARAMETER
+from tandem.secret import load_secret
+
+log = logging.getLogger("tandem.serve")
+
+
+def ensure_engines(dep: Deployment, log=print) -> str:
+    """The deployment's engines folder. Engines named explicitly are used as they are (built elsewhere,
+    perhaps); engines derived from `model` are (re)built when missing or stale (a no-op otherwise)."""
+    folder = dep.engines_dir
+    have = all(os.path.isfile(os.path.join(folder, r, "manifest.json")) for r in ("prefill", "decode"))
+    if not (have and dep.engines):
+        try:
+            build(BuildRequest(model=dep.model, out=folder), log=log)
+        except BuildError as e:
+            raise DeploymentError(str(e)) from None
+    try:
+        check_pair(read_manifest(os.path.join(folder, "prefill")), read_manifest(os.path.join(folder, "decode")))
+    except ManifestError as e:
+        raise DeploymentError(str(e)) from None
+    return folder
+
+
+def served_name(dep: Deployment, manifest: EngineManifest) -> str:
+    """The OpenAI model id: the deployment's, else the model's own name (smollm2-135m, a folder's name)."""
+    if dep.front_door.served_model_name:
+        return dep.front_door.served_model_name
+    source = manifest.source
+    if source in KNOWN_MODELS:
+        return source
+    return os.path.basename(os.path.normpath(source)).removesuffix(".gguf")
+
+
+def worker_counts(dep: Deployment) -> dict[str, int]:
+    if dep.mode == "disaggregated":
+        return {"prefill": dep.prefill.count, "decode": dep.decode.count}
+    return {"generate": dep.replicas}
+
+
+class Stack:
+    def __init__(self, dep: Deployment, workdir: str | None = None, log=print):
+        self.dep = dep
+        self.workdir = workdir or tempfile.mkdtemp(prefix="tandem-serve-")
+        os.makedirs(self.workdir, exist_ok=True)
+        self.log = log
+        self.workers: WorkerSet | None = None
+        self.fleet: Fleet | None = None
+        self.supervisor: Supervisor | None = None
+        self.discovery: Discovery | None = None
+        self.service: Orchestrator | None = None
+        self.grpc = self.http = None
+
+    async def start(self) -> None:
+        dep = self.dep
+        loop = asyncio.get_running_loop()
+        engines = await loop.run_in_executor(None, ensure_engines, dep, self.log)
+        manifest = read_manifest(os.path.join(engines, "decode"))
+        counts = worker_counts(dep)
+        options = RepoOptions(transport=dep.transport, kv_pool_bytes=dep.kv_pool_bytes,
+                              chunk_tokens=dep.chunk_tokens if dep.mode == "chunked" else 0,
+                              transfer_timeout_s=dep.handoff.transfer_timeout_s,
+                              fence_timeout_s=dep.handoff.fence_timeout_s, prefix_cache=dep.prefix_cache.enabled,
+                              prefill_pool_bytes=dep.prefix_cache.prefill_pool_bytes)
+        for name in remove_stale_segments() + remove_orphaned_triton_regions():
+            self.log(f"removed shared memory {name} left by a process that is gone")
+        self.workers = WorkerSet(engines, self.workdir, counts, options, nice=dep.worker_nice)
+        if any(counts.values()):  # none: every worker is remote (`tandem worker` elsewhere)
+            self.log(f"starting {', '.join(f'{n} {r}' for r, n in counts.items() if n)} worker(s) ({dep.mode}) ...")
+            await loop.run_in_executor(None, self.workers.prepare)
+            for name in self.workers.specs:
+                self.workers.launch(name)  # on the loop's thread: workers are tied to the thread that starts them
+            await asyncio.gather(*[loop.run_in_executor(None, self.workers.wait_ready, name)
+                                   for name in self.workers.specs])
+        self._record_workers()
+        metrics = Metrics(dep.mode, manifest.kv_layout.tokens_per_page)
+        secret = load_secret()
+        auth = ((SECRET_PARAMETER, secret),) if secret else ()
+        self.fleet = Fleet(dep.health.heartbeat_s, dep.health.stall_s, auth=auth, on_stats=metrics.record_worker)
+        self.supervisor = Supervisor(self.workers, self.fleet, dep.health.stall_restart_s,
+                                     on_restart=lambda name, server: self._record_workers())
+        self.fleet.on_change = self.supervisor.on_health
+        for name, s in sorted(self.workers.servers.items()):
+            self.fleet.add(name, name.rsplit("-", 1)[0], s.grpc_url)
+        self.discovery = Discovery(self.fleet)
+        await self.discovery.start(dep)
+        self.supervisor.start()
+        path = make_path(dep.mode, self.fleet, ROUTERS[dep.router](), manifest.kv_layout, metrics, dep.max_retries,
+                         dep.local_prefill_tokens)
+        cfg = _model_config(engines)
+        tokenizer = Tokenizer(os.path.join(engines, "prefill"))
+        lim = dep.limits
+        self.service = Orchestrator(path=path, tokenizer=tokenizer, metrics=metrics, mode=dep.mode,
+                                    limits=Limits(cfg.max_position, cfg.vocab_size, lim.max_prompt_chars),
+                                    admission=Admission(lim.max_in_flight, lim.max_queued_tokens),
+                                    timeout_s=lim.request_timeout_s)
+        if self.workers.servers:  # remote-only: /health says 503 until the workers answer, the front door is up
+            await self._until_ready()
+        served = ServedModel(self.service, dep.front_door.model_name, served_name(dep, manifest))
+        fd = dep.front_door
+        self.grpc = await start_grpc(TritonProtocolServicer(served), fd.host, fd.grpc_port)
+        self.http = await start_http(HttpFrontend(served, lim.max_body_bytes), fd.host, fd.http_port)
+        self.served = served
+
+    async def reload(self, dep: Deployment) -> None:
+        """A new deployment file: follow its remote workers (everything else needs a restart)."""
+        await self.discovery.apply(dep)
+        self.dep = dep
+
+    async def _until_ready(self, timeout_s: float = 60.0) -> None:
+        """Wait until every role has a routable worker (their watches connected)."""
+        deadline = time.monotonic() + timeout_s
+        while not self.service.path.ready():
+            if not await self.fleet.wait_change(self.fleet.version, deadline):
+                raise DeploymentError(f"workers did not become ready within {timeout_s:.0f}s")
+
+    def _record_workers(self) -> None:
+        """workdir/workers.json: each worker's pid, URL and cores (for operators, and failure tests)."""
+        state = {name: {"pid": s.proc.pid, "grpc": s.grpc_url, "cpus": list(s.cpus or ()), "log": s.log_path}
+                 for name, s in self.workers.servers.items()}
+        with open(os.path.join(self.workdir, "workers.json"), "w") as f:
+            json.dump(state, f, indent=2)
+
+    async def drain(self, grace_s: float) -> None:
+        """Stop taking requests (readiness false on both doors at once) and let the ones in flight
+        finish, for at most `grace_s`."""
+        if self.service is None:
+            return
+        self.service.draining = True
+        deadline = time.monotonic() + grace_s
+        while self.service.admission.in_flight and time.monotonic() < deadline:
+            await self.fleet.wait_change(self.fleet.version, min(deadline, time.monotonic() + 0.5))
+
+    async def stop(self) -> None:
+        if self.discovery is not None:
+            await self.discovery.close()
+        if self.supervisor is not None:
+            await self.supervisor.close()
+        if self.service is not None:
+            self.service.draining = True
+        if self.http is not None:
+            await self.http.cleanup()
+        if self.grpc is not None:
+            await self.grpc.stop(grace=2)
+        if self.fleet is not None:
+            await self.fleet.close()
+        if self.service is not None:
+            self.service.close()
+        if self.workers is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self.workers.stop)
+
+
+def _model_config(engines: str) -> ModelConfig:
+    with open(os.path.join(engines, "prefill", "config.json"), encoding="utf-8") as f:
+        return ModelConfig.from_hf(json.load(f))

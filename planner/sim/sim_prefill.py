@@ -1,0 +1,134 @@
+"""A simulated prefill worker, with the pass rules of engine/workers/prefill_worker.py, and its KV link.
+
+Queue: FIFO. Each pass takes at most `pass_tokens` tokens and is either
+- a packed pass of whole prompts: the oldest waiting prompt, then the shortest others that still fit;
+- or, for a prompt longer than `pass_tokens`, its next chunk of `chunk_tokens` (pass_tokens rounded
+  down to a multiple of tokens_per_page). The long prompt being chunked stays the oldest long one.
+When long and short prompts both wait, passes alternate (long, short, long, ...).
+
+Handoff: K/V are written layer by layer while the pass computes, so the transfer is hidden behind
+the pass except where the link is slower. The link is a FIFO resource of `gbytes_per_s`: a pass's
+bytes (its tokens' KV) start moving at the pass's start (or when the link is free of the previous
+pass's bytes) and the request's first token is ready at
+    max(pass end, transfer end) + latency,
+which for an idle link is pass end + max(0, kv_bytes / bandwidth - pass time) + latency. (The last
+layer's share, ~1/num_layers of the bytes, cannot overlap a real pass; it is neglected.) A long
+prompt's first token is ready when its last chunk's bytes have arrived.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+
+from planner.costs import PassCosts
+from planner.sim.events import EventLoop
+from planner.sim.request import SimRequest
+
+
+class Link:
+    """The prefill worker's outgoing KV link: one transfer at a time, in pass order."""
+
+    def __init__(self, gbytes_per_s: float, latency_s: float):
+        self.bytes_per_s = gbytes_per_s * 1e9
+        self.latency_s = latency_s
+        self.free_at = 0.0
+
+    def ready_time(self, pass_start: float, pass_end: float, nbytes: int) -> float:
+        """When K/V of `nbytes` written during [pass_start, pass_end] have all arrived."""
+        start = max(pass_start, self.free_at)
+        self.free_at = start + nbytes / self.bytes_per_s
+        return max(pass_end, self.free_at) + self.latency_s
+
+
+class _Item:
+    __slots__ = ("req", "done")
+
+    def __init__(self, req: SimRequest):
+        self.req = req
+        self.done = 0  # prompt tokens prefilled so far (long prompts)
+
+
+class PrefillSim:
+    def __init__(self, loop: EventLoop, costs: PassCosts, link: Link, *, pass_tokens: int,
+                 tokens_per_page: int, kv_bytes_per_token: int, on_ready: Callable[[SimRequest], None]):
+        """`on_ready(req)` is called at the time the request's first token and K/V are ready."""
+        self.loop = loop
+        self.costs = costs
+        self.link = link
+        self.pass_tokens = pass_tokens
+        self.chunk_tokens = max(tokens_per_page, pass_tokens // tokens_per_page * tokens_per_page)
+        self.kv_bytes_per_token = kv_bytes_per_token
+        self.on_ready = on_ready
+        self.shorts: list[_Item] = []  # in arrival order
+        self.longs: deque[_Item] = deque()
+        self.load_tokens = 0  # prompt tokens queued or in flight (routing)
+        self.busy = False
+        self._pending = False
+        self._long_turn = False
+        self.passes = 0
+
+    def submit(self, req: SimRequest) -> None:
+        item = _Item(req)
+        (self.longs if req.prompt_len > self.pass_tokens else self.shorts).append(item)
+        self.load_tokens += req.prompt_len
+        self._kick()
+
+    def _kick(self) -> None:
+        if not self.busy and not self._pending:
+            self._pending = True
+            self.loop.soon(self._start)
+
+    def _start(self) -> None:
+        self._pending = False
+        if self.busy or not (self.shorts or self.longs):
+            return
+        take_long = bool(self.longs) and (self._long_turn or not self.shorts)
+        self._long_turn = not take_long
+        if take_long:
+            it = self.longs[0]
+            group, chunks = [it], [(it.done, min(self.chunk_tokens, it.req.prompt_len - it.done))]
+        else:
+            group = self._pack()
+            chunks = [(0, it.req.prompt_len) for it in group]
+        now = self.loop.now
+        for it in group:
+            if it.done == 0:
+                it.req.prefill_start = now
+        self.busy = True
+        self.passes += 1
+        self.loop.at(now + self.costs.prefill_time(chunks), self._end, group, chunks, now)
+
+    def _pack(self) -> list[_Item]:
+        """The oldest waiting prompt, then the shortest others that fit; removed from the queue."""
+        first = self.shorts[0]
+        group, room = [first], self.pass_tokens - first.req.prompt_len
+        if room > 0 and len(self.shorts) > 1:
+            for it in sorted(self.shorts[1:], key=lambda x: x.req.prompt_len):  # stable: oldest first on ties
+                if it.req.prompt_len > room:
+                    break
+                group.append(it)
+                room -= it.req.prompt_len
+        if len(group) == 1:
+            self.shorts.pop(0)
+        else:
+            taken = set(map(id, group))
+            self.shorts = [it for it in self.shorts if id(it) not in taken]
+        return group
+
+    def _end(self, group: list[_Item], chunks: list[tuple[int, int]], start: float) -> None:
+        now = self.loop.now
+        nbytes = sum(n for _, n in chunks) * self.kv_bytes_per_token
+        ready = self.link.ready_time(start, now, nbytes)
+        for it, (_, n) in zip(group, chunks):
+            it.done += n
+            if it.done == it.req.prompt_len:
+                if self.longs and self.longs[0] is it:
+                    self.longs.popleft()
+                self.loop.at(ready, self._ready, it.req)
+        self.busy = False
+        self._kick()
+
+    def _ready(self, req: SimRequest) -> None:
+        self.load_tokens -= req.prompt_len
+        self.on_ready(req)

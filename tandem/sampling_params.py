@@ -1,0 +1,71 @@
+"""What to generate: the per-request sampling parameters, validated once, where they are made.
+
+The sampler itself (torch) lives in engine/sampler.py; this module imports nothing heavy, so the
+front doors can build and check parameters without torch.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+from dataclasses import dataclass, replace
+
+from tandem.status import InvalidArgument
+
+MAX_STOP_STRINGS = 16
+MAX_SEED = 2**64
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """temperature 0 means greedy; top_k 0 and top_p 1 mean no truncation.
+
+    Constructing one validates it (InvalidArgument naming the field), so a SamplingParams that exists
+    is a valid one: a worker that receives it on the wire rebuilds it and trusts it.
+    """
+
+    max_tokens: int = 16
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    min_tokens: int = 0
+    logprobs: bool = False
+    extra_eos: tuple[int, ...] = ()  # e.g. a client's end_id, on top of the model's EOS
+
+    def __post_init__(self) -> None:
+        if not _is_int(self.max_tokens) or self.max_tokens < 1:
+            raise InvalidArgument(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}", "max_tokens")
+        if not isinstance(self.temperature, (int, float)) or not math.isfinite(self.temperature) \
+                or self.temperature < 0:
+            raise InvalidArgument(f"temperature must be >= 0 (0 = greedy), got {self.temperature!r}", "temperature")
+        if not _is_int(self.top_k) or self.top_k < 0:
+            raise InvalidArgument(f"top_k must be an integer >= 0 (0 = disabled), got {self.top_k!r}", "top_k")
+        if not isinstance(self.top_p, (int, float)) or not (0.0 < self.top_p <= 1.0):
+            raise InvalidArgument(f"top_p must be in (0, 1], got {self.top_p!r}", "top_p")
+        if not _is_int(self.min_tokens) or not 0 <= self.min_tokens <= self.max_tokens:
+            raise InvalidArgument(f"min_tokens must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens!r}",
+                                  "min_tokens")
+        if len(self.stop) > MAX_STOP_STRINGS or any(not isinstance(s, str) or not s for s in self.stop):
+            raise InvalidArgument(f"stop takes at most {MAX_STOP_STRINGS} non-empty strings, got {list(self.stop)!r}",
+                                  "stop")
+        if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed < MAX_SEED):
+            raise InvalidArgument(f"seed must be an integer in [0, 2**64), got {self.seed!r}", "seed")
+        for name in ("stop_token_ids", "extra_eos"):
+            if any(not _is_int(t) or t < 0 for t in getattr(self, name)):
+                raise InvalidArgument(f"{name} must be non-negative token ids", name)
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def with_seed(self) -> "SamplingParams":
+        """A copy with a concrete seed, so every process that samples for this request agrees."""
+        return self if self.seed is not None or self.greedy else replace(self, seed=secrets.randbits(63))
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)

@@ -33,10 +33,12 @@ import click
 @click.option("--served-model-name", default=None,
               help="The OpenAI model id (default: the model's own name, e.g. smollm2-135m).")
 @click.option("--kv-pool-bytes", type=click.IntRange(1 << 20), default=None, help="Decode KV pool per worker.")
+@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default=None,
+              help="Weights and KV of engines built from --model (default float32; bfloat16 halves the bytes).")
 @click.option("--chunk-tokens", type=click.IntRange(1), default=None, help="Chunked mode: prompt tokens per step.")
 @click.option("--workdir", default=None, help="Where worker logs and the model repository go.")
 def serve_command(model, config_path, mode, prefill, decode, replicas, transport, router, host, grpc_port, http_port,
-                  model_name, served_model_name, kv_pool_bytes, chunk_tokens, workdir):
+                  model_name, served_model_name, kv_pool_bytes, dtype, chunk_tokens, workdir):
     """Serve a model: prefill and decode workers in Triton, behind Triton gRPC and OpenAI HTTP."""
     from ops.deployment import DeploymentError, load_deployment
 
@@ -45,6 +47,7 @@ def serve_command(model, config_path, mode, prefill, decode, replicas, transport
         "router": router, "front_door.served_model_name": served_model_name,
         "front_door.host": host, "front_door.grpc_port": grpc_port, "front_door.http_port": http_port,
         "front_door.model_name": model_name, "kv_pool_bytes": kv_pool_bytes, "chunk_tokens": chunk_tokens,
+        "dtype": dtype,
     }.items() if v is not None}
     if model is not None:
         is_engines = os.path.isfile(os.path.join(model, "prefill", "manifest.json"))

@@ -137,7 +137,9 @@ class PagedAttention:
         self.all_decode = len(dec) == len(q_lens)
 
     def _group(self, tables: list[list[int]], q_lens: list[int], ctx_lens: list[int], dev):
-        """(page tables [B, P], mask [B, 1, Q, P * tpp]) for sequences attended together."""
+        """(page tables [B, P], additive mask [B, 1, Q, P * tpp]: 0 where a query sees a key, -inf
+        elsewhere) for sequences attended together. Made once per pass in the pool's dtype, so no layer
+        converts a boolean mask again."""
         if not tables:
             return None
         tpp = self.cache.layout.tokens_per_page
@@ -148,7 +150,9 @@ class PagedAttention:
         q = max(q_lens)
         qpos = torch.tensor([c - n for n, c in zip(q_lens, ctx_lens)], device=dev)[:, None] + \
             torch.arange(q, device=dev)[None, :]  # [B, Q] absolute position of each query
-        return padded, (keys[None, None, :] <= qpos[:, :, None])[:, None]  # [B, P], [B, 1, Q, L]
+        hidden = (keys[None, None, :] > qpos[:, :, None])[:, None]  # [B, 1, Q, L]
+        mask = torch.zeros(hidden.shape, dtype=self.cache.data.dtype, device=dev).masked_fill_(hidden, float("-inf"))
+        return padded, mask  # [B, P], [B, 1, Q, L]
 
     def _attend(self, layer: int, group, q: torch.Tensor) -> torch.Tensor:
         """q: [B, H, Q, hd] -> [B, H, Q, hd] over the group's gathered pages."""

@@ -281,10 +281,9 @@ class KVCache:
     def gather_pages(self, layer: int, tables: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """tables: [B, P] page ids -> k, v: [B, P * tokens_per_page, kv_heads, head_dim], in page order."""
         B, P = tables.shape
-        shape = (B, P * self.layout.tokens_per_page, self.layout.num_kv_heads, self.layout.head_dim)
-        flat = tables.flatten()
-        return (self.data[layer, 0].index_select(0, flat).view(shape),
-                self.data[layer, 1].index_select(0, flat).view(shape))
+        shape = (2, B, P * self.layout.tokens_per_page, self.layout.num_kv_heads, self.layout.head_dim)
+        kv = self.data[layer].index_select(1, tables.flatten()).view(shape)  # k and v in one copy
+        return kv[0], kv[1]
 
     def pages(self, page_ids: list[int]) -> torch.Tensor:
         """A copy of the given pages of all layers: [layers, 2, len(page_ids), tpp, kv_heads, head_dim]."""

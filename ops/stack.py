@@ -48,7 +48,7 @@ def ensure_engines(dep: Deployment, log=print) -> str:
     have = all(os.path.isfile(os.path.join(folder, r, "manifest.json")) for r in ("prefill", "decode"))
     if not (have and dep.engines):
         try:
-            build(BuildRequest(model=dep.model, out=folder), log=log)
+            build(BuildRequest(model=dep.model, out=folder, dtype=dep.dtype), log=log)
         except BuildError as e:
             raise DeploymentError(str(e)) from None
     try:

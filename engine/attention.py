@@ -124,11 +124,8 @@ class PagedAttention:
         for n in q_lens:
             starts.append(starts[-1] + n)
         self.total = starts[-1]
-        slots = []
-        for t, n, c in zip(page_tables, q_lens, ctx_lens):
-            pos = torch.arange(c - n, c, device=dev)
-            slots.append(torch.tensor(t, device=dev)[pos // tpp] * tpp + pos % tpp)
-        self.slots = torch.cat(slots)  # [T] where each new token's K/V go
+        slots = [t[p // tpp] * tpp + p % tpp for t, n, c in zip(page_tables, q_lens, ctx_lens) for p in range(c - n, c)]
+        self.slots = torch.tensor(slots, device=dev)  # [T] where each new token's K/V go (one tensor made per pass)
         dec = [b for b, n in enumerate(q_lens) if n == 1]
         self.decode_rows = torch.tensor([starts[b] for b in dec], device=dev)  # [Bd] rows of the packed batch
         self.decode = self._group([page_tables[b] for b in dec], [1] * len(dec), [ctx_lens[b] for b in dec], dev)

@@ -136,7 +136,7 @@ class Engine:
         lens = [s.num_tokens for s in seqs]
         dev = self.device
         tokens = torch.tensor([t for s in seqs for t in s.all_ids], device=dev)  # [T]
-        positions = torch.cat([torch.arange(n, device=dev) for n in lens])  # [T]
+        positions = torch.tensor([p for n in lens for p in range(n)], device=dev)  # [T]
         rope_lens = torch.repeat_interleave(torch.tensor(lens, device=dev), torch.tensor(lens, device=dev))  # [T]
         if writers is None:
             writers = [PoolWriter(self.cache, self._slots(s, 0, n)) for s, n in zip(seqs, lens)]
@@ -171,7 +171,7 @@ class Engine:
         ids = [t for s, a, c in zip(seqs, starts, ctx) for t in s.all_ids[a:c]]
         tokens = torch.tensor(ids, device=dev)  # [T]
         counts_t = torch.tensor(counts, device=dev)
-        positions = torch.cat([torch.arange(a, c, device=dev) for a, c in zip(starts, ctx)])  # [T]
+        positions = torch.tensor([p for a, c in zip(starts, ctx) for p in range(a, c)], device=dev)  # [T]
         rope_lens = positions + 1 if len(ids) == len(seqs) else \
             torch.repeat_interleave(torch.tensor(ctx, device=dev), counts_t)  # [T] sequence length per token
         attn = PagedAttention(self.cache, [s.page_table for s in seqs], counts, ctx)
@@ -193,10 +193,8 @@ class Engine:
         return outs
 
     def _slots(self, seq: Sequence, start: int, end: int) -> torch.Tensor:
-        tpp = self.cache.layout.tokens_per_page
-        pos = torch.arange(start, end, device=self.device)
-        table = torch.tensor(seq.page_table, device=self.device)
-        return table[pos // tpp] * tpp + pos % tpp  # [end - start]
+        tpp, table = self.cache.layout.tokens_per_page, seq.page_table
+        return torch.tensor([table[p // tpp] * tpp + p % tpp for p in range(start, end)], device=self.device)  # [end - start]
 
     def _sample(self, seqs: list[Sequence], logits: torch.Tensor) -> list[TokenOut]:
         tokens, logprobs = sample(logits, [s.params for s in seqs], [len(s.output_ids) for s in seqs],

@@ -87,10 +87,10 @@ class LlamaModel:
             qkv = L.qkv(h).view(T, H + 2 * Hkv, hd)  # [T, H + 2*Hkv, hd]: q heads, k heads, v heads
             qk = apply_rotary(qkv[:, :H + Hkv], cos, sin)  # [T, H + Hkv, hd]: q and k rotated in one go
             q, k, v = qk[:, :H], qk[:, H:], qkv[:, H + Hkv:]  # [T, H, hd], [T, Hkv, hd], [T, Hkv, hd]
-            x = x + L.o(attn.attend(i, q, k, v))  # [T, D]
+            x += L.o(attn.attend(i, q, k, v))  # [T, D]; x is this pass's own tensor, updated in place
             h = rms_norm(x, L.mlp_norm, c.rms_norm_eps)
-            gate, up = L.gate_up(h).chunk(2, dim=-1)  # [T, I] each
-            x = x + L.down(F.silu(gate) * up)  # [T, D]
+            gate, up = L.gate_up(h).chunk(2, dim=-1)  # [T, I] each, views of one fresh tensor
+            x += L.down(F.silu(gate, inplace=True).mul_(up))  # [T, D]
         x = rms_norm(x[last_rows], self.norm, c.rms_norm_eps)  # [B, D]
         return self.lm_head(x)  # [B, V]
 

@@ -272,17 +272,21 @@ class KVCache:
         # Flat per-layer views: [layers, 2, pages * tokens_per_page, kv_heads, head_dim]
         self.flat = self.data.view(layout.num_layers, 2, num_pages * layout.tokens_per_page,
                                    layout.num_kv_heads, layout.head_dim)
+        # per-layer views made once (a view per layer and pass would cost a dispatch each)
+        self._layer = list(self.data)  # [2, pages, tpp, kv_heads, head_dim] per layer
+        self._k_slots = [f[0] for f in self.flat]  # [pages * tpp, kv_heads, head_dim] per layer
+        self._v_slots = [f[1] for f in self.flat]
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
         """k, v: [T, kv_heads, head_dim] stored at flat slots [T] (page * tokens_per_page + row)."""
-        self.flat[layer, 0].index_copy_(0, slots, k)
-        self.flat[layer, 1].index_copy_(0, slots, v)
+        self._k_slots[layer].index_copy_(0, slots, k)
+        self._v_slots[layer].index_copy_(0, slots, v)
 
     def gather_pages(self, layer: int, tables: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """tables: [B, P] page ids -> k, v: [B, P * tokens_per_page, kv_heads, head_dim], in page order."""
         B, P = tables.shape
         shape = (2, B, P * self.layout.tokens_per_page, self.layout.num_kv_heads, self.layout.head_dim)
-        kv = self.data[layer].index_select(1, tables.flatten()).view(shape)  # k and v in one copy
+        kv = self._layer[layer].index_select(1, tables.view(-1)).view(shape)  # k and v in one copy
         return kv[0], kv[1]
 
     def pages(self, page_ids: list[int]) -> torch.Tensor:
@@ -296,7 +300,7 @@ class KVCache:
     def close(self) -> None:
         """Release the storage; a shared pool's segment is unlinked (it is ours)."""
         if self.shm is not None:
-            del self.flat, self.data
+            del self.flat, self.data, self._layer, self._k_slots, self._v_slots
             self.shm.close()
             self.shm.unlink()
             self.shm = None

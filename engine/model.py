@@ -21,10 +21,10 @@ from engine.rope import Rotary, apply_rotary
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """x: [T, D] -> [T, D]; statistics in fp32 whatever the model dtype, the weight applied after the
-    cast back (as Hugging Face's Llama does: equal bit for bit in fp32, bf16 and fp16)."""
-    if x.dtype == torch.float32:
-        return torch.rms_norm(x, weight.shape, weight, eps)  # one fused op
-    return weight * torch.rms_norm(x, weight.shape, None, eps)
+    cast back, as Hugging Face's Llama does (the same ops in the same order: equal bit for bit)."""
+    xf = x if x.dtype == torch.float32 else x.float()  # no conversion op in fp32
+    xf = xf * torch.rsqrt((xf * xf).mean(-1, keepdim=True).add_(eps))  # xf * xf: pow(2) without its scalar casts
+    return weight * (xf if x.dtype == torch.float32 else xf.to(x.dtype))
 
 
 @dataclass
@@ -81,6 +81,7 @@ class LlamaModel:
         T = tokens.shape[0]
         x = self.embed[tokens]  # [T, D]
         cos, sin = self.rotary.cos_sin(positions, seq_lens_for_rope, self.dtype)  # [T, hd] each
+        cos, sin = cos[:, None, :], sin[:, None, :]  # [T, 1, hd]: broadcast over heads, shaped once per pass
         H, Hkv, hd = c.num_heads, c.num_kv_heads, c.head_dim
         for i, L in enumerate(self.layers):
             h = rms_norm(x, L.attn_norm, c.rms_norm_eps)  # [T, D]

@@ -93,12 +93,11 @@ class Rotary:
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [T, heads, hd]; cos, signed sin (from `Rotary.cos_sin`): [T, hd] -> rotated x: [T, heads, hd].
+    """x: [T, heads, hd]; cos, signed sin (from `Rotary.cos_sin`): [T, 1, hd] -> rotated x: [T, heads, hd].
 
     Equals x * cos + rotate_half(x) * sin with rotate_half(x) = (-x2, x1), bit for bit: the sign sits
     in the table instead of in an extra negation of x.
     """
     half = x.shape[-1] // 2
     swapped = torch.cat((x[..., half:], x[..., :half]), dim=-1)  # [T, heads, hd]
-    cos, sin = cos[:, None, :], sin[:, None, :]  # [T, 1, hd]
-    return x * cos + swapped * sin
+    return (x * cos).add_(swapped.mul_(sin))

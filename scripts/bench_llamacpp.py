@@ -58,8 +58,8 @@ def same_gguf(src: str, dtype: str) -> str:
     for t in reader.tensors:
         data = gguf.quants.dequantize(t.data, t.tensor_type).astype(np.float32)  # [*reversed GGUF shape]
         if bf16 and data.ndim == 2:
-            writer.add_tensor(t.name, gguf.quants.quantize(data, gguf.GGMLQuantizationType.BF16),
-                              raw_shape=data.shape, raw_dtype=gguf.GGMLQuantizationType.BF16)
+            bf16_type = gguf.GGMLQuantizationType.BF16
+            writer.add_tensor(t.name, gguf.quants.quantize(data, bf16_type), raw_dtype=bf16_type)
         else:
             writer.add_tensor(t.name, data)
     writer.write_header_to_file()
@@ -83,9 +83,13 @@ class LlamaCpp:
         self.llm.eval(prompt)
         t = time.perf_counter()
         for _ in range(new_tokens - 1):
-            token = int(np.argmax(self.llm.scores[self.llm.n_tokens - 1]))
-            self.llm.eval([token])
+            self.llm.eval([self.greedy()])
         return (new_tokens - 1) / (time.perf_counter() - t)
+
+    def greedy(self) -> int:
+        """The argmax of the last evaluated token's logits (eval keeps them in the context only)."""
+        logits = np.ctypeslib.as_array(self.llm._ctx.get_logits_ith(-1), shape=(self.llm.n_vocab(),))  # [V]
+        return int(np.argmax(logits))
 
     def prefill(self, prompt: list[int]) -> float:
         """Prompt tokens/s of one eval of the whole prompt from an empty cache."""

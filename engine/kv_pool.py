@@ -252,30 +252,24 @@ class PageAllocator:
 class KVCache:
     """Page storage for all layers. `k(layer)`/`v(layer)`: [pages, tokens_per_page, kv_heads, head_dim]."""
 
-    def __init__(self, layout: KVLayout, num_pages: int, device: torch.device | str = "cpu",
-                 shared: bool = False):
+    def __init__(self, layout: KVLayout, num_pages: int, device: torch.device | str = "cpu", shared: bool = False):
         self.layout = layout
         self.num_pages = num_pages
         self.device = torch.device(device)
-        self.shape = (layout.num_layers, 2, num_pages, layout.tokens_per_page, layout.num_kv_heads,
-                      layout.head_dim)
+        self.shape = (layout.num_layers, 2, num_pages, layout.tokens_per_page, layout.num_kv_heads, layout.head_dim)
         dtype = TORCH_DTYPES[layout.dtype]
         self.shm: SharedBuffer | None = None
         if shared:
             if self.device.type != "cpu":
                 raise ValueError("a shared-memory KV pool lives in host memory; use device 'cpu'")
-            nbytes = layout.page_bytes * 2 * layout.num_layers * num_pages
-            self.shm = SharedBuffer.create(nbytes, tag="kv")
+            self.shm = SharedBuffer.create(layout.page_bytes * 2 * layout.num_layers * num_pages, tag="kv")
             self.data = self.shm.tensor(dtype, self.shape)
         else:
             self.data = torch.zeros(self.shape, dtype=dtype, device=self.device)
-        # Flat per-layer views: [layers, 2, pages * tokens_per_page, kv_heads, head_dim]
-        self.flat = self.data.view(layout.num_layers, 2, num_pages * layout.tokens_per_page,
-                                   layout.num_kv_heads, layout.head_dim)
-        # per-layer views made once (a view per layer and pass would cost a dispatch each)
-        self._layer = list(self.data)  # [2, pages, tpp, kv_heads, head_dim] per layer
-        self._k_slots = [f[0] for f in self.flat]  # [pages * tpp, kv_heads, head_dim] per layer
-        self._v_slots = [f[1] for f in self.flat]
+        # views made once (not a dispatch per layer and pass): [2, pages, tpp, kv_heads, head_dim] per layer,
+        self._layer = list(self.data)  # and its k / v slots [pages * tpp, kv_heads, head_dim]
+        self._k_slots = [layer[0].flatten(0, 1) for layer in self._layer]
+        self._v_slots = [layer[1].flatten(0, 1) for layer in self._layer]
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
         """k, v: [T, kv_heads, head_dim] stored at flat slots [T] (page * tokens_per_page + row)."""
@@ -284,9 +278,8 @@ class KVCache:
 
     def gather_pages(self, layer: int, tables: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """tables: [B, P] page ids -> k, v: [B, P * tokens_per_page, kv_heads, head_dim], in page order."""
-        B, P = tables.shape
-        shape = (2, B, P * self.layout.tokens_per_page, self.layout.num_kv_heads, self.layout.head_dim)
-        kv = self._layer[layer].index_select(1, tables.view(-1)).view(shape)  # k and v in one copy
+        kv = self._layer[layer].index_select(1, tables.flatten())  # [2, B*P, tpp, kv_heads, head_dim]: one copy
+        kv = kv.view(2, tables.shape[0], -1, *kv.shape[3:])  # [2, B, P*tpp, kv_heads, head_dim]
         return kv[0], kv[1]
 
     def pages(self, page_ids: list[int]) -> torch.Tensor:
@@ -300,7 +293,7 @@ class KVCache:
     def close(self) -> None:
         """Release the storage; a shared pool's segment is unlinked (it is ours)."""
         if self.shm is not None:
-            del self.flat, self.data, self._layer, self._k_slots, self._v_slots
+            del self.data, self._layer, self._k_slots, self._v_slots
             self.shm.close()
             self.shm.unlink()
             self.shm = None

@@ -24,6 +24,7 @@ def test_example_file_and_overrides(tmp_path):
     ("mode: turbo\n", "mode: Input should be 'disaggregated', 'colocated' or 'chunked'"),
     ("prefill: {count: 0}\n", "needs at least one prefill worker"),
     ("transport: tcp\n", "transport: Input should be 'shm', 'nixl' or 'auto'"),
+    ("dtype: int4\n", "dtype: Input should be 'float32', 'bfloat16' or 'float16'"),
     ("- a list\n", "must be a mapping"),
     ("key: [unclosed\n", "cannot read deployment file"),
 ])
@@ -33,6 +34,18 @@ def test_bad_files_are_refused_naming_the_field(tmp_path, text, message):
     with pytest.raises(DeploymentError) as e:
         load_deployment(str(path), {})
     assert message in str(e.value)
+
+
+def test_dtype_builds_engines_of_that_dtype_in_their_own_folder(tmp_path):
+    from tandem.manifest import read_manifest
+
+    assert load_deployment(None, {"dtype": "bfloat16"}).engines_dir == "engines/smollm2-135m-bfloat16"
+    assert load_deployment(None, {}).engines_dir == "engines/smollm2-135m"
+    dep = load_deployment(None, {"dtype": "bfloat16", "engines": str(tmp_path / "e")})
+    folder = ensure_engines(dep, log=lambda *_: None)
+    for role in ("prefill", "decode"):
+        m = read_manifest(f"{folder}/{role}")
+        assert m.dtype == "bfloat16" and m.kv_layout.dtype == "bfloat16"
 
 
 def test_engines_that_cannot_pair_are_refused_at_start(built_engines, tmp_path):

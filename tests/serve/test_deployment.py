@@ -23,7 +23,7 @@ def test_example_file_and_overrides(tmp_path):
     ("front_door: {grpc_prot: 1}\n", "front_door.grpc_prot: Extra inputs are not permitted"),
     ("mode: turbo\n", "mode: Input should be 'disaggregated', 'colocated' or 'chunked'"),
     ("prefill: {count: 0}\n", "needs at least one prefill worker"),
-    ("transport: tcp\n", "transport: Input should be 'shm', 'nixl' or 'auto'"),
+    ("transport: tcp\n", "transport: Input should be 'shm', 'cuda_ipc', 'nixl' or 'auto'"),
     ("- a list\n", "must be a mapping"),
     ("key: [unclosed\n", "cannot read deployment file"),
 ])

@@ -45,7 +45,8 @@ def serve_command(model, config_path, mode, prefill, decode, replicas, transport
     from ops.stack import local_gpus
 
     overrides = {k: v for k, v in {
-        "mode": mode, "device": device, "prefill.count": prefill, "decode.count": decode, "replicas": replicas, "transport": transport,
+        "mode": mode, "device": device, "prefill.count": prefill, "decode.count": decode, "replicas": replicas,
+        "transport": transport,
         "router": router, "front_door.served_model_name": served_model_name,
         "front_door.host": host, "front_door.grpc_port": grpc_port, "front_door.http_port": http_port,
         "front_door.model_name": model_name, "kv_pool_bytes": kv_pool_bytes, "chunk_tokens": chunk_tokens,

@@ -33,7 +33,7 @@ from control.router import ROUTERS
 from frontdoor.served_model import ServedModel
 from control.orchestrator import Orchestrator
 from ops.supervisor import Supervisor
-from ops.gpu_plan import role_gpus
+from ops.gpu_plan import check_fits, gpu_totals, planned_bytes, role_bytes, role_gpus
 from tandem.devices import DeviceError
 from ops.local_workers import WorkerSet
 from tandem.manifest import EngineManifest, ManifestError, check_pair, read_manifest
@@ -105,6 +105,11 @@ class Stack:
         engines = await loop.run_in_executor(None, ensure_engines, dep, self.log)
         manifest = read_manifest(os.path.join(engines, "decode"))
         counts = worker_counts(dep)
+        if gpus:
+            try:
+                check_fits(planned_bytes(gpus, counts, *role_bytes(dep, engines)), gpu_totals(gpus))
+            except DeviceError as e:
+                raise DeploymentError(str(e)) from None
         options = RepoOptions(transport=dep.transport, kv_pool_bytes=dep.kv_pool_bytes,
                               chunk_tokens=dep.chunk_tokens if dep.mode == "chunked" else 0,
                               transfer_timeout_s=dep.handoff.transfer_timeout_s,

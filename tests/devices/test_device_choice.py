@@ -114,3 +114,19 @@ def test_workers_take_their_gpus_in_turn_and_see_their_own_first():
     assert visible_devices(1, (0,), parent="2,3") == "3,2"
     assert visible_devices(0, (), parent="GPU-aaaa,GPU-bbbb") == "GPU-aaaa"
     assert worker_env({}, "prefill", 0) == {}  # a CPU worker's environment is left alone
+
+
+def test_workers_sharing_a_gpu_must_fit_in_its_memory(built_engines):
+    from ops.gpu_plan import PROCESS_OVERHEAD_BYTES, check_fits, planned_bytes, role_bytes
+
+    dep = load_deployment(None, {"kv_pool_bytes": 1 << 30, "prefix_cache": {"prefill_pool_bytes": 256 << 20}})
+    weights, pools = role_bytes(dep, str(built_engines))
+    assert weights["prefill"] > 100 << 20 and pools == {"prefill": 256 << 20, "decode": 1 << 30, "generate": 1 << 30}
+    one_gpu = planned_bytes({"prefill": (0,), "decode": (0,)}, {"prefill": 1, "decode": 1}, weights, pools)
+    assert one_gpu == {0: weights["prefill"] + weights["decode"] + (256 << 20) + (1 << 30) + 2 * PROCESS_OVERHEAD_BYTES}
+    check_fits(one_gpu, {0: 16 << 30})  # 1P1D of the default model fits a 16 GiB GPU
+    with pytest.raises(DeviceError, match=f"GPU 0 would hold {one_gpu[0] / 2**30:.1f} GiB for its workers .* but has "
+                                          f"2.0 GiB; lower kv_pool_bytes"):
+        check_fits(one_gpu, {0: 2 << 30})
+    two = planned_bytes({"prefill": (0,), "decode": (1,)}, {"prefill": 1, "decode": 2}, weights, pools)
+    assert set(two) == {0, 1} and two[1] == 2 * (weights["decode"] + (1 << 30) + PROCESS_OVERHEAD_BYTES)

@@ -50,7 +50,7 @@ def worker_command(role, engines, host, grpc_port, http_port, metrics_port, tran
     from tandem.secret import SecretError, is_loopback, load_secret
 
     try:
-        on_gpu = resolve_device(device, [gpu] if device == "cuda" else []) == "cuda"
+        on_gpu = resolve_device(device) == "cuda" and resolve_device("cuda", [gpu]) == "cuda"  # --gpu must exist
         load_secret(required=not is_loopback(host))  # checked here; the models read it themselves
     except (DeviceError, SecretError) as e:
         raise click.ClickException(str(e)) from None

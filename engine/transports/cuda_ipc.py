@@ -14,6 +14,8 @@ shm), makes its copy stream wait for that event, enqueues the page copies, recor
 and synchronizes it before it drops the fence lock. So the compute thread never waits for a copy, a
 revoke never finds a copy in flight, and `finish` (hence `done`) returns only once every layer landed.
 Only between processes of one host identity (tandem.pool.host_identity); across hosts, NIXL.
+torch exports only memory of its caching allocator's ordinary segments: with expandable segments
+(PYTORCH_CUDA_ALLOC_CONF) the export may fail, and the decode worker then fails at start with torch's error.
 Nothing here has run on a GPU yet: the conformance suite covers it under the `gpu` marker.
 """
 

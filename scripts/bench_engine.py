@@ -104,32 +104,28 @@ def best_of(fn, repeats: int) -> float:
     return max(fn() for _ in range(repeats))
 
 
-def bench_dtype(dtype: str, args, hf, hf_done: dict, gguf_src: str, llama_cpp) -> dict:
-    """Every measure of one dtype: tandem and llama.cpp in that dtype, transformers (fp32, measured once
-    into `hf_done` and shown beside every dtype) side by side."""
+def bench_dtype(dtype: str, args, hf, gguf_src: str, llama_cpp) -> dict:
+    """Every measure of one dtype: tandem and llama.cpp in that dtype and transformers (fp32), each measure
+    taken by all three one after the other (the load of a shared machine drifts within minutes)."""
     engine = load_engine("smollm2-135m", dtype=dtype, kv_bytes=512 << 20)
+    lc = None if llama_cpp is None else LlamaCpp(llama_cpp, same_gguf(gguf_src, dtype), args.threads,
+                                                 n_ctx=max(args.prefill_len, args.prompt_len) + args.new_tokens + 8)
     pad = engine.tokenizer.eos_token_id
     r: dict = {"weight_bytes": engine.model.weight_bytes, "decode": {}}
-    for b in [int(x) for x in args.batches.split(",")]:
+    batches = [int(x) for x in args.batches.split(",")]
+    for b in batches:
         batch = prompts(engine.tokenizer, b, args.prompt_len)
-        if b not in hf_done:
-            hf_done[b] = best_of(lambda: hf_decode(hf, batch, args.new_tokens, pad), args.repeats)
         r["decode"][b] = {"tandem": best_of(lambda: ours_decode(engine, batch, args.new_tokens), args.repeats),
-                          "transformers": hf_done[b]}
+                          "transformers": best_of(lambda: hf_decode(hf, batch, args.new_tokens, pad), args.repeats)}
+        if lc is not None and b == 1:  # llama-cpp-python's eval runs one sequence
+            r["decode"][b]["llama.cpp"] = best_of(lambda: lc.decode(batch[0], args.new_tokens), args.repeats)
     for key, n in (("prefill", args.prefill_len), ("short_prefill", args.short_len)):
         p = prompts(engine.tokenizer, 1, n)[0]
-        if key not in hf_done:
-            hf_done[key] = best_of(lambda: hf_prefill(hf, p), args.repeats)
         r[key] = {"tokens": len(p), "tandem": best_of(lambda: ours_prefill(engine, p), args.repeats),
-                  "transformers": hf_done[key]}
-    if llama_cpp is not None:
-        lc = LlamaCpp(llama_cpp, same_gguf(gguf_src, dtype), args.threads, n_ctx=args.prefill_len + args.new_tokens + 8)
-        p = prompts(engine.tokenizer, 1, args.prompt_len)[0]
-        r["decode"][min(r["decode"])]["llama.cpp"] = best_of(lambda: lc.decode(p, args.new_tokens), args.repeats)
-        for key in ("prefill", "short_prefill"):
-            p = prompts(engine.tokenizer, 1, r[key]["tokens"])[0]
+                  "transformers": best_of(lambda: hf_prefill(hf, p), args.repeats)}
+        if lc is not None:
             r[key]["llama.cpp"] = best_of(lambda: lc.prefill(p), args.repeats)
-        del lc
+    del lc
     del engine
     gc.collect()
     return r
@@ -189,9 +185,8 @@ def main() -> None:
     # transformers in fp32: its GGUF loader keeps the weights packed and computes in fp32, and says fp32
     # is its fastest CPU setting (asked for bf16, it casts around every matmul)
     hf = transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=filename, dtype=torch.float32).eval()
-    hf_done: dict = {}
     for dtype in args.dtypes.split(","):
-        res["dtypes"][dtype] = bench_dtype(dtype, args, hf, hf_done, os.path.join(folder, filename), llama_cpp)
+        res["dtypes"][dtype] = bench_dtype(dtype, args, hf, os.path.join(folder, filename), llama_cpp)
     res["bandwidth_gbs"] = read_bandwidth_gbs()
     res["load_end"] = [round(x, 1) for x in os.getloadavg()]
     text = report(res)

@@ -21,6 +21,7 @@ import torch
 
 from engine.attention import KVWriter, PagedAttention, PoolWriter, PrefillAttention, StoppableAttention, TeeAttention
 from engine.config import ModelConfig
+from engine.cuda_graphs import DecodeGraphs
 from engine.errors import InvalidRequest
 from engine.kv_pool import TORCH_DTYPES, KVCache, PageAllocator
 from engine.model import LlamaModel
@@ -50,6 +51,7 @@ class Engine:
         self.cache = None
         self.allocator: PageAllocator | None = None
         self.prefix: PrefixCache | None = None
+        self.graphs: DecodeGraphs | None = None
         if cache is not None:
             self._use_pool(cache, prefix_cache)
         self.eos_ids = frozenset(self.cfg.eos_token_ids) | (
@@ -58,6 +60,12 @@ class Engine:
     def attach_pool(self, num_pages: int, prefix_cache: bool = True) -> None:
         """Give an engine loaded without a KV pool (a prefill worker) a local one of num_pages pages."""
         self._use_pool(KVCache(self.kv_layout(), num_pages, self.device), prefix_cache)
+
+    def use_decode_graphs(self, batch_sizes: tuple[int, ...] | list[int], capture: bool = True) -> None:
+        """Run decode steps of up to max(batch_sizes) sequences on CUDA graphs captured at those padded
+        sizes (engine/cuda_graphs.py); larger batches, prompt chunks and passes with writers stay eager.
+        `capture=False` runs the same padded steps without graphs (any device)."""
+        self.graphs = DecodeGraphs(self.model, self.cache, batch_sizes, capture=capture)
 
     def _use_pool(self, cache: KVCache, prefix_cache: bool) -> None:
         self.cache = cache
@@ -136,7 +144,7 @@ class Engine:
         lens = [s.num_tokens for s in seqs]
         dev = self.device
         tokens = torch.tensor([t for s in seqs for t in s.all_ids], device=dev)  # [T]
-        positions = torch.cat([torch.arange(n, device=dev) for n in lens])  # [T]
+        positions = torch.tensor([p for n in lens for p in range(n)], device=dev)  # [T]
         rope_lens = torch.repeat_interleave(torch.tensor(lens, device=dev), torch.tensor(lens, device=dev))  # [T]
         if writers is None:
             writers = [PoolWriter(self.cache, self._slots(s, 0, n)) for s, n in zip(seqs, lens)]
@@ -144,7 +152,7 @@ class Engine:
         attn = PrefillAttention(lens, writers)
         if stop is not None:
             attn = StoppableAttention(attn, stop)
-        logits = self.model.forward(tokens, positions, rope_lens, attn, last)
+        logits = self.model.forward(tokens, positions, rope_lens, attn, last, max_len=max(lens))
         for s, n in zip(seqs, lens):
             s.num_cached = n
         return self._sample(seqs, logits)
@@ -169,9 +177,15 @@ class Engine:
             if c > s.num_tokens:
                 raise ValueError(f"request {s.request_id}: cannot process past token {s.num_tokens}")
         ids = [t for s, a, c in zip(seqs, starts, ctx) for t in s.all_ids[a:c]]
+        if self.graphs is not None and writers is None and stop is None and self.graphs.fits(len(seqs)) \
+                and all(n == 1 and c == s.num_tokens for s, n, c in zip(seqs, counts, ctx)):
+            logits = self.graphs.run(ids, starts, [s.page_table for s in seqs])  # [B, V]
+            for s, c in zip(seqs, ctx):
+                s.num_cached = c
+            return self._sample(seqs, logits)
         tokens = torch.tensor(ids, device=dev)  # [T]
         counts_t = torch.tensor(counts, device=dev)
-        positions = torch.cat([torch.arange(a, c, device=dev) for a, c in zip(starts, ctx)])  # [T]
+        positions = torch.tensor([p for a, c in zip(starts, ctx) for p in range(a, c)], device=dev)  # [T]
         rope_lens = positions + 1 if len(ids) == len(seqs) else \
             torch.repeat_interleave(torch.tensor(ctx, device=dev), counts_t)  # [T] sequence length per token
         attn = PagedAttention(self.cache, [s.page_table for s in seqs], counts, ctx)
@@ -179,7 +193,8 @@ class Engine:
             attn = TeeAttention(attn, counts, writers, starts)
         if stop is not None:
             attn = StoppableAttention(attn, stop)
-        logits = self.model.forward(tokens, positions, rope_lens, attn, counts_t.cumsum(0) - 1)  # [B, V]
+        logits = self.model.forward(tokens, positions, rope_lens, attn, counts_t.cumsum(0) - 1,
+                                    max_len=max(ctx))  # [B, V]
         ready = []
         for i, (s, c) in enumerate(zip(seqs, ctx)):
             s.num_cached = c

@@ -156,6 +156,7 @@ class DecodeGraphs:
                 self._forward(step, B, P)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
+        # thread_local: a worker's other threads (a prefill on the same device) may keep launching work
+        with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
             step.logits = self._forward(step, B, P)
         step.graph = graph

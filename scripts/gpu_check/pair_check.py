@@ -74,6 +74,8 @@ def one_prefill_one_decode(engine: Engine, prompts: list[list[int]], expected: l
     """Run each prompt through the pair in turn; compare with `expected` (the single engine's answers)."""
     registry: dict = {}
     decode_engine = Engine(engine.model, engine.tokenizer, KVCache(engine.kv_layout(), decode_pages, engine.device))
+    if engine.graphs is not None:  # the decode worker steps on graphs as a GPU decode role does
+        decode_engine.use_decode_graphs(engine.graphs.batch_sizes, capture=engine.graphs.capture)
     host = PoolHost(decode_engine.cache, ("inproc",), registry)
     decode = DecodeWorker(decode_engine, host, transfer_timeout_s=30.0).launch()
     prefill = PrefillWorker(Engine(engine.model, engine.tokenizer, None), registry=registry).launch()

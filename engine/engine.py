@@ -15,6 +15,7 @@ max_tokens) up front, so an admitted request never runs out of pages mid-answer.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 
 import torch
@@ -142,13 +143,14 @@ class Engine:
         before each layer; once true the pass raises PassStopped and no sequence advances.
         """
         lens = [s.num_tokens for s in seqs]
-        dev = self.device
-        tokens = torch.tensor([t for s in seqs for t in s.all_ids], device=dev)  # [T]
-        positions = torch.tensor([p for n in lens for p in range(n)], device=dev)  # [T]
-        rope_lens = torch.repeat_interleave(torch.tensor(lens, device=dev), torch.tensor(lens, device=dev))  # [T]
+        tpp = self.tokens_per_page
+        tables = [s.page_table[:-(-n // tpp)] for s, n in zip(seqs, lens)] if writers is None else []
+        tokens, positions, rope_lens, last, *tabs = self._upload(  # [T], [T], [T], [B], [pages] per sequence
+            [t for s in seqs for t in s.all_ids], [p for n in lens for p in range(n)],
+            [n for n in lens for _ in range(n)], list(itertools.accumulate(lens, initial=-1))[1:], *tables)
         if writers is None:
-            writers = [PoolWriter(self.cache, self._slots(s, 0, n)) for s, n in zip(seqs, lens)]
-        last = torch.tensor(lens, device=dev).cumsum(0) - 1  # [B]
+            writers = [PoolWriter(self.cache, tab[pos // tpp] * tpp + pos % tpp)  # [n] flat slot per token
+                       for tab, pos in zip(tabs, positions.split(lens))]
         attn = PrefillAttention(lens, writers)
         if stop is not None:
             attn = StoppableAttention(attn, stop)
@@ -170,7 +172,6 @@ class Engine:
         With `writers`, each sequence's new K/V also go to its writer (at their positions). `stop`: as
         for `prefill` (the sequences' pages then hold partial K/V past their cached tokens).
         """
-        dev = self.device
         starts = [s.num_cached for s in seqs]
         ctx = [a + n for a, n in zip(starts, counts)]
         for s, c in zip(seqs, ctx):
@@ -183,18 +184,15 @@ class Engine:
             for s, c in zip(seqs, ctx):
                 s.num_cached = c
             return self._sample(seqs, logits)
-        tokens = torch.tensor(ids, device=dev)  # [T]
-        counts_t = torch.tensor(counts, device=dev)
-        positions = torch.tensor([p for a, c in zip(starts, ctx) for p in range(a, c)], device=dev)  # [T]
-        rope_lens = positions + 1 if len(ids) == len(seqs) else \
-            torch.repeat_interleave(torch.tensor(ctx, device=dev), counts_t)  # [T] sequence length per token
+        tokens, positions, rope_lens, last = self._upload(  # [T], [T], [T] sequence length per token, [B]
+            ids, [p for a, c in zip(starts, ctx) for p in range(a, c)],
+            [c for c, n in zip(ctx, counts) for _ in range(n)], list(itertools.accumulate(counts, initial=-1))[1:])
         attn = PagedAttention(self.cache, [s.page_table for s in seqs], counts, ctx)
         if writers is not None:
             attn = TeeAttention(attn, counts, writers, starts)
         if stop is not None:
             attn = StoppableAttention(attn, stop)
-        logits = self.model.forward(tokens, positions, rope_lens, attn, counts_t.cumsum(0) - 1,
-                                    max_len=max(ctx))  # [B, V]
+        logits = self.model.forward(tokens, positions, rope_lens, attn, last, max_len=max(ctx))  # [B, V]
         ready = []
         for i, (s, c) in enumerate(zip(seqs, ctx)):
             s.num_cached = c
@@ -207,11 +205,10 @@ class Engine:
                 outs[i] = out
         return outs
 
-    def _slots(self, seq: Sequence, start: int, end: int) -> torch.Tensor:
-        tpp = self.cache.layout.tokens_per_page
-        pos = torch.arange(start, end, device=self.device)
-        table = torch.tensor(seq.page_table, device=self.device)
-        return table[pos // tpp] * tpp + pos % tpp  # [end - start]
+    def _upload(self, *parts: list[int]) -> list[torch.Tensor]:
+        """A pass's host-side metadata in one copy to the device: an int64 view per list, in order."""
+        flat = torch.tensor([x for part in parts for x in part], dtype=torch.int64).to(self.device)
+        return list(flat.split([len(part) for part in parts]))
 
     def _sample(self, seqs: list[Sequence], logits: torch.Tensor) -> list[TokenOut]:
         tokens, logprobs = sample(logits, [s.params for s in seqs], [len(s.output_ids) for s in seqs],

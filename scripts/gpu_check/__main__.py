@@ -78,7 +78,8 @@ def _section(results: dict, name: str, fn, *args) -> object:
     return sec["results"]
 
 
-def run(args: argparse.Namespace) -> dict:
+def run(args: argparse.Namespace, results: dict) -> None:
+    """Fill `results` section by section (what finished stays there if a later step fails)."""
     from engine.load import load_engine
 
     device = torch.device(args.device or ("cpu" if args.dry_run else "cuda"))
@@ -87,8 +88,7 @@ def run(args: argparse.Namespace) -> dict:
     z = DRY if args.dry_run else FULL
     on_gpu = device.type == "cuda"
     work = tempfile.mkdtemp(prefix="gpu-check-")
-    t_start = time.perf_counter()
-    results = {"env": device_rates.environment(device), "dry_run": args.dry_run, "sections": {}}
+    results |= {"env": device_rates.environment(device), "dry_run": args.dry_run}
     try:
         folder, results["model"] = model_folder(args.model, args.kit, work, args.dry_run)
         rates = _section(results, "device_rates", lambda: {
@@ -131,9 +131,6 @@ def run(args: argparse.Namespace) -> dict:
                  ipc_check.nixl_available() else "needs CUDA and an importable nixl")
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    results["total_seconds"] = round(time.perf_counter() - t_start, 1)
-    results["passed"] = verdict(results)
-    return results
 
 
 def verdict(results: dict) -> bool:
@@ -154,9 +151,18 @@ def main(argv=None) -> int:
     if args.prepare_kit:
         print(f"kit written to {prepare_kit(args.prepare_kit)}")
         return 0
-    results = run(args)
+    t_start = time.perf_counter()
+    results = {"sections": {}, "env": {"torch": torch.__version__, "device": args.device}, "model": "?"}
+    try:
+        run(args, results)
+    except Exception as e:  # e.g. the model did not load: keep what ran, say what stopped the rest
+        results["fatal"] = f"{type(e).__name__}: {e}"
+    results["total_seconds"] = round(time.perf_counter() - t_start, 1)
+    results["passed"] = "fatal" not in results and verdict(results)
     out = args.out or os.path.join(os.environ.get("OUT") or ".", "gpu-check.json")
     print(table(results))
+    if "fatal" in results:
+        print(f"stopped early: {results['fatal']}")
     print(f"JSON: {write_json(results, out)}")
     return 0 if results["passed"] else 1
 

@@ -28,7 +28,7 @@ def rows(results: dict) -> list[tuple[str, str, str]]:
 
 
 def table(results: dict) -> str:
-    body = rows(results)
+    body = rows(results) or [("-", "-", "no section ran")]
     w0 = max(len(r[0]) for r in body)
     w1 = max(len(r[1]) for r in body)
     lines = [f"gpu-check on {results['env'].get('gpu', results['env']['device'])} "

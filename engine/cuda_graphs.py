@@ -78,7 +78,7 @@ class DecodeGraphs:
         self.max_pages = -(-model.cfg.max_position // tpp)
         self._steps: dict[tuple[int, int], _Step] = {}
         self._pool = torch.cuda.graph_pool_handle() if capture else None
-        model.rotary.cos_sin(torch.zeros(1, dtype=torch.long, device=cache.device),
+        model.rotary.cos_sin(torch.zeros(1, dtype=torch.long, device=cache.device), dtype=model.dtype,
                              max_len=model.cfg.max_position)  # builds the whole table before any capture
 
     @property

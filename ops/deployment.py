@@ -96,6 +96,9 @@ class PrefixCacheConfig(_Strict):
 class Deployment(_Strict):
     model: str = "smollm2-135m"
     engines: str | None = None
+    # weights and KV of engines built from `model` (explicit `engines` are used as they were built):
+    # a bf16 checkpoint served in float32 costs twice its size per role copy
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     mode: Literal["disaggregated", "colocated", "chunked"] = "disaggregated"
     prefill: WorkerPool = WorkerPool()
     decode: WorkerPool = WorkerPool()

@@ -48,7 +48,7 @@ def ensure_engines(dep: Deployment, log=print) -> str:
     have = all(os.path.isfile(os.path.join(folder, r, "manifest.json")) for r in ("prefill", "decode"))
     if not (have and dep.engines):
         try:
-            build(BuildRequest(model=dep.model, out=folder), log=log)
+            build(BuildRequest(model=dep.model, out=folder, dtype=dep.dtype), log=log)
         except BuildError as e:
             raise DeploymentError(str(e)) from None
     try:
@@ -109,10 +109,11 @@ class Stack:
             await asyncio.gather(*[loop.run_in_executor(None, self.workers.wait_ready, name)
                                    for name in self.workers.specs])
         self._record_workers()
-        metrics = Metrics(dep.mode, manifest.kv_layout.tokens_per_page)
+        metrics = Metrics(dep.mode, manifest.kv_layout.tokens_per_page, served_name(dep, manifest))
         secret = load_secret()
         auth = ((SECRET_PARAMETER, secret),) if secret else ()
-        self.fleet = Fleet(dep.health.heartbeat_s, dep.health.stall_s, auth=auth, on_stats=metrics.record_worker)
+        self.fleet = Fleet(dep.health.heartbeat_s, dep.health.stall_s, auth=auth)
+        metrics.workers.watch(self.fleet)
         self.supervisor = Supervisor(self.workers, self.fleet, dep.health.stall_restart_s,
                                      on_restart=lambda name, server: self._record_workers())
         self.fleet.on_change = self.supervisor.on_health

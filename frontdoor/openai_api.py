@@ -24,6 +24,14 @@ def _number(body: dict, key: str, default, kind=float):
     return kind(v)
 
 
+def stream_flag(body: dict) -> bool:
+    """`stream` is a JSON boolean (or absent/null): "yes" or 1 is refused, not taken as true."""
+    v = body.get("stream")
+    if v is not None and not isinstance(v, bool):
+        raise InvalidArgument(f"'stream' must be true or false, got {v!r}", "stream")
+    return bool(v)
+
+
 def _refuse_unsupported(body: dict) -> None:
     """Fields we accept only at the value that asks for nothing: refused otherwise, never ignored."""
     if _number(body, "n", 1, int) != 1:
@@ -79,7 +87,7 @@ def completion_request(body: dict, models: tuple[str, ...], request_id: str) -> 
     elif not isinstance(prompt, str):
         raise InvalidArgument("'prompt' must be a string (or one list of token ids)", "prompt")
     return GenerationRequest(request_id=request_id, prompt=prompt, prompt_ids=ids, **common), \
-        bool(body.get("stream", False))
+        stream_flag(body)
 
 
 def chat_request(body: dict, models: tuple[str, ...], request_id: str) -> tuple[GenerationRequest, bool]:
@@ -101,7 +109,7 @@ def chat_request(body: dict, models: tuple[str, ...], request_id: str) -> tuple[
         if not isinstance(content, str):
             raise InvalidArgument(f"messages[{i}].content must be a string", "messages")
         out.append(ChatMessage(m["role"], content))
-    return GenerationRequest(request_id=request_id, messages=tuple(out), **common), bool(body.get("stream", False))
+    return GenerationRequest(request_id=request_id, messages=tuple(out), **common), stream_flag(body)
 
 
 def new_id(prefix: str) -> str:

@@ -1,5 +1,5 @@
-"""The one LLM model both front doors serve: its names, its Triton config and metadata, its statistics,
-and collecting a whole (non-streamed) answer. Both front doors use this, never each other.
+"""The one LLM model every front door serves: its names, its Triton config and metadata, its statistics.
+The front-door core (frontdoor/core.py) serves it; the doors use the core, never each other.
 
 Names: gRPC and KServe HTTP serve it as `triton_name` (`ensemble` by default, TensorRT-LLM's name, so
 existing Triton clients work unchanged); the OpenAI API serves it as `served_name` (the model's own
@@ -8,13 +8,11 @@ name, e.g. `smollm2-135m`, as vLLM's --served-model-name) and accepts the Triton
 
 from __future__ import annotations
 
-import contextlib
 import time
 
 from tritonclient.grpc import model_config_pb2 as mc
 
 from frontdoor.model_contract import INPUTS, MAX_BATCH_SIZE, OUTPUTS
-from frontdoor.requests import Prepared
 from control.orchestrator import Orchestrator
 
 _TYPE = {"BYTES": mc.TYPE_STRING, "INT32": mc.TYPE_INT32, "UINT64": mc.TYPE_UINT64, "FP32": mc.TYPE_FP32,
@@ -65,16 +63,3 @@ class ServedModel:
         meta = lambda ts: [{"name": t.name, "datatype": t.datatype, "shape": [-1, *t.dims]} for t in ts]  # noqa: E731
         return {"name": self.triton_name, "versions": ["1"], "platform": "python", "inputs": meta(INPUTS),
                 "outputs": meta(OUTPUTS)}
-
-    async def collect(self, prep: Prepared) -> tuple[str, list[float], int, str | None]:
-        """The whole answer: (text, logprobs, tokens, finish reason)."""
-        text, logprobs, n, reason = [], [], 0, None
-        async with contextlib.aclosing(self.service.stream(prep)) as deltas:  # a cancel cleans up at once
-            async for d in deltas:
-                text.append(d.text)
-                if d.token is not None:
-                    n += 1
-                    if d.logprob is not None:
-                        logprobs.append(d.logprob)
-                reason = d.finish_reason or reason
-        return "".join(text), logprobs, n, reason

@@ -35,7 +35,7 @@ class TritonProtocolServicer(pb_grpc.GRPCInferenceServiceServicer):
     def __init__(self, door: FrontDoor):
         self.door, self.served = door, door.served
         self.service = door.service
-        self.model = served.triton_name
+        self.model = door.served.triton_name
         self.stats = door.served.stats
         self._ids = itertools.count()
 

@@ -7,7 +7,7 @@ import time
 
 from engine.tokenizer import CHAT_ROLES, ChatMessage
 from frontdoor.requests import GenerationRequest
-from tandem.status import InvalidArgument
+from tandem.status import InvalidArgument, NotFound
 
 _COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "stream", "stream_options", "stop", "seed", "n",
            "user", "min_tokens", "presence_penalty", "frequency_penalty", "logprobs"}
@@ -56,7 +56,7 @@ def _common(body: dict, allowed: set[str], models: tuple[str, ...], max_tokens_d
     if unknown:
         raise InvalidArgument(f"unsupported fields {sorted(unknown)}", sorted(unknown)[0])
     if body.get("model") is not None and body.get("model") not in models:
-        raise InvalidArgument(f"unknown model {body.get('model')!r}; this server serves {models[0]!r}", "model")
+        raise NotFound(f"unknown model {body.get('model')!r}; this server serves {models[0]!r}", "model")
     _refuse_unsupported(body)
     for key in ("presence_penalty", "frequency_penalty"):
         if _number(body, key, 0.0) != 0.0:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import logging
 
 import grpc
 from tritonclient.grpc import service_pb2 as pb
@@ -25,9 +26,10 @@ from frontdoor.model_contract import INPUTS, OUTPUTS
 from frontdoor.protocol_status import describe, grpc_code
 from frontdoor.tensors import to_raw
 from tandem import __version__
-from tandem.status import InvalidArgument, NotFound, TandemError, status_of
+from tandem.status import Internal, InvalidArgument, NotFound, TandemError, status_of
 
 EXTENSIONS = ("model_configuration", "statistics")
+log = logging.getLogger("tandem.grpc")
 DEADLINE_MARGIN_S = 0.1  # answer this long before a client's gRPC deadline, so it hears why
 
 
@@ -86,6 +88,7 @@ class TritonProtocolServicer(pb_grpc.GRPCInferenceServiceServicer):
     # -- inference: a codec over the front-door core ----------------------------------------------------
 
     def _call(self, request: pb.ModelInferRequest, context=None) -> InferCall:
+        """The decoded call; with a `context` it is a unary ModelInfer (which answers once)."""
         if not self._known(request.model_name, request.model_version):
             raise NotFound(f"unknown model '{request.model_name}'; this server has '{self.model}'")
         remaining = context.time_remaining() if context is not None else None
@@ -119,6 +122,10 @@ class TritonProtocolServicer(pb_grpc.GRPCInferenceServiceServicer):
                 await self._stream_one(request, write)
             except TandemError as e:
                 await write(_stream_error(request, describe(e)))
+            except Exception as e:  # a bug: INTERNAL for this request, the traceback in the log, never silence
+                log.exception("internal error serving stream request %r", request.id)
+                await write(_stream_error(request, describe(Internal(f"internal error ({type(e).__name__}); "
+                                                                     f"see the server log"))))
 
         try:
             async for request in request_iterator:

@@ -41,13 +41,19 @@ def free_port() -> int:
 
 
 class Tracer:
-    """Counts calls (and generator resumptions) of the project's functions, in order of first call."""
+    """Counts calls (and generator resumptions) of the project's functions, in order of first call.
 
-    def __init__(self, root: str):
+    Calls in tasks that were already running when tracing began (`shared`: the channels' reader tasks,
+    which hand every worker reply to its call, and the fleet's stats watches) are counted apart from
+    the request's own tasks, threads and event-loop callbacks."""
+
+    def __init__(self, root: str, shared: set):
         self.root = os.path.realpath(root) + os.sep
         skip = (os.sep + ".venv" + os.sep, os.sep + "scripts" + os.sep, os.sep + "tests" + os.sep)
         self.skip = tuple(self.root.rstrip(os.sep) + s for s in skip)
-        self.calls: Counter = Counter()
+        self.shared_tasks = shared
+        self.calls: Counter = Counter()  # the request's own
+        self.shared: Counter = Counter()  # in tasks that were already running
         self.asyncgen: set = set()
         self.lock = threading.Lock()
 
@@ -58,8 +64,10 @@ class Tracer:
         if not path.startswith(self.root) or path.startswith(self.skip):
             return
         key = (os.path.relpath(path, self.root), frame.f_code.co_qualname)
+        loop = asyncio._get_running_loop()
+        task = asyncio.current_task(loop) if loop is not None else None
         with self.lock:
-            self.calls[key] += 1  # Counter keeps first-insertion order
+            (self.shared if task in self.shared_tasks else self.calls)[key] += 1  # first-insertion order
             if frame.f_code.co_flags & inspect.CO_ASYNC_GENERATOR:
                 self.asyncgen.add(key)
 
@@ -118,7 +126,7 @@ async def measure(args) -> tuple[Tracer, int]:
         (lambda n: grpc_stream(f"127.0.0.1:{grpc_port}", n))
     try:
         await loop.run_in_executor(None, send, 4)  # warm-up: connections, caches, lazy imports
-        tracer = Tracer(args.root)
+        tracer = Tracer(args.root, asyncio.all_tasks())
         threading.setprofile(tracer)
         stack.service._pool = ThreadPoolExecutor(2, thread_name_prefix="prepare")  # new threads: profiled too
         sys.setprofile(tracer)
@@ -134,14 +142,22 @@ async def measure(args) -> tuple[Tracer, int]:
 
 def report(tracer: Tracer, tokens: int, responses: int, protocol: str, root: str) -> None:
     files = sorted({f for f, _ in tracer.calls})
+    shared_files = sorted({f for f, _ in tracer.shared} - set(files))
     per_token = [k for k in tracer.calls if k in tracer.asyncgen and tracer.calls[k] >= tokens]
     print(f"# one streamed disaggregated request, {protocol}, {tokens} tokens ({responses} responses), root {root}")
-    print(f"## path ({len(tracer.calls)} functions, in order of first call; calls in brackets)")
+    print(f"## path: the request's tasks, threads and callbacks ({len(tracer.calls)} functions, in order of "
+          f"first call; calls in brackets)")
     for (f, fn), n in tracer.calls.items():
         print(f"{f}:{fn} [{n}]{'  async generator' if (f, fn) in tracer.asyncgen else ''}")
-    print(f"## files with logic on the orchestrator side: {len(files)}")
+    print(f"## meanwhile in tasks already running (channel readers, fleet watches): {len(tracer.shared)} functions")
+    for (f, fn), n in tracer.shared.items():
+        print(f"{f}:{fn} [{n}]")
+    print(f"## files with logic on the orchestrator side: {len(files)} on the request's path "
+          f"(+{len(shared_files)} only in tasks already running)")
     for f in files:
         print(f"  {f}")
+    for f in shared_files:
+        print(f"  ({f})")
     print(f"## async-generator layers per token: {len(per_token)}")
     for f, fn in per_token:
         print(f"  {f}:{fn} [{tracer.calls[(f, fn)]}]")

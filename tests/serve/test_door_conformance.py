@@ -165,7 +165,7 @@ class Bad:
     drop: tuple[str, ...] = ()  # BASE inputs left out
     unary_only: bool = False  # not sent on ModelStreamInfer (where it is not an error)
     grpc: bool = True  # the gRPC doors can carry it
-    http: bool = True  # KServe HTTP (JSON) can carry it
+    over_http: bool = True  # KServe HTTP (JSON) can carry it
 
     def says(self, openai: bool) -> str:
         return self.message if isinstance(self.message, str) else self.message[0 if openai else 1]
@@ -214,7 +214,7 @@ BAD = [
     Bad("INT32 out of range", 400, "INVALID_ARGUMENT", "is not a INT32", grpc=False,
         kserve={"max_tokens": ([3_000_000_000], "INT32")}),
     Bad("text that is not Unicode", 400, "INVALID_ARGUMENT", ("not valid Unicode", "not valid UTF-8"),
-        {"prompt": "\ud800"}, kserve={"text_input": (["x"], "BYTES")}, http=False,
+        {"prompt": "\ud800"}, kserve={"text_input": (["x"], "BYTES")}, over_http=False,
         grpc_raw={"text_input": b"\x02\x00\x00\x00\xff\xfe"}),
     Bad("a batch past the model's", 400, "INVALID_ARGUMENT", "batch size must be 1..64",
         kserve={"text_input": (["hi"] * 65, "BYTES", [65, 1]), "max_tokens": ([4] * 65, "INT32", [65, 1])}),
@@ -238,7 +238,7 @@ def test_a_bad_input_gets_the_same_status_from_every_door_in_its_own_shape(serve
         assert status == bad.http and kind.startswith("application/json"), reply
         assert bad.says(True) in reply["error"]["message"] and reply["error"]["type"] == "invalid_request_error"
         doors += 1
-    if bad.http and (bad.kserve is not None or bad.http_raw is not None):
+    if bad.over_http and (bad.kserve is not None or bad.http_raw is not None):
         model = "llama-70b" if bad.code == "NOT_FOUND" else "ensemble"
         status, reply, kind = http(served.http, f"/v2/models/{model}/infer", _http_infer_body(bad))
         assert status == bad.http and kind.startswith("application/json"), reply

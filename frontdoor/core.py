@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 from control.orchestrator import Orchestrator
 from engine.detokenizer import TextStream
+from frontdoor.door_metrics import RequestClock
 from frontdoor.requests import GenerationRequest
 from frontdoor.served_model import ServedModel
 from tandem.status import TandemError, status_of
@@ -61,62 +62,39 @@ class FrontDoor:
         self.service: Orchestrator = served.service
 
     async def answer(self, req: GenerationRequest) -> AsyncIterator[Delta]:
-        """The request's deltas; raises a TandemError (before the first delta when it is refused)."""
+        """The request's deltas; raises a TandemError (before the first delta when it is refused).
+
+        The one generator between the serving path's tokens and a protocol codec."""
         svc, stats_start, ok = self.service, time.perf_counter(), False
         try:
             prep = await svc.prepare(req)
-            ticket = svc.admission.admit(len(prep.prompt_ids))  # ResourceExhausted at once when over a limit
+            n_in = len(prep.prompt_ids)
+            clock = RequestClock(svc.metrics, svc.mode, svc.admission.admit(n_in))  # refused at once when full
             try:
-                async for d in self._deltas(prep, ticket):
-                    yield d
+                text = TextStream(svc.tokenizer, prep.params.stop)
+                echo = "" if prep.request.exclude_input else (prep.request.prompt or "")
+                deadline = time.monotonic() + (prep.request.timeout_s or svc.timeout_s)
+                async with contextlib.aclosing(svc.path.run(prep, deadline)) as tokens:
+                    async for tok in tokens:
+                        piece = text.add(tok.token) if tok.token is not None else ""
+                        if tok.finish_reason:
+                            piece += text.flush()
+                        cached = 0
+                        if tok.token is not None and clock.token():  # the first token
+                            cached = min(tok.cached_tokens, n_in)
+                            piece, echo = echo + piece, ""
+                        yield Delta(piece, tok.token, tok.logprob, tok.finish_reason, cached, n_in)
+                        if tok.finish_reason:
+                            break
+                clock.finished()
                 ok = True
             finally:
-                ticket.close()
+                clock.close()
         except TandemError as e:
             svc.metrics.failures.labels(status_of(e).value).inc()
             raise
         finally:
             self.served.stats.record(ok, stats_start)
-
-    async def _deltas(self, prep, ticket) -> AsyncIterator[Delta]:
-        svc = self.service
-        m, mode, n_in = svc.metrics, svc.mode, len(prep.prompt_ids)
-        text = TextStream(svc.tokenizer, prep.params.stop)
-        echo = "" if prep.request.exclude_input else (prep.request.prompt or "")
-        deadline = time.monotonic() + (prep.request.timeout_s or svc.timeout_s)
-        t0 = time.perf_counter()
-        first = last = None
-        n = 0
-        m.in_flight.inc()
-        try:
-            async with contextlib.aclosing(svc.path.run(prep, deadline)) as tokens:
-                async for tok in tokens:
-                    now = time.perf_counter()
-                    piece = text.add(tok.token) if tok.token is not None else ""
-                    if tok.finish_reason:
-                        piece += text.flush()
-                    cached = 0
-                    if tok.token is not None:
-                        n += 1
-                        m.tokens.labels(mode).inc()
-                        if first is None:
-                            first = now
-                            ticket.first_token()
-                            m.ttft.labels(mode).observe(now - t0)
-                            cached = min(tok.cached_tokens, n_in)
-                            piece, echo = echo + piece, ""
-                        else:
-                            m.itl.labels(mode).observe(now - last)
-                        last = now
-                    yield Delta(piece, tok.token, tok.logprob, tok.finish_reason, cached, n_in)
-                    if tok.finish_reason:
-                        break
-        finally:
-            m.in_flight.dec()
-        end = time.perf_counter()
-        m.e2e.labels(mode).observe(end - t0)
-        if n > 1:
-            m.tpot.labels(mode).observe((end - first) / (n - 1))
 
     async def collect(self, req: GenerationRequest) -> Answer:
         """The whole answer of one request (the one collector every door uses)."""

@@ -6,6 +6,8 @@ worker-side numbers (prefill compute, KV bytes and seconds, decode pages) come f
 
 from __future__ import annotations
 
+import time
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 _LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
@@ -82,3 +84,38 @@ class Metrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class RequestClock:
+    """One admitted request's latencies as its client sees them: in flight from here until `close`;
+    `token()` for each token streamed (True for the first); `finished()` when it ended normally."""
+
+    def __init__(self, metrics: Metrics, mode: str, ticket):
+        self.m, self.mode, self.ticket = metrics, mode, ticket
+        self.t0 = time.perf_counter()
+        self.first = self.last = 0.0
+        self.n = 0
+        metrics.in_flight.inc()
+
+    def token(self) -> bool:
+        now, m = time.perf_counter(), self.m
+        self.n += 1
+        m.tokens.labels(self.mode).inc()
+        if self.n == 1:
+            self.first = now
+            self.ticket.first_token()  # its prompt is done: admission counts it as queued no more
+            m.ttft.labels(self.mode).observe(now - self.t0)
+        else:
+            m.itl.labels(self.mode).observe(now - self.last)
+        self.last = now
+        return self.n == 1
+
+    def finished(self) -> None:
+        end = time.perf_counter()
+        self.m.e2e.labels(self.mode).observe(end - self.t0)
+        if self.n > 1:
+            self.m.tpot.labels(self.mode).observe((end - self.first) / (self.n - 1))
+
+    def close(self) -> None:
+        self.m.in_flight.dec()
+        self.ticket.close()

@@ -58,7 +58,7 @@ def grpc_request(tensors: dict, outputs: list[str] = (), model: str = "ensemble"
         values, dt = spec[0], spec[1]
         shape = spec[2] if len(spec) > 2 else [1, len(values)]
         if dt == "BYTES":
-            data = serialize_byte_tensor(np.array([v.encode() for v in values], dtype=np.object_)).tobytes()
+            data = serialize_byte_tensor(np.array([v.encode() for v in values], dtype=np.object_)).item()
         else:
             data = np.array(values, dtype=NP[dt]).tobytes()
         req.inputs.add(name=name, datatype=dt, shape=shape)

@@ -198,7 +198,7 @@ BAD = [
     Bad("an unknown field", 400, "INVALID_ARGUMENT", "frobnicate", {"frobnicate": 1},
         {"frobnicate": ([1], "INT32")}),
     Bad("no prompt", 400, "INVALID_ARGUMENT", ("'prompt' must be a string", "missing required input 'text_input'"),
-        {"prompt": None}, drop=("text_input",)),
+        {"prompt": None}, {}, drop=("text_input",)),
     Bad("more than one answer asked", 400, "INVALID_ARGUMENT", "supported", {"best_of": 3},
         {"num_return_sequences": ([2], "INT32")}),
     Bad("an unknown model", 404, "NOT_FOUND", "unknown model", {"model": "llama-70b"}, {}),

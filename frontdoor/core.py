@@ -14,6 +14,12 @@ each door shapes them for its protocol through the one status table. Nothing is 
 
 The prompt-echo rule lives here only: a request with `exclude_input=False` gets its prompt in front of
 the first delta's text (and so in front of a collected answer).
+
+The served model (`ServedModel`) is the one LLM model every door serves: its names, Triton config and
+metadata, and statistics. gRPC and KServe HTTP serve it as `triton_name` (`ensemble` by default,
+TensorRT-LLM's name, so existing Triton clients work unchanged); the OpenAI API serves it as
+`served_name` (the model's own name, e.g. `smollm2-135m`, as vLLM's --served-model-name) and accepts
+the Triton name as an alias.
 """
 
 from __future__ import annotations
@@ -24,12 +30,63 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
+from tritonclient.grpc import model_config_pb2 as mc
+
 from control.orchestrator import Orchestrator
 from engine.detokenizer import TextStream
 from frontdoor.door_metrics import RequestClock
+from frontdoor.model_contract import INPUTS, MAX_BATCH_SIZE, OUTPUTS
 from frontdoor.requests import GenerationRequest
-from frontdoor.served_model import ServedModel
 from tandem.status import TandemError, status_of
+
+_TYPE = {"BYTES": mc.TYPE_STRING, "INT32": mc.TYPE_INT32, "UINT64": mc.TYPE_UINT64, "FP32": mc.TYPE_FP32,
+         "BOOL": mc.TYPE_BOOL}
+
+
+def model_config(name: str) -> mc.ModelConfig:
+    cfg = mc.ModelConfig(name=name, backend="python", max_batch_size=MAX_BATCH_SIZE)
+    cfg.model_transaction_policy.decoupled = True
+    for t in INPUTS:
+        cfg.input.add(name=t.name, data_type=_TYPE[t.datatype], dims=list(t.dims), optional=t.optional)
+    for t in OUTPUTS:
+        cfg.output.add(name=t.name, data_type=_TYPE[t.datatype], dims=list(t.dims))
+    return cfg
+
+
+class Stats:
+    """Per-model counters for ModelStatistics (perf_analyzer reads them)."""
+
+    def __init__(self):
+        self.success = self.fail = self.success_ns = self.fail_ns = 0
+        self.last_ms = 0
+
+    def record(self, ok: bool, start: float) -> None:
+        ns = int((time.perf_counter() - start) * 1e9)
+        if ok:
+            self.success, self.success_ns = self.success + 1, self.success_ns + ns
+        else:
+            self.fail, self.fail_ns = self.fail + 1, self.fail_ns + ns
+        self.last_ms = int(time.time() * 1000)
+
+
+class ServedModel:
+    def __init__(self, service: Orchestrator, triton_name: str = "ensemble", served_name: str | None = None):
+        self.service = service
+        self.triton_name = triton_name
+        self.served_name = served_name or triton_name
+        self.config = model_config(triton_name)
+        self.stats = Stats()
+
+    def known_triton(self, name: str, version: str = "") -> bool:
+        return name == self.triton_name and version in ("", "1")
+
+    def known_openai(self, name: str | None) -> bool:
+        return name is None or name in (self.served_name, self.triton_name)
+
+    def metadata(self) -> dict:
+        meta = lambda ts: [{"name": t.name, "datatype": t.datatype, "shape": [-1, *t.dims]} for t in ts]  # noqa: E731
+        return {"name": self.triton_name, "versions": ["1"], "platform": "python", "inputs": meta(INPUTS),
+                "outputs": meta(OUTPUTS)}
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """The OpenAI-compatible routes: /v1/models, /v1/completions, /v1/chat/completions (SSE when streaming).
 
-The model id is the served model's name (ServedModel.served_name, frontdoor/served_model.py); its Triton name is an alias. A
+The model id is the served model's name (ServedModel.served_name, frontdoor/core.py); its Triton name is an alias. A
 client that disconnects mid-stream cancels its request (one debug line, no traceback); a failure
 after the stream began is sent as a last SSE event carrying the status, then [DONE].
 """

@@ -30,8 +30,7 @@ from frontdoor.door_metrics import Metrics
 from control.serving_path import make_path
 from frontdoor.requests import Limits
 from control.router import ROUTERS
-from frontdoor.core import FrontDoor
-from frontdoor.served_model import ServedModel
+from frontdoor.core import FrontDoor, ServedModel
 from control.orchestrator import Orchestrator
 from ops.supervisor import Supervisor
 from ops.local_workers import WorkerSet

@@ -112,7 +112,8 @@ class RequestMeter:
         self.m.prompt_tokens.labels(self.m.model).inc(prompt_tokens)
         self.streaming = True
 
-    def token(self) -> None:
+    def token(self) -> bool:
+        """A token streamed; True for the first."""
         m, now = self.m, time.perf_counter()
         self.tokens += 1
         m.tokens.labels(m.model, m.mode).inc()
@@ -125,6 +126,7 @@ class RequestMeter:
         else:
             m.itl.labels(m.model, m.mode).observe(now - self.last)
         self.last = now
+        return self.tokens == 1
 
     def done(self, reason: str) -> None:
         """The request ended with finish reason `reason` (its last token streamed)."""

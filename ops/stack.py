@@ -30,7 +30,7 @@ from frontdoor.door_metrics import Metrics
 from control.serving_path import make_path
 from frontdoor.requests import Limits
 from control.router import ROUTERS
-from frontdoor.served_model import ServedModel
+from frontdoor.core import FrontDoor, ServedModel
 from control.orchestrator import Orchestrator
 from ops.supervisor import Supervisor
 from ops.gpu_plan import check_fits, gpu_totals, planned_bytes, role_bytes, role_gpus
@@ -160,9 +160,9 @@ class Stack:
         if self.workers.servers:  # remote-only: /health says 503 until the workers answer, the front door is up
             await self._until_ready()
         served = ServedModel(self.service, dep.front_door.model_name, served_name(dep, manifest))
-        fd = dep.front_door
-        self.grpc = await start_grpc(TritonProtocolServicer(served), fd.host, fd.grpc_port)
-        self.http = await start_http(HttpFrontend(served, lim.max_body_bytes), fd.host, fd.http_port)
+        door, fd = FrontDoor(served), dep.front_door
+        self.grpc = await start_grpc(TritonProtocolServicer(door), fd.host, fd.grpc_port)
+        self.http = await start_http(HttpFrontend(door, lim.max_body_bytes), fd.host, fd.http_port)
         self.served = served
 
     async def reload(self, dep: Deployment) -> None:

@@ -24,7 +24,8 @@ from tandem.status import STATUS_TABLE, Status, error_for, status_of
 from tests.conftest import start_serve, stop_serve
 from tests.serve.clients import ensemble_inputs, pages_used, post
 
-CLIENT_FAULTS = {Status.INVALID_ARGUMENT, Status.NOT_FOUND, Status.UNAUTHENTICATED}
+CLIENT_FAULTS = {Status.INVALID_ARGUMENT, Status.NOT_FOUND, Status.METHOD_NOT_ALLOWED, Status.TOO_LARGE,
+                 Status.UNAUTHENTICATED}
 
 
 def test_the_table_covers_every_status_and_blames_no_client_for_a_server_fault():

@@ -22,6 +22,7 @@ from frontdoor.admission import Admission
 from frontdoor.door_metrics import Metrics
 from control.serving_path import ServingPath
 from frontdoor.requests import GenerationRequest, Limits, Prepared, prepare
+from tandem.request_context import note_tokens
 from tandem.status import TandemError, Unavailable, status_of
 
 
@@ -102,6 +103,7 @@ class Orchestrator:
         finally:
             ticket.close()
             m.in_flight.dec()
+            note_tokens(len(prep.prompt_ids), n)  # the front door's access line reports them
         end = time.perf_counter()
         m.e2e.labels(mode).observe(end - t0)
         if n > 1:

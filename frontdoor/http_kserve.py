@@ -22,6 +22,7 @@ from frontdoor.http_body import parse_json, request_timeout
 from frontdoor.served_model import ServedModel
 from frontdoor.tensors import DTYPES, TensorError, from_raw, to_raw
 from tandem import __version__
+from tandem.request_context import current_id
 from tandem.status import InvalidArgument, NotFound, TandemError
 
 
@@ -69,7 +70,7 @@ class KServeRoutes:
         start = time.perf_counter()
         header, binary = await self._infer_body(request)
         inputs = _decode_inputs(header, binary)
-        rid = str(header.get("id") or f"http-{id(request)}")
+        rid = str(header.get("id") or current_id() or f"http-{id(request)}")
         reqs, stream = parse_requests(inputs, rid)
         timeout = request_timeout(request)
         reqs = [dataclasses.replace(r, timeout_s=timeout) for r in reqs]

@@ -14,7 +14,7 @@ import urllib.request
 
 import click
 
-from ops.logs import FORMATS, setup_logging
+from tandem.logs import FORMATS, setup_logging
 from ops.startup import StartupError, one_line
 
 
@@ -88,6 +88,7 @@ def serve_command(model, config_path, mode, prefill, decode, replicas, transport
         is_engines = os.path.isfile(os.path.join(model, "prefill", "manifest.json"))
         overrides["engines" if is_engines else "model"] = model
     setup_logging(log_format)
+    os.environ["TANDEM_LOG_FORMAT"] = log_format  # the local workers' stubs log in it too (engine/triton/common.py)
     try:
         dep = load_deployment(config_path, overrides)
         asyncio.run(_serve(dep, workdir, config_path, overrides, log_format))

@@ -21,7 +21,7 @@ import threading
 
 import click
 
-from ops.logs import FORMATS, setup_logging
+from tandem.logs import FORMATS, setup_logging
 from ops.startup import one_line
 
 
@@ -94,7 +94,7 @@ def worker_command(role, engines, host, grpc_port, http_port, metrics_port, tran
         raise click.ClickException(str(e)) from None
     server = TritonServer(repo, (role,), name=role, host=host, grpc_port=grpc_port, http_port=http_port,
                           metrics_port=metrics_port, log_dir=workdir, log_stdout=not log_file,
-                          tls=(tls_cert, tls_key) if tls_cert else None)
+                          tls=(tls_cert, tls_key) if tls_cert else None, env={"TANDEM_LOG_FORMAT": log_format})
     stopping = threading.Event()
 
     def stop(signum, _frame):

@@ -2,7 +2,7 @@
 
 A request's id is the client's `X-Request-Id` (HTTP header, or gRPC metadata `x-request-id`) when it is
 a valid one (tandem/request_context.py: 1-128 characters, no spaces), else a fresh one. It is:
-- the current request while the request is served, so every log line about it names it (ops/logs.py);
+- the current request while the request is served, so every log line about it names it (tandem/logs.py);
 - returned: the `X-Request-Id` response header (every HTTP response, errors and streams included), or
   gRPC initial metadata `x-request-id`;
 - part of the id the doors give the request (OpenAI `cmpl-<id>`, the KServe `id` when the client sent
@@ -20,7 +20,7 @@ import time
 import grpc
 from aiohttp import web
 
-from ops.logs import log_access
+from tandem.logs import log_access
 from tandem.request_context import begin, end, is_valid_id, new_request_id
 
 HEADER = "X-Request-Id"

@@ -2,7 +2,7 @@
 
 A front door sets it when a request arrives (frontdoor/request_ids.py); asyncio copies the context
 into every task started while serving that request, so code deep in the orchestrator reads it without
-being handed it, and every log line written meanwhile names the request (ops/logs.py). The record is
+being handed it, and every log line written meanwhile names the request (tandem/logs.py). The record is
 shared, not copied: counts the orchestrator adds reach the front door's access log.
 """
 

@@ -83,9 +83,10 @@ class GrpcRequestIds(grpc.aio.ServerInterceptor):
         return handler._replace(**{kind: _unary(getattr(handler, kind), given, method)})
 
 
-def _status(context) -> str:
-    code = context.code() if hasattr(context, "code") else None
-    return code.name if isinstance(code, grpc.StatusCode) else "OK"
+def _failed_status(context) -> str:
+    """The code a call that raised ends with: the one it aborted with, else CANCELLED (the client left)."""
+    code = context.code()
+    return code.name if isinstance(code, grpc.StatusCode) and code is not grpc.StatusCode.OK else "CANCELLED"
 
 
 def _unary(behavior, given: str | None, method: str):
@@ -97,7 +98,7 @@ def _unary(behavior, given: str | None, method: str):
             await context.send_initial_metadata(((METADATA, record.request_id),))
             return await behavior(request, context)
         except BaseException:
-            status = _status(context) if _status(context) != "OK" else "CANCELLED"
+            status = _failed_status(context)
             raise
         finally:
             log_access("grpc", method, status, started, record, context.peer())
@@ -115,7 +116,7 @@ def _streaming(behavior, given: str | None, method: str):
             async for response in behavior(request, context):
                 yield response
         except BaseException:
-            status = _status(context) if _status(context) != "OK" else "CANCELLED"
+            status = _failed_status(context)
             raise
         finally:  # the call's own task ends with it: nothing to restore (and a reset from another task fails)
             log_access("grpc", method, status, started, record, context.peer())

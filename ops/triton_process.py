@@ -173,7 +173,7 @@ class TritonServer:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise TritonError(f"{self.name} exited with {self.proc.returncode} while starting (log: "
-                                  f"{self.log_path if not self.log_stdout else 'above'}):\n{self.log_tail()}")
+                                  f"{self.log_path if not self.log_stdout else 'above'})\n{self.log_tail()}")
             if all(self._ready(m) for m in self.models):
                 self.shm_files = mapped_shm_files(self.proc.pid)  # to clean up even after a hard kill
                 return

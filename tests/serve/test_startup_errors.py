@@ -18,6 +18,7 @@ from control.channel import WorkerChannel
 from ops.triton_process import free_port
 from tandem.status import Unavailable
 from tandem.wire import Stats
+from tests.conftest import leak_check, leak_snapshot
 
 TANDEM = [sys.executable, "-m", "cli.main"]
 
@@ -99,7 +100,9 @@ def test_worker_names_its_port_in_use(built_engines, held_port):
     assert code != 0 and f"127.0.0.1:{held_port}" in line and "gRPC" in line
 
 
-def test_a_triton_that_will_not_start_ends_the_worker_in_one_line(built_engines, tmp_path):
+@pytest.fixture
+def broken_engines(built_engines, tmp_path):
+    """The session's engines with the prefill weights replaced by garbage: the prefill model cannot load."""
     broken = tmp_path / "engines"
     for role in ("prefill", "decode"):
         (broken / role).mkdir(parents=True)
@@ -107,10 +110,23 @@ def test_a_triton_that_will_not_start_ends_the_worker_in_one_line(built_engines,
             if not (role == "prefill" and name == "model.safetensors"):
                 os.link(built_engines / role / name, broken / role / name)
     (broken / "prefill" / "model.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}garbage")
+    return broken
+
+
+def test_a_triton_that_will_not_start_ends_the_worker_in_one_line(broken_engines, tmp_path):
     work = tmp_path / "work"
-    code, err = run("worker", "--role", "prefill", "--engines", str(broken), "--grpc-port", str(free_port()),
+    code, err = run("worker", "--role", "prefill", "--engines", str(broken_engines), "--grpc-port", str(free_port()),
                     "--http-port", str(free_port()), "--metrics-port", str(free_port()), "--workdir", str(work),
                     "--log-file")
     line = one_error_line(err)
-    assert code != 0 and "prefill exited with" in line and str(work) in line
+    assert code != 0 and "prefill exited with" in line and str(work) in line and "manifest digest" in line
     shutil.rmtree(work, ignore_errors=True)
+
+
+def test_a_triton_that_will_not_start_ends_serve_in_one_line(broken_engines, tmp_path):
+    before = leak_snapshot()
+    code, err = run("serve", "--model", str(broken_engines), "--http-port", str(free_port()),
+                    "--grpc-port", str(free_port()), "--workdir", str(tmp_path / "work"), timeout=600)
+    line = one_error_line(err)
+    assert code != 0 and "prefill-0 exited with" in line and "manifest digest" in line
+    assert leak_check(before) == []  # the decode worker that did start is stopped again

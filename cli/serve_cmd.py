@@ -146,11 +146,14 @@ async def _serve(dep, workdir, config_path=None, overrides=None, log_format: str
 @click.option("--max-tokens", type=click.IntRange(1), default=256, show_default=True)
 @click.option("--temperature", type=float, default=0.0, show_default=True)
 def chat_command(message, url, max_tokens, temperature):
-    """Ask a running `tandem serve` one question; the answer streams to the terminal."""
+    """Ask a running `tandem serve` one question; the answer streams to the terminal. A server that
+    needs an API key gets TANDEM_API_KEY's."""
     body = json.dumps({"messages": [{"role": "user", "content": message}], "max_tokens": max_tokens,
                        "temperature": temperature, "stream": True}).encode()
-    req = urllib.request.Request(f"{url.rstrip('/')}/v1/chat/completions", data=body,
-                                 headers={"Content-Type": "application/json"})
+    headers = {"Content-Type": "application/json"}
+    if os.environ.get("TANDEM_API_KEY"):
+        headers["Authorization"] = f"Bearer {os.environ['TANDEM_API_KEY'].strip()}"
+    req = urllib.request.Request(f"{url.rstrip('/')}/v1/chat/completions", data=body, headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=600) as resp:
             for raw in resp:

@@ -33,7 +33,8 @@ def held_port():
 
 
 def run(*args: str, env: dict | None = None, timeout: float = 300) -> tuple[int, str]:
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("TANDEM_") or k == "TANDEM_CACHE"}
+    keep = ("TANDEM_CACHE", "TANDEM_TEST_SESSION")  # none of the options' variables, nor keys or the secret
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("TANDEM_") or k in keep}
     proc = subprocess.run(TANDEM + list(args), capture_output=True, text=True, timeout=timeout,
                           env={**clean, **(env or {})})
     return proc.returncode, proc.stderr

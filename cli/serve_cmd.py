@@ -35,8 +35,11 @@ def _env(name: str) -> dict:
               help="Local decode workers (default 1).")
 @click.option("--replicas", type=click.IntRange(1, 64), default=None, **_env("REPLICAS"),
               help="colocated/chunked: co-located workers, each on its own cores (default 1).")
-@click.option("--transport", type=click.Choice(["shm", "nixl", "auto"]), default=None, **_env("TRANSPORT"),
-              help="KV handoff: shm (one host), nixl, auto (shm on one host, NIXL across hosts).")
+@click.option("--transport", type=click.Choice(["shm", "cuda_ipc", "nixl", "auto"]), default=None, **_env("TRANSPORT"),
+              help="KV handoff: shm (one host, CPU pool), cuda_ipc (one host, GPU pool), nixl, auto (the one-host "
+                   "one, and NIXL for other hosts). Default: the one-host transport for the decode device.")
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default=None, **_env("DEVICE"),
+              help="Where local workers run (default auto: CUDA when visible); per role in the deployment file.")
 @click.option("--router", type=click.Choice(["least-loaded", "round-robin", "kv-aware"]), default=None,
               **_env("ROUTER"))
 @click.option("--host", default=None, **_env("HOST"), help="Front-door address (default 127.0.0.1).")
@@ -67,16 +70,18 @@ def _env(name: str) -> dict:
 @click.option("--log-format", type=click.Choice(FORMATS), default="text", show_default=True, **_env("LOG_FORMAT"),
               help="json: one object per line, each with the request id of its request.")
 @click.option("--workdir", default=None, **_env("WORKDIR"), help="Where worker logs and the model repository go.")
-def serve_command(model, config_path, mode, prefill, decode, replicas, transport, router, host, grpc_port, http_port,
-                  model_name, served_model_name, kv_pool_bytes, chunk_tokens, api_key_file, no_api_key, tls_cert,
-                  tls_key, tls_client_ca, worker_tls_ca, worker_tls_server_name, log_format, workdir):
+def serve_command(model, config_path, mode, prefill, decode, replicas, transport, device, router, host, grpc_port,
+                  http_port, model_name, served_model_name, kv_pool_bytes, chunk_tokens, api_key_file, no_api_key,
+                  tls_cert, tls_key, tls_client_ca, worker_tls_ca, worker_tls_server_name, log_format, workdir):
     """Serve a model: prefill and decode workers in Triton, behind Triton gRPC and OpenAI HTTP.
 
     Every option can be set by its TANDEM_* variable (shown in each option's help by --help)."""
     from ops.deployment import DeploymentError, load_deployment
+    from ops.stack import local_gpus
 
     overrides = {k: v for k, v in {
-        "mode": mode, "prefill.count": prefill, "decode.count": decode, "replicas": replicas, "transport": transport,
+        "mode": mode, "device": device, "prefill.count": prefill, "decode.count": decode, "replicas": replicas,
+        "transport": transport,
         "router": router, "front_door.served_model_name": served_model_name,
         "front_door.host": host, "front_door.grpc_port": grpc_port, "front_door.http_port": http_port,
         "front_door.model_name": model_name, "kv_pool_bytes": kv_pool_bytes, "chunk_tokens": chunk_tokens,
@@ -91,6 +96,7 @@ def serve_command(model, config_path, mode, prefill, decode, replicas, transport
     os.environ["TANDEM_LOG_FORMAT"] = log_format  # the local workers' stubs log in it too (engine/triton/common.py)
     try:
         dep = load_deployment(config_path, overrides)
+        local_gpus(dep)  # CUDA asked for and absent: refused here, before anything starts
         asyncio.run(_serve(dep, workdir, config_path, overrides, log_format))
     except DeploymentError as e:
         raise click.ClickException(str(e)) from None

@@ -1,6 +1,6 @@
 """`tandem worker`: one role's Triton instance on this node, for deployments across hosts.
 
-    tandem worker --role decode --engines engines/smollm2-135m --host 0.0.0.0 --transport nixl
+    tandem worker --role decode --engines engines/smollm2-135m --host 0.0.0.0 --transport nixl --device cuda
 
 It renders the role's model repository, starts Triton bound to --host, prints
 `worker <role> ready: grpc HOST:PORT http HOST:PORT` once the model is ready, and runs until SIGTERM or
@@ -39,8 +39,13 @@ def _env(name: str) -> dict:
 @click.option("--grpc-port", type=click.IntRange(1, 65535), default=8001, show_default=True, **_env("GRPC_PORT"))
 @click.option("--http-port", type=click.IntRange(1, 65535), default=8000, show_default=True, **_env("HTTP_PORT"))
 @click.option("--metrics-port", type=click.IntRange(1, 65535), default=8002, show_default=True, **_env("METRICS_PORT"))
-@click.option("--transport", type=click.Choice(["shm", "nixl", "auto"]), default="auto", show_default=True,
-              help="decode: how writers reach its pool (auto: shm on this host, NIXL from others).", **_env("TRANSPORT"))
+@click.option("--transport", type=click.Choice(["shm", "cuda_ipc", "nixl", "auto"]), default="auto", show_default=True,
+              help="decode: how writers reach its pool (auto: shm or cuda_ipc on this host, NIXL from others).",
+              **_env("TRANSPORT"))
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
+              help="Where the engine runs (auto: CUDA when visible).", **_env("DEVICE"))
+@click.option("--gpu", type=click.IntRange(0), default=0, show_default=True,
+              help="cuda: which visible GPU (as numbered under this process's CUDA_VISIBLE_DEVICES).", **_env("GPU"))
 @click.option("--kv-pool-bytes", type=click.IntRange(1 << 20), default=None, help="decode/generate: KV pool size.",
               **_env("KV_POOL_BYTES"))
 @click.option("--threads", type=click.IntRange(1, 256), default=None, help="Torch threads (default: usable cores).",
@@ -55,8 +60,8 @@ def _env(name: str) -> dict:
               **_env("LOG_FILE"))
 @click.option("--log-format", type=click.Choice(FORMATS), default="text", show_default=True,
               help="This command's own lines (Triton's keep Triton's format).", **_env("LOG_FORMAT"))
-def worker_command(role, engines, host, grpc_port, http_port, metrics_port, transport, kv_pool_bytes, threads,
-                   chunk_tokens, tls_cert, tls_key, workdir, log_file, log_format):
+def worker_command(role, engines, host, grpc_port, http_port, metrics_port, transport, device, gpu, kv_pool_bytes,
+                   threads, chunk_tokens, tls_cert, tls_key, workdir, log_file, log_format):
     """Run one role's Triton instance on this node until stopped.
 
     Every option can be set by its TANDEM_WORKER_* variable (shown in each option's help by --help)."""
@@ -64,6 +69,7 @@ def worker_command(role, engines, host, grpc_port, http_port, metrics_port, tran
     from engine.shm_region import remove_orphaned_triton_regions, remove_stale_segments
     from ops.door_security import port_refusal
     from ops.triton_process import TritonError, TritonServer
+    from tandem.devices import DeviceError, resolve_device
     from tandem.secret import SecretError, is_loopback, load_secret
 
     setup_logging(log_format)
@@ -76,8 +82,9 @@ def worker_command(role, engines, host, grpc_port, http_port, metrics_port, tran
             raise click.ClickException(f"the worker's {what} port cannot be used: {why} (choose another with "
                                        f"--{what.lower()}-port)")
     try:
+        on_gpu = resolve_device(device) == "cuda" and resolve_device("cuda", [gpu]) == "cuda"  # --gpu must exist
         load_secret(required=not is_loopback(host))  # checked here; the models read it themselves
-    except SecretError as e:
+    except (DeviceError, SecretError) as e:
         raise click.ClickException(str(e)) from None
     if not is_loopback(host) and tls_cert is None:
         logging.getLogger("tandem.worker").warning(
@@ -89,7 +96,8 @@ def worker_command(role, engines, host, grpc_port, http_port, metrics_port, tran
     repo = os.path.join(workdir, "model_repository")
     try:
         render_repo(engines, repo, RepoOptions(transport=transport, kv_pool_bytes=kv_pool_bytes, chunk_tokens=chunk_tokens,
-                                               threads=threads or len(os.sched_getaffinity(0))))
+                                               threads=threads or len(os.sched_getaffinity(0)),
+                                               gpus=((role, gpu),) if on_gpu else ()))
     except RenderError as e:
         raise click.ClickException(str(e)) from None
     server = TritonServer(repo, (role,), name=role, host=host, grpc_port=grpc_port, http_port=http_port,

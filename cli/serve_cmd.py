@@ -26,6 +26,8 @@ def _env(name: str) -> dict:
 @click.command("serve")
 @click.option("--model", default=None, **_env("MODEL"),
               help="smollm2-135m, a checkpoint path, or an engines folder (prefill/ + decode/).")
+@click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]), default=None, **_env("DTYPE"),
+              help="Weights and KV of engines built from --model (default auto: bfloat16 on CUDA, else float32).")
 @click.option("--config", "config_path", default=None, **_env("CONFIG"),
               help="Deployment YAML (flags and TANDEM_* variables given here override it).")
 @click.option("--mode", type=click.Choice(["disaggregated", "colocated", "chunked"]), default=None, **_env("MODE"))
@@ -70,7 +72,7 @@ def _env(name: str) -> dict:
 @click.option("--log-format", type=click.Choice(FORMATS), default="text", show_default=True, **_env("LOG_FORMAT"),
               help="json: one object per line, each with the request id of its request.")
 @click.option("--workdir", default=None, **_env("WORKDIR"), help="Where worker logs and the model repository go.")
-def serve_command(model, config_path, mode, prefill, decode, replicas, transport, device, router, host, grpc_port,
+def serve_command(model, dtype, config_path, mode, prefill, decode, replicas, transport, device, router, host, grpc_port,
                   http_port, model_name, served_model_name, kv_pool_bytes, chunk_tokens, api_key_file, no_api_key,
                   tls_cert, tls_key, tls_client_ca, worker_tls_ca, worker_tls_server_name, log_format, workdir):
     """Serve a model: prefill and decode workers in Triton, behind Triton gRPC and OpenAI HTTP.
@@ -80,7 +82,7 @@ def serve_command(model, config_path, mode, prefill, decode, replicas, transport
     from ops.stack import local_gpus
 
     overrides = {k: v for k, v in {
-        "mode": mode, "device": device, "prefill.count": prefill, "decode.count": decode, "replicas": replicas,
+        "mode": mode, "dtype": dtype, "device": device, "prefill.count": prefill, "decode.count": decode, "replicas": replicas,
         "transport": transport,
         "router": router, "front_door.served_model_name": served_model_name,
         "front_door.host": host, "front_door.grpc_port": grpc_port, "front_door.http_port": http_port,

@@ -36,6 +36,7 @@ from control.orchestrator import Orchestrator
 from engine.detokenizer import TextStream
 from frontdoor.model_contract import INPUTS, MAX_BATCH_SIZE, OUTPUTS
 from frontdoor.requests import GenerationRequest
+from tandem.request_context import note_tokens
 from tandem.status import Status, TandemError, status_of
 
 _TYPE = {"BYTES": mc.TYPE_STRING, "INT32": mc.TYPE_INT32, "UINT64": mc.TYPE_UINT64, "FP32": mc.TYPE_FP32,
@@ -121,7 +122,7 @@ class FrontDoor:
         """The request's deltas; raises a TandemError (before the first delta when it is refused).
 
         The one generator between the serving path's tokens and a protocol codec."""
-        svc, stats_start, ok = self.service, time.perf_counter(), False
+        svc, stats_start, ok, n_in = self.service, time.perf_counter(), False, 0
         meter = svc.metrics.start(stats_start)  # its latencies count from arrival, tokenization included
         try:
             prep = await svc.prepare(req)
@@ -155,6 +156,7 @@ class FrontDoor:
         finally:
             meter.failed(Status.CANCELLED)  # the client left (the stream closed early); no-op once it ended
             self.served.stats.record(ok, stats_start)
+            note_tokens(n_in, meter.tokens)  # for the access line
 
     async def collect(self, req: GenerationRequest) -> Answer:
         """The whole answer of one request (the one collector every door uses)."""

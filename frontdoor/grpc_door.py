@@ -20,12 +20,15 @@ import grpc
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
+from frontdoor.auth import ApiKeys, GrpcKeyInterceptor
 from frontdoor.core import FrontDoor
 from frontdoor.kserve_codec import InferCall, decode_call, grpc_inputs, output_tensors
 from frontdoor.model_contract import INPUTS, OUTPUTS
 from frontdoor.protocol_status import describe, grpc_code
+from frontdoor.request_ids import GrpcRequestIds
 from frontdoor.tensors import to_raw
 from tandem import __version__
+from tandem.request_context import current_id
 from tandem.status import Internal, InvalidArgument, NotFound, TandemError, status_of
 
 EXTENSIONS = ("model_configuration", "statistics")
@@ -94,7 +97,9 @@ class TritonProtocolServicer(pb_grpc.GRPCInferenceServiceServicer):
         remaining = context.time_remaining() if context is not None else None
         # the client's gRPC deadline is this request's, less a margin for the reply
         timeout = max(remaining - DEADLINE_MARGIN_S, 0.001) if remaining is not None else None
-        return decode_call(grpc_inputs(request), request.id or f"grpc-{next(self._ids)}",
+        # the client's KServe id, else (one call, one request) the call's request id, else a fresh one
+        rid = request.id or (current_id() if context is not None else "") or f"{current_id('grpc')}-{next(self._ids)}"
+        return decode_call(grpc_inputs(request), rid,
                            [o.name for o in request.outputs], timeout, unary=context is not None)
 
     async def ModelInfer(self, request, context):
@@ -183,13 +188,22 @@ def _stream_error(request, message: str) -> pb.ModelStreamInferResponse:
         model_name=request.model_name, id=request.id))
 
 
-async def start_grpc(servicer: TritonProtocolServicer, host: str, port: int) -> grpc.aio.Server:
-    """Serve on host:port; new calls are refused with UNAVAILABLE once the service drains."""
+async def start_grpc(servicer: TritonProtocolServicer, host: str, port: int,
+                     credentials: grpc.ServerCredentials | None = None, keys: ApiKeys | None = None) -> grpc.aio.Server:
+    """Serve on host:port (TLS with `credentials`; only callers holding one of `keys`, when given); every
+    call gets a request id (frontdoor/request_ids.py). New calls are refused with UNAVAILABLE once the
+    service drains."""
+    interceptors = [GrpcRequestIds()] + ([GrpcKeyInterceptor(keys)] if keys is not None else [])
     server = grpc.aio.server(options=[("grpc.max_receive_message_length", 64 << 20),
-                                      ("grpc.max_send_message_length", 64 << 20)])
+                                      ("grpc.max_send_message_length", 64 << 20)], interceptors=interceptors)
     pb_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
-    bound = server.add_insecure_port(f"{host}:{port}")
+    address = f"{host}:{port}"
+    try:
+        bound = (server.add_secure_port(address, credentials) if credentials is not None
+                 else server.add_insecure_port(address))
+    except RuntimeError:  # newer grpcio raises where older ones return 0
+        bound = 0
     if bound == 0:
-        raise OSError(f"cannot bind the gRPC front door to {host}:{port} (in use?)")
+        raise OSError(f"the gRPC front door cannot listen on {address}: address in use or not available")
     await server.start()
     return server

@@ -18,17 +18,20 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import ssl
 from collections.abc import Callable
 
 from aiohttp import web
 
 from frontdoor import openai_api as oa
+from frontdoor.auth import ApiKeys, http_middleware
 from frontdoor.http_admin import add_admin_routes
 from frontdoor.http_gate import Gate, Turnstile, arrived, generation_line, raw_response
 from frontdoor.http_kserve import add_kserve_routes
 from frontdoor.http_openai import add_openai_routes
 from frontdoor.protocol_status import http_headers, http_status
 from frontdoor.core import FrontDoor
+from frontdoor.request_ids import add_request_ids, http_request_ids
 from tandem.status import (Internal, InvalidArgument, MethodNotAllowed, NotFound, Status, TandemError, TooLarge,
                            status_of)
 
@@ -75,10 +78,15 @@ def raw_refusal(refuse_if_closed: Callable[[int], None], ahead: int, path: str =
 
 
 class HttpFrontend:
-    def __init__(self, door: FrontDoor, max_body_bytes: int = MAX_BODY_BYTES):
+    def __init__(self, door: FrontDoor, max_body_bytes: int = MAX_BODY_BYTES, keys: ApiKeys | None = None):
+        """`keys`: only callers holding one are served (frontdoor/auth.py); every request gets an id and an
+        access line (frontdoor/request_ids.py)."""
         self.door, self.served = door, door.served
         self.service = door.service
-        self.app = web.Application(client_max_size=max_body_bytes, middlewares=[self._errors])
+        guard = [http_middleware(keys, error_response)] if keys is not None else []
+        self.app = web.Application(client_max_size=max_body_bytes,
+                                   middlewares=[http_request_ids, self._errors, *guard])
+        add_request_ids(self.app)
         r = self.app.router
         r.add_get("/health", self.health)
         r.add_get("/metrics", self.metrics)
@@ -127,12 +135,17 @@ class HttpServer:
         await self.runner.cleanup()
 
 
-async def start_http(frontend: HttpFrontend, host: str, port: int) -> HttpServer:
+async def start_http(frontend: HttpFrontend, host: str, port: int, ssl_context: ssl.SSLContext | None = None) -> HttpServer:
+    """Serve on host:port (TLS with `ssl_context`). OSError naming the address when it cannot listen."""
     # handler_cancellation: a client that disconnects cancels its handler, and with it the request
     runner = web.AppRunner(frontend.app, access_log=None, handler_cancellation=True)
     await runner.setup()
     line, turnstile = generation_line(frontend.served.triton_name), Turnstile()
     refusal = functools.partial(raw_refusal, frontend.service.refuse_if_closed)
-    listener = await asyncio.get_running_loop().create_server(
-        lambda: Gate(runner.server(), line, turnstile, refusal), host, port)
+    try:
+        listener = await asyncio.get_running_loop().create_server(
+            lambda: Gate(runner.server(), line, turnstile, refusal), host, port, ssl=ssl_context)
+    except OSError as e:
+        await runner.cleanup()
+        raise OSError(e.errno, f"the HTTP front door cannot listen on {host}:{port}: {e.strerror}") from None
     return HttpServer(runner, listener)

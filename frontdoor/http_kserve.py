@@ -16,6 +16,7 @@ from frontdoor.http_body import parse_json, request_timeout
 from frontdoor.kserve_codec import decode_call, http_inputs, output_tensors
 from frontdoor.tensors import to_raw
 from tandem import __version__
+from tandem.request_context import current_id
 from tandem.status import InvalidArgument, NotFound
 
 
@@ -68,7 +69,7 @@ class KServeRoutes:
         if not isinstance(wanted, list) or not all(isinstance(o, dict) and isinstance(o.get("name"), str)
                                                    for o in wanted):
             raise InvalidArgument("'outputs' must be a list of objects with a 'name'")
-        call = decode_call(http_inputs(header, binary), str(header.get("id") or f"http-{id(request)}"),
+        call = decode_call(http_inputs(header, binary), str(header.get("id") or current_id() or f"http-{id(request)}"),
                            [o["name"] for o in wanted], request_timeout(request), unary=True)
         answers = await self.door.collect_all(call.requests)
         tensors = output_tensors([a.text for a in answers], [list(a.logprobs) for a in answers],

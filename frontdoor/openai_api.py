@@ -7,6 +7,7 @@ import time
 
 from engine.tokenizer import CHAT_ROLES, ChatMessage
 from frontdoor.requests import GenerationRequest
+from tandem.request_context import current_id
 from tandem.status import InvalidArgument, NotFound
 
 _COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "stream", "stream_options", "stop", "seed", "n",
@@ -113,7 +114,8 @@ def chat_request(body: dict, models: tuple[str, ...], request_id: str) -> tuple[
 
 
 def new_id(prefix: str) -> str:
-    return f"{prefix}-{secrets.token_hex(12)}"
+    """`prefix`-<the request's id> (the client's X-Request-Id, frontdoor/request_ids.py), as vLLM names them."""
+    return f"{prefix}-{current_id() or secrets.token_hex(12)}"
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:

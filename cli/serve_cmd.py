@@ -14,58 +14,96 @@ import urllib.request
 
 import click
 
+from tandem.logs import FORMATS, setup_logging
+from ops.startup import StartupError, one_line
+
+
+def _env(name: str) -> dict:
+    """The option's environment variable, TANDEM_<name>, shown in --help."""
+    return {"envvar": f"TANDEM_{name}", "show_envvar": True}
+
 
 @click.command("serve")
-@click.option("--model", default=None, help="smollm2-135m, a checkpoint path, or an engines folder (prefill/ + decode/).")
-@click.option("--config", "config_path", default=None, help="Deployment YAML (flags given here override it).")
-@click.option("--mode", type=click.Choice(["disaggregated", "colocated", "chunked"]), default=None)
-@click.option("--prefill", type=click.IntRange(0, 64), default=None, help="Local prefill workers (default 1).")
-@click.option("--decode", type=click.IntRange(0, 64), default=None, help="Local decode workers (default 1).")
-@click.option("--replicas", type=click.IntRange(1, 64), default=None,
+@click.option("--model", default=None, **_env("MODEL"),
+              help="smollm2-135m, a checkpoint path, or an engines folder (prefill/ + decode/).")
+@click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]), default=None, **_env("DTYPE"),
+              help="Weights and KV of engines built from --model (default auto: bfloat16 on CUDA, else float32).")
+@click.option("--config", "config_path", default=None, **_env("CONFIG"),
+              help="Deployment YAML (flags and TANDEM_* variables given here override it).")
+@click.option("--mode", type=click.Choice(["disaggregated", "colocated", "chunked"]), default=None, **_env("MODE"))
+@click.option("--prefill", type=click.IntRange(0, 64), default=None, **_env("PREFILL"),
+              help="Local prefill workers (default 1).")
+@click.option("--decode", type=click.IntRange(0, 64), default=None, **_env("DECODE"),
+              help="Local decode workers (default 1).")
+@click.option("--replicas", type=click.IntRange(1, 64), default=None, **_env("REPLICAS"),
               help="colocated/chunked: co-located workers, each on its own cores (default 1).")
-@click.option("--transport", type=click.Choice(["shm", "cuda_ipc", "nixl", "auto"]), default=None,
+@click.option("--transport", type=click.Choice(["shm", "cuda_ipc", "nixl", "auto"]), default=None, **_env("TRANSPORT"),
               help="KV handoff: shm (one host, CPU pool), cuda_ipc (one host, GPU pool), nixl, auto (the one-host "
                    "one, and NIXL for other hosts). Default: the one-host transport for the decode device.")
-@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default=None,
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default=None, **_env("DEVICE"),
               help="Where local workers run (default auto: CUDA when visible); per role in the deployment file.")
-@click.option("--router", type=click.Choice(["least-loaded", "round-robin", "kv-aware"]), default=None)
-@click.option("--host", default=None, help="Front-door address (default 127.0.0.1).")
-@click.option("--grpc-port", type=click.IntRange(0, 65535), default=None, help="Triton gRPC protocol (default 8001).")
-@click.option("--http-port", type=click.IntRange(0, 65535), default=None, help="OpenAI HTTP, /health, /metrics (default 8000).")
-@click.option("--model-name", default=None, help="The Triton model name on gRPC / KServe HTTP (default ensemble).")
-@click.option("--served-model-name", default=None,
+@click.option("--router", type=click.Choice(["least-loaded", "round-robin", "kv-aware"]), default=None,
+              **_env("ROUTER"))
+@click.option("--host", default=None, **_env("HOST"), help="Front-door address (default 127.0.0.1).")
+@click.option("--grpc-port", type=click.IntRange(0, 65535), default=None, **_env("GRPC_PORT"),
+              help="Triton gRPC protocol (default 8001).")
+@click.option("--http-port", type=click.IntRange(0, 65535), default=None, **_env("HTTP_PORT"),
+              help="OpenAI HTTP, /health, /metrics (default 8000).")
+@click.option("--model-name", default=None, **_env("MODEL_NAME"),
+              help="The Triton model name on gRPC / KServe HTTP (default ensemble).")
+@click.option("--served-model-name", default=None, **_env("SERVED_MODEL_NAME"),
               help="The OpenAI model id (default: the model's own name, e.g. smollm2-135m).")
-@click.option("--kv-pool-bytes", type=click.IntRange(1 << 20), default=None, help="Decode KV pool per worker.")
-@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default=None,
-              help="Weights and KV of engines built from --model (default float32; bfloat16 halves the bytes).")
-@click.option("--chunk-tokens", type=click.IntRange(1), default=None, help="Chunked mode: prompt tokens per step.")
-@click.option("--workdir", default=None, help="Where worker logs and the model repository go.")
-def serve_command(model, config_path, mode, prefill, decode, replicas, transport, device, router, host, grpc_port,
-                  http_port, model_name, served_model_name, kv_pool_bytes, dtype, chunk_tokens, workdir):
-    """Serve a model: prefill and decode workers in Triton, behind Triton gRPC and OpenAI HTTP."""
+@click.option("--kv-pool-bytes", type=click.IntRange(1 << 20), default=None, **_env("KV_POOL_BYTES"),
+              help="Decode KV pool per worker.")
+@click.option("--chunk-tokens", type=click.IntRange(1), default=None, **_env("CHUNK_TOKENS"),
+              help="Chunked mode: prompt tokens per step.")
+@click.option("--api-key-file", default=None, **_env("API_KEY_FILE"),
+              help="API keys, one a line; TANDEM_API_KEY adds one. Required beyond loopback.")
+@click.option("--no-api-key", is_flag=True, default=None, **_env("NO_API_KEY"),
+              help="Serve beyond loopback without API keys (anyone who reaches the doors may use them).")
+@click.option("--tls-cert", default=None, **_env("TLS_CERT"), help="PEM certificate: both doors serve TLS.")
+@click.option("--tls-key", default=None, **_env("TLS_KEY"), help="PEM private key of --tls-cert.")
+@click.option("--tls-client-ca", default=None, **_env("TLS_CLIENT_CA"),
+              help="PEM CA: clients must present a certificate it signed (mutual TLS).")
+@click.option("--worker-tls-ca", default=None, **_env("WORKER_TLS_CA"),
+              help="PEM CA of the workers' certificates: the orchestrator talks to them over TLS.")
+@click.option("--worker-tls-server-name", default=None, **_env("WORKER_TLS_SERVER_NAME"),
+              help="The name in the workers' certificates (when they are dialled by address).")
+@click.option("--log-format", type=click.Choice(FORMATS), default="text", show_default=True, **_env("LOG_FORMAT"),
+              help="json: one object per line, each with the request id of its request.")
+@click.option("--workdir", default=None, **_env("WORKDIR"), help="Where worker logs and the model repository go.")
+def serve_command(model, dtype, config_path, mode, prefill, decode, replicas, transport, device, router, host, grpc_port,
+                  http_port, model_name, served_model_name, kv_pool_bytes, chunk_tokens, api_key_file, no_api_key,
+                  tls_cert, tls_key, tls_client_ca, worker_tls_ca, worker_tls_server_name, log_format, workdir):
+    """Serve a model: prefill and decode workers in Triton, behind Triton gRPC and OpenAI HTTP.
+
+    Every option can be set by its TANDEM_* variable (shown in each option's help by --help)."""
     from ops.deployment import DeploymentError, load_deployment
     from ops.stack import local_gpus
 
     overrides = {k: v for k, v in {
-        "mode": mode, "device": device, "prefill.count": prefill, "decode.count": decode, "replicas": replicas,
+        "mode": mode, "dtype": dtype, "device": device, "prefill.count": prefill, "decode.count": decode, "replicas": replicas,
         "transport": transport,
         "router": router, "front_door.served_model_name": served_model_name,
         "front_door.host": host, "front_door.grpc_port": grpc_port, "front_door.http_port": http_port,
         "front_door.model_name": model_name, "kv_pool_bytes": kv_pool_bytes, "chunk_tokens": chunk_tokens,
-        "dtype": dtype,
+        "front_door.api_key_file": api_key_file, "front_door.no_api_key": no_api_key,
+        "front_door.tls.cert": tls_cert, "front_door.tls.key": tls_key, "front_door.tls.client_ca": tls_client_ca,
+        "worker_tls.ca": worker_tls_ca, "worker_tls.server_name": worker_tls_server_name,
     }.items() if v is not None}
     if model is not None:
         is_engines = os.path.isfile(os.path.join(model, "prefill", "manifest.json"))
         overrides["engines" if is_engines else "model"] = model
+    setup_logging(log_format)
+    os.environ["TANDEM_LOG_FORMAT"] = log_format  # the local workers' stubs log in it too (engine/triton/common.py)
     try:
         dep = load_deployment(config_path, overrides)
         local_gpus(dep)  # CUDA asked for and absent: refused here, before anything starts
+        asyncio.run(_serve(dep, workdir, config_path, overrides, log_format))
     except DeploymentError as e:
         raise click.ClickException(str(e)) from None
-    try:
-        asyncio.run(_serve(dep, workdir, config_path, overrides))
-    except DeploymentError as e:
-        raise click.ClickException(str(e)) from None
+    except StartupError as e:  # a worker's Triton would not start: its cause in one line
+        raise click.ClickException(one_line(e)) from None
 
 
 async def _reload(stack, config_path, overrides) -> None:
@@ -75,17 +113,17 @@ async def _reload(stack, config_path, overrides) -> None:
     try:
         dep = load_deployment(config_path, overrides)
     except DeploymentError as e:
-        click.echo(f"reload refused, keeping the running deployment: {e}", err=True)
+        logging.getLogger("tandem.serve").warning("reload refused, keeping the running deployment: %s", e)
         return
     await stack.reload(dep)
-    click.echo("reloaded the deployment's worker list", err=True)
+    logging.getLogger("tandem.serve").info("reloaded the deployment's worker list")
 
 
-async def _serve(dep, workdir, config_path=None, overrides=None) -> None:
+async def _serve(dep, workdir, config_path=None, overrides=None, log_format: str = "text") -> None:
     from ops.stack import Stack
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    stack = Stack(dep, workdir, log=lambda m: click.echo(m, err=True))
+    say = logging.getLogger("tandem.serve").info if log_format == "json" else lambda m: click.echo(m, err=True)
+    stack = Stack(dep, workdir, log=say)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -96,15 +134,16 @@ async def _serve(dep, workdir, config_path=None, overrides=None) -> None:
         gc.collect()
         gc.freeze()  # what start-up made (modules, tokenizer) is never garbage: no 90-ms full collections under load
         fd = dep.front_door
-        click.echo(f"serving '{stack.served.served_name}' ({dep.mode}); Triton gRPC {fd.host}:{fd.grpc_port} "
-                   f"(model '{fd.model_name}'), "
-                   f"OpenAI HTTP http://{fd.host}:{fd.http_port}/v1, metrics http://{fd.host}:{fd.http_port}/metrics",
-                   err=True)
-        click.echo("ready", err=True)
+        web = "https" if fd.tls else "http"
+        say(f"serving '{stack.served.served_name}' ({dep.mode}); Triton gRPC {fd.host}:{fd.grpc_port} "
+            f"(model '{fd.model_name}'{', TLS' if fd.tls else ''}), OpenAI HTTP {web}://{fd.host}:{fd.http_port}/v1, "
+            f"metrics {web}://{fd.host}:{fd.http_port}/metrics; API keys "
+            f"{'required' if stack.security.keys else 'off'}")
+        say("ready")
         await stop.wait()
-        click.echo(f"draining (up to {dep.health.drain_grace_s:.0f}s for requests in flight) ...", err=True)
+        say(f"draining (up to {dep.health.drain_grace_s:.0f}s for requests in flight) ...")
         await stack.drain(dep.health.drain_grace_s)
-        click.echo("stopping ...", err=True)
+        say("stopping ...")
     finally:
         await stack.stop()
 
@@ -115,11 +154,14 @@ async def _serve(dep, workdir, config_path=None, overrides=None) -> None:
 @click.option("--max-tokens", type=click.IntRange(1), default=256, show_default=True)
 @click.option("--temperature", type=float, default=0.0, show_default=True)
 def chat_command(message, url, max_tokens, temperature):
-    """Ask a running `tandem serve` one question; the answer streams to the terminal."""
+    """Ask a running `tandem serve` one question; the answer streams to the terminal. A server that
+    needs an API key gets TANDEM_API_KEY's."""
     body = json.dumps({"messages": [{"role": "user", "content": message}], "max_tokens": max_tokens,
                        "temperature": temperature, "stream": True}).encode()
-    req = urllib.request.Request(f"{url.rstrip('/')}/v1/chat/completions", data=body,
-                                 headers={"Content-Type": "application/json"})
+    headers = {"Content-Type": "application/json"}
+    if os.environ.get("TANDEM_API_KEY"):
+        headers["Authorization"] = f"Bearer {os.environ['TANDEM_API_KEY'].strip()}"
+    req = urllib.request.Request(f"{url.rstrip('/')}/v1/chat/completions", data=body, headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=600) as resp:
             for raw in resp:

@@ -12,6 +12,7 @@ TANDEM_SECRET; tandem/secret.py) and locks Triton's admin APIs. An orchestrator 
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import sys
@@ -20,40 +21,75 @@ import threading
 
 import click
 
+from tandem.logs import FORMATS, setup_logging
+from ops.startup import one_line
+
+
+def _env(name: str) -> dict:
+    """The option's environment variable, TANDEM_WORKER_<name>, shown in --help."""
+    return {"envvar": f"TANDEM_WORKER_{name}", "show_envvar": True}
+
 
 @click.command("worker")
-@click.option("--role", type=click.Choice(["prefill", "decode", "generate"]), required=True)
-@click.option("--engines", required=True, help="Folder with prefill/ and decode/ engines (from tandem build).")
-@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (0.0.0.0: every one).")
-@click.option("--grpc-port", type=click.IntRange(1, 65535), default=8001, show_default=True)
-@click.option("--http-port", type=click.IntRange(1, 65535), default=8000, show_default=True)
-@click.option("--metrics-port", type=click.IntRange(1, 65535), default=8002, show_default=True)
+@click.option("--role", type=click.Choice(["prefill", "decode", "generate"]), required=True, **_env("ROLE"))
+@click.option("--engines", required=True, help="Folder with prefill/ and decode/ engines (from tandem build).",
+              **_env("ENGINES"))
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (0.0.0.0: every one).",
+              **_env("HOST"))
+@click.option("--grpc-port", type=click.IntRange(1, 65535), default=8001, show_default=True, **_env("GRPC_PORT"))
+@click.option("--http-port", type=click.IntRange(1, 65535), default=8000, show_default=True, **_env("HTTP_PORT"))
+@click.option("--metrics-port", type=click.IntRange(1, 65535), default=8002, show_default=True, **_env("METRICS_PORT"))
 @click.option("--transport", type=click.Choice(["shm", "cuda_ipc", "nixl", "auto"]), default="auto", show_default=True,
-              help="decode: how writers reach its pool (auto: shm or cuda_ipc on this host, NIXL from others).")
+              help="decode: how writers reach its pool (auto: shm or cuda_ipc on this host, NIXL from others).",
+              **_env("TRANSPORT"))
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
-              help="Where the engine runs (auto: CUDA when visible).")
+              help="Where the engine runs (auto: CUDA when visible).", **_env("DEVICE"))
 @click.option("--gpu", type=click.IntRange(0), default=0, show_default=True,
-              help="cuda: which visible GPU (as numbered under this process's CUDA_VISIBLE_DEVICES).")
-@click.option("--kv-pool-bytes", type=click.IntRange(1 << 20), default=None, help="decode/generate: KV pool size.")
-@click.option("--threads", type=click.IntRange(1, 256), default=None, help="Torch threads (default: usable cores).")
+              help="cuda: which visible GPU (as numbered under this process's CUDA_VISIBLE_DEVICES).", **_env("GPU"))
+@click.option("--kv-pool-bytes", type=click.IntRange(1 << 20), default=None, help="decode/generate: KV pool size.",
+              **_env("KV_POOL_BYTES"))
+@click.option("--threads", type=click.IntRange(1, 256), default=None, help="Torch threads (default: usable cores).",
+              **_env("THREADS"))
 @click.option("--chunk-tokens", type=click.IntRange(0), default=0, show_default=True,
-              help="generate: chunked-prefill tokens per step (0: prefill first).")
-@click.option("--workdir", default=None, help="Where the model repository (and logs) go.")
-@click.option("--log-file/--log-stdout", default=False, help="Triton's log to a file in --workdir, or to stdout.")
+              help="generate: chunked-prefill tokens per step (0: prefill first).", **_env("CHUNK_TOKENS"))
+@click.option("--tls-cert", default=None, help="PEM certificate: Triton's gRPC serves TLS (needed beyond loopback "
+              "for the orchestrator to send the secret).", **_env("TLS_CERT"))
+@click.option("--tls-key", default=None, help="PEM private key of --tls-cert.", **_env("TLS_KEY"))
+@click.option("--workdir", default=None, help="Where the model repository (and logs) go.", **_env("WORKDIR"))
+@click.option("--log-file/--log-stdout", default=False, help="Triton's log to a file in --workdir, or to stdout.",
+              **_env("LOG_FILE"))
+@click.option("--log-format", type=click.Choice(FORMATS), default="text", show_default=True,
+              help="This command's own lines (Triton's keep Triton's format).", **_env("LOG_FORMAT"))
 def worker_command(role, engines, host, grpc_port, http_port, metrics_port, transport, device, gpu, kv_pool_bytes,
-                   threads, chunk_tokens, workdir, log_file):
-    """Run one role's Triton instance on this node until stopped."""
+                   threads, chunk_tokens, tls_cert, tls_key, workdir, log_file, log_format):
+    """Run one role's Triton instance on this node until stopped.
+
+    Every option can be set by its TANDEM_WORKER_* variable (shown in each option's help by --help)."""
     from builder.repo import RenderError, RepoOptions, render_repo
     from engine.shm_region import remove_orphaned_triton_regions, remove_stale_segments
+    from ops.door_security import port_refusal
     from ops.triton_process import TritonError, TritonServer
     from tandem.devices import DeviceError, resolve_device
     from tandem.secret import SecretError, is_loopback, load_secret
 
+    setup_logging(log_format)
+    say = logging.getLogger("tandem.worker").info
+    if (tls_cert is None) != (tls_key is None):
+        raise click.ClickException("--tls-cert and --tls-key go together")
+    for what, port in (("gRPC", grpc_port), ("HTTP", http_port), ("metrics", metrics_port)):
+        why = port_refusal(host, port)
+        if why:
+            raise click.ClickException(f"the worker's {what} port cannot be used: {why} (choose another with "
+                                       f"--{what.lower()}-port)")
     try:
         on_gpu = resolve_device(device) == "cuda" and resolve_device("cuda", [gpu]) == "cuda"  # --gpu must exist
         load_secret(required=not is_loopback(host))  # checked here; the models read it themselves
     except (DeviceError, SecretError) as e:
         raise click.ClickException(str(e)) from None
+    if not is_loopback(host) and tls_cert is None:
+        logging.getLogger("tandem.worker").warning(
+            "listening on %s without --tls-cert: an orchestrator beyond this host will not send it the "
+            "deployment secret (it refuses to send it in the clear)", host)
     remove_stale_segments()
     remove_orphaned_triton_regions()
     workdir = workdir or tempfile.mkdtemp(prefix=f"tandem-worker-{role}-")
@@ -65,7 +101,8 @@ def worker_command(role, engines, host, grpc_port, http_port, metrics_port, tran
     except RenderError as e:
         raise click.ClickException(str(e)) from None
     server = TritonServer(repo, (role,), name=role, host=host, grpc_port=grpc_port, http_port=http_port,
-                          metrics_port=metrics_port, log_dir=workdir, log_stdout=not log_file)
+                          metrics_port=metrics_port, log_dir=workdir, log_stdout=not log_file,
+                          tls=(tls_cert, tls_key) if tls_cert else None, env={"TANDEM_LOG_FORMAT": log_format})
     stopping = threading.Event()
 
     def stop(signum, _frame):
@@ -79,10 +116,10 @@ def worker_command(role, engines, host, grpc_port, http_port, metrics_port, tran
         server.wait_ready(600.0)
     except TritonError as e:
         server.stop()
-        raise click.ClickException(str(e)) from None
-    click.echo(f"worker {role} ready: grpc {host}:{grpc_port} http {host}:{http_port}", err=True)
+        raise click.ClickException(one_line(e)) from None
+    say(f"worker {role} ready: grpc {host}:{grpc_port}{' (TLS)' if tls_cert else ''} http {host}:{http_port}")
     code = server.proc.wait()
     if not stopping.is_set():
         server.stop()  # it died by itself: reap its group and its shared memory, then say so
-        click.echo(f"worker {role}: Triton exited with {code}", err=True)
+        logging.getLogger("tandem.worker").error("worker %s: Triton exited with %s", role, code)
         sys.exit(code if code > 0 else 1)

@@ -23,6 +23,7 @@ import grpc
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
+from control.worker_tls import WorkerTls, secret_refusal
 from tandem.status import Status, TandemError, Unavailable, error_for
 from tandem.wire import Reply, decode_reply, encode_request
 
@@ -47,11 +48,17 @@ class _Stream:
 
 
 class WorkerChannel:
-    def __init__(self, url: str, model: str, batched: bool = False, auth: tuple[tuple[str, str], ...] = ()):
+    def __init__(self, url: str, model: str, batched: bool = False, auth: tuple[tuple[str, str], ...] = (),
+                 tls: WorkerTls | None = None):
         """`batched`: the model has a batch dimension (max_batch_size > 0), so inputs are shaped [1, 1].
-        `auth`: request parameters every call carries (the deployment secret, off loopback)."""
+        `auth`: request parameters every call carries (the deployment secret). `tls`: verify the worker
+        with it; without it, a channel beyond loopback carrying `auth` refuses every call (worker_tls.py)."""
         self.url, self.model, self.batched, self.auth = url, model, batched, auth
-        self._channel = grpc.aio.insecure_channel(url, options=_OPTIONS)
+        self._refusal = secret_refusal(url, auth, tls)
+        if tls is not None:
+            self._channel = grpc.aio.secure_channel(url, tls.credentials(), options=_OPTIONS + tls.options())
+        else:
+            self._channel = grpc.aio.insecure_channel(url, options=_OPTIONS)
         self._stub = pb_grpc.GRPCInferenceServiceStub(self._channel)
         self._ids = itertools.count()
         self._stream: _Stream | None = None
@@ -118,6 +125,8 @@ class WorkerChannel:
         stream.pending.pop(rid, None)
 
     def _submit(self, msg) -> tuple[_Stream, str, asyncio.Queue]:
+        if self._refusal is not None:
+            raise Unavailable(self._refusal)
         stream = self._open()
         rid = f"{getattr(msg, 'request_id', msg.TYPE)}/{next(self._ids)}"
         queue: asyncio.Queue = asyncio.Queue()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import time
 from dataclasses import dataclass, field
@@ -39,6 +40,7 @@ class WorkerState:
     inflight_tokens: int = 0  # our own count: prompt tokens sent and not yet answered (prefill)
     running: int = 0  # our own count: requests holding pages or streaming (decode, generate)
     failures: int = 0  # consecutive failed watch connections
+    slot: str = ""  # stable name for metrics: <role>-<n>, the lowest n free when it joined (an address is not)
     watcher: asyncio.Task | None = field(default=None, repr=False)
 
     @property
@@ -57,8 +59,9 @@ class WorkerState:
 
 class Fleet:
     def __init__(self, heartbeat_s: float = 1.0, stall_s: float = 3.0, auth: tuple = (), on_change=None,
-                 on_stats=None):
-        self.heartbeat_s, self.stall_s, self.auth = heartbeat_s, stall_s, auth
+                 on_stats=None, tls=None):
+        """`auth`: request parameters every call carries (the secret); `tls`: a control.worker_tls.WorkerTls."""
+        self.heartbeat_s, self.stall_s, self.auth, self.tls = heartbeat_s, stall_s, auth, tls
         self.workers: dict[str, WorkerState] = {}
         self.version = 0
         self._cond = asyncio.Condition()
@@ -77,10 +80,18 @@ class Fleet:
     def add(self, name: str, role: str, url: str) -> WorkerState:
         if name in self.workers:
             raise ValueError(f"worker {name!r} is already in the fleet")
-        w = WorkerState(name, role, url, CLIENTS[role](url, self.auth))
+        w = WorkerState(name, role, url, CLIENTS[role](url, self.auth, self.tls), slot=self._free_slot(name, role))
         self.workers[name] = w
         w.watcher = asyncio.get_running_loop().create_task(self._watch(w), name=f"watch-{name}")
         return w
+
+    def _free_slot(self, name: str, role: str) -> str:
+        """A local worker's own name (prefill-0, ...) is its slot; a remote one (role@address) gets the
+        lowest `role-rN` no other worker holds, so a restarted pod at a new address takes its place."""
+        if "@" not in name:
+            return name
+        taken = {w.slot for w in self.workers.values()}
+        return next(s for n in itertools.count() if (s := f"{role}-r{n}") not in taken)
 
     async def replace(self, name: str, url: str) -> WorkerState:
         """A worker restarted elsewhere (new ports): route to the new one under the same name. Calls still

@@ -37,7 +37,7 @@ decode worker lacks. The first token carries the prefill worker's cached count (
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from control.fleet import WorkerState
@@ -63,52 +63,106 @@ def blame(e: TandemError, worker: WorkerState) -> TandemError:
     return e
 
 
-async def until_finished(tokens: AsyncIterator[Token], worker: str, request_id: str) -> AsyncIterator[Token]:
-    """A worker's token stream up to and including the token with a finish reason; a stream that ends
-    without one is the worker's fault (Unavailable)."""
-    async for tok in tokens:
-        yield tok
-        if tok.finish_reason:
-            return
-    raise Unavailable(f"{worker} ended the stream of {request_id} without a finish reason")
+class Attempt:
+    """One try of one request on one choice of workers, used as `async with attempt: await attempt.next()`.
 
+    `next()` is a plain coroutine (no generator layer between a worker's stream and the serving path):
+    it returns the next token, or None after the token with a finish reason. A worker stream that ends
+    without one is that worker's fault (Unavailable). Errors are tagged with the failing worker.
+    Leaving the `async with` ends whatever the attempt still holds on its workers, then calls `on_exit`
+    (the serving path gives back the load it claimed for the attempt)."""
 
-async def handoff(decode: WorkerState, prefill: WorkerState, request_id: str, prompt_ids: list[int],
-                  params: SamplingParams, sent: list[int], timings: Timings) -> AsyncIterator[Token]:
-    """Yield the request's tokens after `sent`; raises a TandemError tagged with the failing worker."""
-    opened = decode.client.open(Open(request_id, list(prompt_ids), params, list(sent), writer=prefill.name,
-                                     writer_host=prefill.host))
-    lease, writer_running, done = "", False, False
-    try:
+    def __init__(self, decode: WorkerState, request_id: str):
+        self.decode, self.request_id = decode, request_id
+        self.on_exit: list[Callable[[], None]] = []
+        self.opened = None  # the decode worker's Open stream (control/channel.py), once opened
+        self.finished = False  # the token with a finish reason was returned: next() gives None
+        self.ended = False  # the worker itself ended the request (its stream's last token): nothing to release
+
+    async def next(self) -> Token | None:
+        raise NotImplementedError
+
+    async def _stream_next(self) -> Token | None:
+        """The decode worker's next token (it is the one to blame for any failure here)."""
+        if self.finished:
+            return None
         try:
-            reserved = await opened.__anext__()
-        except StopAsyncIteration:
-            raise Unavailable(f"{decode.name} ended the request before reserving pages") from None
-        if not isinstance(reserved, Reserved):
-            raise Unavailable(f"{decode.name} answered Open with {type(reserved).__name__}, not Reserved")
-        lease, timings.reserved = reserved.lease, time.perf_counter()
-        timings.decode_cached = reserved.cached_tokens
-        timings.transport = reserved.destination.transport
-        writer_running = True
-        try:
-            first = await prefill.client.prefill(Prefill(request_id, list(prompt_ids), params, list(sent),
-                                                         reserved.destination))
+            tok = await anext(self.opened, None)
         except TandemError as e:
-            raise blame(e, prefill) from None
-        writer_running = False  # it answered: its writer is closed, whatever the answer was
-        timings.first_token, timings.prefilled = time.perf_counter(), first
-        yield Token(first.token, first.logprob, first.finish_reason, cached_tokens=first.cached_tokens)
-        if first.finish_reason:
-            return
-        await decode.client.start(Start(request_id, lease, first.token, first.logprob))
-        async for tok in until_finished(opened, decode.name, request_id):
-            yield tok
-        done = True
-    except TandemError as e:
-        raise blame(e, decode) from None
-    finally:
-        if writer_running:
-            prefill.client.abort(request_id)
-        if not done and lease:
-            decode.client.release(request_id, lease, writer_closed=not writer_running)
-        await opened.aclose()
+            raise blame(e, self.decode) from None
+        if tok is None:
+            raise blame(Unavailable(f"{self.decode.name} ended the stream of {self.request_id} without a "
+                                    f"finish reason"), self.decode)
+        self.finished = self.ended = tok.finish_reason is not None
+        return tok
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        try:
+            if self.opened is not None:
+                await self.opened.aclose()
+        finally:
+            for give_back in self.on_exit:
+                give_back()
+
+
+class Handoff(Attempt):
+    """The handoff protocol on one decode and one prefill worker (see the module docstring)."""
+
+    def __init__(self, decode: WorkerState, prefill: WorkerState, request_id: str, prompt_ids: list[int],
+                 params: SamplingParams, sent: list[int], timings: Timings):
+        super().__init__(decode, request_id)
+        self.prefill, self.prompt_ids, self.params, self.sent = prefill, list(prompt_ids), params, list(sent)
+        self.timings = timings
+        self.lease, self.writer_running, self.first = "", False, None
+        self.on_first: Callable[[], None] | None = None  # called once when the prefill worker answered
+
+    async def next(self) -> Token | None:
+        if self.opened is None:
+            return await self._first_token()
+        if self.first is not None:  # the first token went out: the decode worker takes over from it
+            first, self.first = self.first, None
+            try:
+                await self.decode.client.start(Start(self.request_id, self.lease, first.token, first.logprob))
+            except TandemError as e:
+                raise blame(e, self.decode) from None
+        return await self._stream_next()
+
+    async def _first_token(self) -> Token:
+        """OPEN (reserve pages), PREFILL into them: the first token."""
+        d, t = self.decode, self.timings
+        self.opened = d.client.open(Open(self.request_id, self.prompt_ids, self.params, self.sent,
+                                         writer=self.prefill.name, writer_host=self.prefill.host))
+        try:
+            reserved = await anext(self.opened, None)
+        except TandemError as e:
+            raise blame(e, d) from None
+        if not isinstance(reserved, Reserved):
+            what = "ended the request" if reserved is None else f"answered Open with {type(reserved).__name__}"
+            raise blame(Unavailable(f"{d.name} {what} before reserving pages"), d)
+        self.lease, t.reserved = reserved.lease, time.perf_counter()
+        t.decode_cached, t.transport = reserved.cached_tokens, reserved.destination.transport
+        self.writer_running = True
+        try:
+            first = await self.prefill.client.prefill(Prefill(self.request_id, self.prompt_ids, self.params,
+                                                              self.sent, reserved.destination))
+        except TandemError as e:
+            raise blame(e, self.prefill) from None
+        self.writer_running = False  # it answered: its writer is closed, whatever the answer was
+        t.first_token, t.prefilled = time.perf_counter(), first
+        if self.on_first is not None:
+            self.on_first()
+        self.finished = first.finish_reason is not None
+        if not self.finished:
+            self.first = first
+        return Token(first.token, first.logprob, first.finish_reason, cached_tokens=first.cached_tokens)
+
+    async def __aexit__(self, *exc) -> None:
+        """Every exit that is not DONE: Release the lease (without waiting), Abort a running prefill."""
+        if self.writer_running:
+            self.prefill.client.abort(self.request_id)
+        if not self.ended and self.lease:  # a first token that ends the request leaves the lease to release
+            self.decode.client.release(self.request_id, self.lease, writer_closed=not self.writer_running)
+        await super().__aexit__(*exc)

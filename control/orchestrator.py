@@ -1,37 +1,23 @@
-"""The orchestrator service: one request in, a stream of text deltas out, whatever the serving path.
+"""The orchestrator service: what the front-door core (frontdoor/core.py) serves requests with.
 
-`prepare` validates and tokenizes (off the event loop: a long prompt never stalls other requests or
-health checks); `stream` admits the request (or refuses it at once: frontdoor/admission.py), gives
-it a deadline, lets the serving path (control/serving_path.py) produce its tokens, detokenizes them
-incrementally and records the latencies clients see. Every failure is a tandem.status exception; the
-front doors map its status to their protocol's codes in one table (tandem/status.py).
+It holds the serving path (control/serving_path.py), the tokenizer and limits, admission and metrics,
+and the deadline a request gets when it brings none. `prepare` validates and tokenizes (off the event
+loop: a long prompt never stalls other requests or health checks); `refuse_if_closed` refuses at once
+while draining or over an admission limit. Every failure is a tandem.status exception; the front doors
+map its status to their protocol's codes in one table (tandem/status.py).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import time
-from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 
-from engine.detokenizer import TextStream
 from engine.tokenizer import Tokenizer
 from frontdoor.admission import Admission
 from frontdoor.door_metrics import Metrics
 from control.serving_path import ServingPath
 from frontdoor.requests import GenerationRequest, Limits, Prepared, prepare
 from tandem.status import TandemError, Unavailable, status_of
-
-
-@dataclass(frozen=True)
-class Delta:
-    text: str  # new final text (may be empty: a partial character, or a held-back stop prefix)
-    token: int | None
-    logprob: float | None
-    finish_reason: str | None = None
-    cached_tokens: int = 0  # on the first delta: prompt tokens taken from a prefix cache, not computed
 
 
 class Orchestrator:
@@ -49,9 +35,13 @@ class Orchestrator:
     def refuse_if_closed(self, ahead: int = 0) -> None:
         """Raise at once when no new request can be taken (draining, or over an admission limit with
         `ahead` more requests on their way in): the front doors call this before they read a request's
-        body, so a refusal costs almost nothing."""
-        self._refuse_if_draining()
-        self.admission.check(ahead)
+        body, so a refusal costs almost nothing. A refusal is counted in the metrics."""
+        try:
+            self._refuse_if_draining()
+            self.admission.check(ahead)
+        except TandemError as e:
+            self.metrics.refused(status_of(e))
+            raise
 
     def _refuse_if_draining(self) -> None:
         if self.draining:
@@ -60,52 +50,8 @@ class Orchestrator:
     async def prepare(self, req: GenerationRequest) -> Prepared:
         self._refuse_if_draining()
         loop = asyncio.get_running_loop()
-        with self.admission.prepare():  # checks the limits, then holds a place until `stream` admits it
+        with self.admission.prepare():  # checks the limits, then holds a place until the front door admits it
             return await loop.run_in_executor(self._pool, prepare, req, self.tokenizer, self.limits)
-
-    async def stream(self, prep: Prepared) -> AsyncIterator[Delta]:
-        """Text deltas of one request; raises a TandemError (nothing is ever streamed twice)."""
-        self._refuse_if_draining()
-        ticket = self.admission.admit(len(prep.prompt_ids))  # ResourceExhausted at once when over a limit
-        m, mode = self.metrics, self.mode
-        text = TextStream(self.tokenizer, prep.params.stop)
-        timeout = prep.request.timeout_s or self.timeout_s
-        t0 = time.perf_counter()
-        first = last = None
-        n = 0
-        m.in_flight.inc()
-        try:
-            tokens = self.path.serve(prep, time.monotonic() + timeout)
-            async with contextlib.aclosing(tokens) as stream:
-                async for tok in stream:
-                    now = time.perf_counter()
-                    piece = text.add(tok.token) if tok.token is not None else ""
-                    if tok.finish_reason:
-                        piece += text.flush()
-                    if tok.token is not None:
-                        n += 1
-                        m.tokens.labels(mode).inc()
-                        if first is None:
-                            first = now
-                            ticket.first_token()
-                            m.ttft.labels(mode).observe(now - t0)
-                        else:
-                            m.itl.labels(mode).observe(now - last)
-                        last = now
-                    cached = min(tok.cached_tokens, len(prep.prompt_ids)) if n == 1 and tok.token is not None else 0
-                    yield Delta(piece, tok.token, tok.logprob, tok.finish_reason, cached)
-                    if tok.finish_reason:
-                        break
-        except TandemError as e:
-            m.failures.labels(status_of(e).value).inc()
-            raise
-        finally:
-            ticket.close()
-            m.in_flight.dec()
-        end = time.perf_counter()
-        m.e2e.labels(mode).observe(end - t0)
-        if n > 1:
-            m.tpot.labels(mode).observe((end - first) / (n - 1))
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

@@ -6,7 +6,7 @@
   cache), it prefills them itself and no prefill worker is involved.
 - `ColocatedPath`: one of N co-located replicas does both (the baselines: prefill-first or chunked).
 
-Both go through the same router and the same `serve` loop, which resumes a failed request elsewhere:
+Both go through the same router and the same `run` loop, which resumes a failed request elsewhere:
 prompt + tokens already streamed are prefilled again and the stream continues without repeating a
 token. A full pool (OUT_OF_PAGES) or no routable worker makes the request wait for the fleet to change
 (pages freed, a worker back), bounded by the request's deadline; a retryable failure tries another
@@ -18,12 +18,11 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import time
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator
 
 from control.fleet import Fleet, WorkerState
-from control.handoff import Timings, blame, handoff, until_finished
+from control.handoff import Attempt, Handoff, Timings
 from control.prefix_index import PrefixView
 from control.router import Demand, NoWorker, Router
 from tandem.kv_layout import KVLayout
@@ -53,11 +52,14 @@ class ServingPath(ABC):
         return -(-tokens // self.tokens_per_page)
 
     @abstractmethod
-    def attempt(self, prep, sent: list[int], avoid: set[str], request_id: str) -> AsyncIterator[Token]:
-        """One try on one choice of workers. Raises a TandemError, tagged `.worker` when one failed."""
+    def attempt(self, prep, sent: list[int], avoid: set[str], request_id: str) -> Attempt:
+        """One try on one choice of workers (routing happens here: NoWorker, OutOfPages, InvalidArgument)."""
 
-    async def serve(self, prep, deadline: float) -> AsyncIterator[Token]:
-        """The request's tokens, resuming after failures; raises the final TandemError."""
+    async def run(self, prep, deadline: float) -> AsyncIterator[Token]:
+        """The request's tokens, resuming after failures; raises the final TandemError.
+
+        The one generator between a worker's stream and the front door: each attempt's `next()` is
+        awaited under the request's deadline (monotonic), never held across a `yield`."""
         sent: list[int] = []
         avoid: set[str] = set()
         failures = 0
@@ -66,11 +68,12 @@ class ServingPath(ABC):
         while True:
             version = self.fleet.version
             try:
-                async for tok in _until(self.attempt(prep, sent, avoid, f"{uid}#{failures}.{len(sent)}"), deadline):
-                    waited = None
-                    if tok.token is not None:
-                        sent.append(tok.token)
-                    yield tok
+                async with self.attempt(prep, sent, avoid, f"{uid}#{failures}.{len(sent)}") as attempt:
+                    while (tok := await _step(attempt, deadline)) is not None:
+                        waited = None
+                        if tok.token is not None:
+                            sent.append(tok.token)
+                        yield tok
                 return
             except (OutOfPages, NoWorker) as e:
                 waited = e
@@ -103,24 +106,22 @@ class ServingPath(ABC):
         pages = self.pages_for(len(ids) + prep.params.max_tokens - len(sent))
         return Demand(len(ids), pages, self.tokens_per_page, lambda w: lookup.tokens(w.name), local_max)
 
-    async def _local(self, w: WorkerState, prep, sent: list[int], request_id: str) -> AsyncIterator[Token]:
+    def _local(self, w: WorkerState, prep, sent: list[int], request_id: str) -> Attempt:
         """The request on one decode or co-located worker that prefills it itself (against its cache)."""
+        self.metrics.requests.labels(w.slot, w.role).inc()
+        return self._claim(LocalAttempt(w, Open(request_id, list(prep.prompt_ids), prep.params, list(sent),
+                                                local_prefill=True)), w)
+
+    def _claim(self, attempt: Attempt, w: WorkerState) -> Attempt:
+        """Count the attempt on its decode worker until it ends (the router's load)."""
         w.running += 1
-        self.metrics.requests.labels(w.name, w.role).inc()
-        done = False
-        opened = w.client.open(Open(request_id, list(prep.prompt_ids), prep.params, list(sent), local_prefill=True))
-        try:
-            async for tok in until_finished(opened, w.name, request_id):
-                yield tok
-            done = True
-        except TandemError as e:
-            raise blame(e, w) from None
-        finally:
+
+        def give_back() -> None:
             w.running -= 1
-            if not done:
-                w.client.release(request_id, "", writer_closed=True)
-            await opened.aclose()
             self.fleet.poke()
+
+        attempt.on_exit.append(give_back)
+        return attempt
 
     def _pick(self, role: str, avoid: set[str]) -> list[WorkerState]:
         """Routable workers of the role, preferring those that did not just fail this request."""
@@ -128,10 +129,28 @@ class ServingPath(ABC):
         return [w for w in workers if w.name not in avoid] or workers
 
 
+class LocalAttempt(Attempt):
+    """A worker that prefills the request itself: its Open stream carries every token."""
+
+    def __init__(self, w: WorkerState, msg: Open):
+        super().__init__(w, msg.request_id)
+        self.msg = msg
+
+    async def next(self) -> Token | None:
+        if self.opened is None:
+            self.opened = self.decode.client.open(self.msg)
+        return await self._stream_next()
+
+    async def __aexit__(self, *exc) -> None:
+        if self.opened is not None and not self.ended:
+            self.decode.client.release(self.request_id, "", writer_closed=True)
+        await super().__aexit__(*exc)
+
+
 class DisaggregatedPath(ServingPath):
     roles = ("prefill", "decode")
 
-    async def attempt(self, prep, sent, avoid, request_id):
+    def attempt(self, prep, sent, avoid, request_id) -> Attempt:
         demand = self._demand(prep, sent, self.local_max)
         n_ctx = demand.tokens
         self._check_fits("decode", demand.pages)
@@ -139,39 +158,36 @@ class DisaggregatedPath(ServingPath):
         if p is None:
             if not demand.local_on(d):  # no prefill worker, and too much for the decode worker to compute
                 raise NoWorker("no healthy prefill worker")
-            self.metrics.local_prefills.labels(d.name).inc()
-            async for tok in self._local(d, prep, sent, request_id):
-                yield tok
-            return
+            self.metrics.local_prefills.labels(d.slot).inc()
+            return self._local(d, prep, sent, request_id)
         m, timings = self.metrics, Timings()
-        d.running += 1
-        p.inflight_tokens += n_ctx
-        prefill_pending = True
-        m.requests.labels(d.name, "decode").inc()
-        m.requests.labels(p.name, "prefill").inc()
-        try:
-            async for tok in handoff(d, p, request_id, prep.prompt_ids, prep.params, sent, timings):
-                if prefill_pending:
-                    prefill_pending = False
-                    p.inflight_tokens -= n_ctx
-                    m.record_prefill(p.name, timings)
-                yield tok
-        finally:
-            d.running -= 1
-            if prefill_pending:
-                p.inflight_tokens -= n_ctx
-            self.fleet.poke()
+        m.requests.labels(d.slot, "decode").inc()
+        m.requests.labels(p.slot, "prefill").inc()
+        h = self._claim(Handoff(d, p, request_id, prep.prompt_ids, prep.params, sent, timings), d)
+        p.inflight_tokens += n_ctx  # the prefill worker's queue, until it answers
+        pending = [n_ctx]
+
+        def prefill_ended() -> None:
+            if pending:
+                p.inflight_tokens -= pending.pop()
+
+        def prefilled() -> None:
+            prefill_ended()
+            m.record_prefill(p.slot, timings)
+
+        h.on_first = prefilled
+        h.on_exit.append(prefill_ended)
+        return h
 
 
 class ColocatedPath(ServingPath):
     roles = ("generate",)
 
-    async def attempt(self, prep, sent, avoid, request_id):
+    def attempt(self, prep, sent, avoid, request_id) -> Attempt:
         demand = self._demand(prep, sent, local_max=0)
         self._check_fits("generate", demand.pages)
         w, _ = self.router.pick_pair([], self._pick("generate", avoid), demand)  # no prefill workers: local
-        async for tok in self._local(w, prep, sent, request_id):
-            yield tok
+        return self._local(w, prep, sent, request_id)
 
 
 PATHS = {"disaggregated": DisaggregatedPath, "colocated": ColocatedPath, "chunked": ColocatedPath}
@@ -202,19 +218,12 @@ def _gave_up(why: TandemError) -> TandemError:
     return Unavailable(f"{why}, and none came back before the request's deadline")
 
 
-async def _until(tokens: AsyncIterator[Token], deadline: float) -> AsyncIterator[Token]:
-    """The tokens of one attempt, each awaited no later than the request's deadline (monotonic)."""
+async def _step(attempt: Attempt, deadline: float) -> Token | None:
+    """The attempt's next token, awaited no later than the request's deadline (monotonic)."""
     try:
-        while True:
-            try:
-                # asyncio.timeout, not wait_for: wait_for runs the await in another task and can lose a
-                # cancel that arrives as that task ends (the request would go on for a client that left)
-                async with asyncio.timeout_at(deadline):
-                    tok = await tokens.__anext__()
-            except StopAsyncIteration:
-                return
-            except TimeoutError:
-                raise DeadlineExceeded("the request's deadline passed before it finished") from None
-            yield tok
-    finally:
-        await tokens.aclose()
+        # asyncio.timeout, not wait_for: wait_for runs the await in another task and can lose a cancel
+        # that arrives as that task ends (the request would go on for a client that left)
+        async with asyncio.timeout_at(deadline):
+            return await attempt.next()
+    except TimeoutError:
+        raise DeadlineExceeded("the request's deadline passed before it finished") from None

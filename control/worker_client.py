@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 from control.channel import WorkerChannel
+from control.worker_tls import WorkerTls
 from tandem.wire import (Abort, Ack, Flush, Open, Prefill, Prefilled, Release, Reserved, Start, Stats, Token, Watch,
                          WorkerStats, WriterGone)
 
@@ -19,9 +20,9 @@ class WorkerClient:
     model = ""
     batched = False
 
-    def __init__(self, url: str, auth: tuple[tuple[str, str], ...] = ()):
+    def __init__(self, url: str, auth: tuple[tuple[str, str], ...] = (), tls: WorkerTls | None = None):
         self.url = url
-        self.channel = WorkerChannel(url, self.model, self.batched, auth)
+        self.channel = WorkerChannel(url, self.model, self.batched, auth, tls)
 
     async def stats(self) -> WorkerStats:
         return await self.channel.call(Stats(), CONTROL_TIMEOUT_S)

@@ -15,18 +15,18 @@ import hmac
 
 from aiohttp import web
 
-from frontdoor.served_model import ServedModel
+from control.orchestrator import Orchestrator
 from tandem.secret import is_loopback, load_secret
 from tandem.status import TandemError, Unauthenticated
 
 
-def add_admin_routes(router, served: ServedModel) -> None:
-    router.add_post("/admin/flush", AdminRoutes(served).flush)
+def add_admin_routes(router, service: Orchestrator) -> None:
+    router.add_post("/admin/flush", AdminRoutes(service).flush)
 
 
 class AdminRoutes:
-    def __init__(self, served: ServedModel):
-        self.fleet = served.service.path.fleet
+    def __init__(self, service: Orchestrator):
+        self.fleet = service.path.fleet
         self.secret = load_secret()
 
     def _authorize(self, request: web.Request) -> None:

@@ -6,9 +6,10 @@ same model (http_kserve.py, so `tritonclient.http` works too), health and Promet
     GET  /v2/health/live   /v2/health/ready   /v2   /v2/models/{m}   /v2/models/{m}/ready   /v2/models/{m}/config
     POST /v2/models/{m}/infer                        (JSON tensors, or the binary tensor data extension)
 
-Every failure is answered with the HTTP status of its tandem status (tandem/status.py), an
-OpenAI-style error body naming the problem, and Retry-After when retrying may help. A body over the
-size limit is refused (413) before it is read whole. A client that disconnects cancels its request.
+Every failure, aiohttp's own 404, 405 and 413 included, is answered with the HTTP status of its tandem
+status (tandem/status.py), a JSON body naming the problem (OpenAI's error shape; on the KServe v2
+routes Triton's `{"error": "..."}`), and Retry-After when retrying may help. A body over the size
+limit is refused (413) before it is read whole. A client that disconnects cancels its request.
 Under overload a generation request is refused before aiohttp sees it (frontdoor/http_gate.py).
 """
 
@@ -17,77 +18,103 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import ssl
 from collections.abc import Callable
 
 from aiohttp import web
 
 from frontdoor import openai_api as oa
+from frontdoor.auth import ApiKeys, http_middleware
 from frontdoor.http_admin import add_admin_routes
 from frontdoor.http_gate import Gate, Turnstile, arrived, generation_line, raw_response
 from frontdoor.http_kserve import add_kserve_routes
 from frontdoor.http_openai import add_openai_routes
 from frontdoor.protocol_status import http_headers, http_status
-from frontdoor.served_model import ServedModel
-from tandem.status import Internal, Status, TandemError, status_of
+from frontdoor.core import FrontDoor
+from frontdoor.request_ids import add_request_ids, http_request_ids
+from tandem.status import (Internal, InvalidArgument, MethodNotAllowed, NotFound, Status, TandemError, TooLarge,
+                           status_of)
 
 log = logging.getLogger("tandem.http")
 MAX_BODY_BYTES = 16 << 20
 
 _KIND = {Status.INVALID_ARGUMENT: "invalid_request_error", Status.NOT_FOUND: "invalid_request_error",
+         Status.METHOD_NOT_ALLOWED: "invalid_request_error", Status.TOO_LARGE: "invalid_request_error",
          Status.UNAUTHENTICATED: "authentication_error", Status.OUT_OF_PAGES: "rate_limit_error",
          Status.RESOURCE_EXHAUSTED: "rate_limit_error", Status.CANCELLED: "cancelled"}
+# aiohttp's own refusals (raised before or instead of a handler), answered through the status table
+_AIOHTTP = {400: InvalidArgument, 404: NotFound, 405: MethodNotAllowed, 413: TooLarge}
 
 
-def error_parts(e: TandemError) -> tuple[int, dict[str, str], dict]:
-    """The HTTP status, headers and OpenAI-style JSON body that answer an error."""
+def is_kserve(path: str) -> bool:
+    """KServe v2 routes answer errors in Triton's shape {"error": "..."}; every other route in OpenAI's."""
+    return path == "/v2" or path.startswith("/v2/")
+
+
+def error_parts(e: TandemError, kserve: bool = False) -> tuple[int, dict[str, str], dict]:
+    """The HTTP status, headers and JSON body that answer an error (OpenAI's error shape, or KServe's)."""
     status = status_of(e)
-    body = oa.error_body(str(e), getattr(e, "param", None), _KIND.get(status, "server_error"))
-    body["error"]["code"] = status.value
+    if kserve:
+        body = {"error": str(e)}
+    else:
+        body = oa.error_body(str(e), getattr(e, "param", None), _KIND.get(status, "server_error"))
+        body["error"]["code"] = status.value
     return http_status(status), http_headers(status), body
 
 
-def error_response(e: TandemError) -> web.Response:
-    code, headers, body = error_parts(e)
+def error_response(e: TandemError, kserve: bool = False) -> web.Response:
+    code, headers, body = error_parts(e, kserve)
     return web.json_response(body, status=code, headers=headers)
 
 
-def raw_refusal(refuse_if_closed: Callable[[int], None], ahead: int) -> bytes | None:
+def raw_refusal(refuse_if_closed: Callable[[int], None], ahead: int, path: str = "") -> bytes | None:
     """The gate's answer (http_gate.py): the whole HTTP response `error_response` would give while
     `refuse_if_closed(ahead)` raises (`ahead` requests more than admission counts yet), else None."""
     try:
         refuse_if_closed(ahead)
     except TandemError as e:
-        return raw_response(*error_parts(e))
+        return raw_response(*error_parts(e, is_kserve(path)))
     return None
 
 
 class HttpFrontend:
-    def __init__(self, served: ServedModel, max_body_bytes: int = MAX_BODY_BYTES):
-        self.served = served
-        self.service = served.service
-        self.app = web.Application(client_max_size=max_body_bytes, middlewares=[self._errors])
+    def __init__(self, door: FrontDoor, max_body_bytes: int = MAX_BODY_BYTES, keys: ApiKeys | None = None):
+        """`keys`: only callers holding one are served (frontdoor/auth.py); every request gets an id and an
+        access line (frontdoor/request_ids.py)."""
+        self.door, self.served = door, door.served
+        self.service = door.service
+        guard = [http_middleware(keys, error_response)] if keys is not None else []
+        self.app = web.Application(client_max_size=max_body_bytes,
+                                   middlewares=[http_request_ids, self._errors, *guard])
+        add_request_ids(self.app)
         r = self.app.router
         r.add_get("/health", self.health)
         r.add_get("/metrics", self.metrics)
-        add_openai_routes(r, served)
-        add_kserve_routes(r, served)
-        add_admin_routes(r, served)  # POST /admin/flush (frontdoor/http_admin.py)
+        add_openai_routes(r, door)
+        add_kserve_routes(r, door)
+        add_admin_routes(r, door.service)  # POST /admin/flush (frontdoor/http_admin.py)
 
     @web.middleware
     async def _errors(self, request, handler):
         arrived(request)  # admission counts it from here on (see http_gate.Turnstile)
+        kserve = is_kserve(request.path)
         try:
             return await handler(request)
         except TandemError as e:
-            return error_response(e)
-        except web.HTTPException:
-            raise
+            return error_response(e, kserve)
+        except web.HTTPException as e:  # aiohttp's 404, 405, 413 ...: JSON through the status table too
+            if e.status not in _AIOHTTP:
+                raise
+            allowed = getattr(e, "allowed_methods", None)
+            why = f"{e.reason}: {request.method} {request.path}" + (
+                f"; allowed: {', '.join(sorted(allowed))}" if allowed else "")
+            return error_response(_AIOHTTP[e.status](why), kserve)
         except ConnectionError:  # the client went away while we answered: normal, not an error
             log.debug("client of %s went away", request.path)
             return web.Response(status=499)
         except Exception as e:  # a bug: 500 with the log holding the traceback, never a client error
             log.exception("internal error serving %s", request.path)
-            return error_response(Internal(f"internal error ({type(e).__name__}); see the server log"))
+            return error_response(Internal(f"internal error ({type(e).__name__}); see the server log"), kserve)
 
     async def health(self, request):
         ok = self.service.ready()
@@ -108,12 +135,17 @@ class HttpServer:
         await self.runner.cleanup()
 
 
-async def start_http(frontend: HttpFrontend, host: str, port: int) -> HttpServer:
+async def start_http(frontend: HttpFrontend, host: str, port: int, ssl_context: ssl.SSLContext | None = None) -> HttpServer:
+    """Serve on host:port (TLS with `ssl_context`). OSError naming the address when it cannot listen."""
     # handler_cancellation: a client that disconnects cancels its handler, and with it the request
     runner = web.AppRunner(frontend.app, access_log=None, handler_cancellation=True)
     await runner.setup()
     line, turnstile = generation_line(frontend.served.triton_name), Turnstile()
     refusal = functools.partial(raw_refusal, frontend.service.refuse_if_closed)
-    listener = await asyncio.get_running_loop().create_server(
-        lambda: Gate(runner.server(), line, turnstile, refusal), host, port)
+    try:
+        listener = await asyncio.get_running_loop().create_server(
+            lambda: Gate(runner.server(), line, turnstile, refusal), host, port, ssl=ssl_context)
+    except OSError as e:
+        await runner.cleanup()
+        raise OSError(e.errno, f"the HTTP front door cannot listen on {host}:{port}: {e.strerror}") from None
     return HttpServer(runner, listener)

@@ -69,13 +69,13 @@ class Turnstile:
 class Gate(asyncio.Protocol):
     """One connection: aiohttp's protocol (`inner`) behind a check of the connection's first request.
 
-    `refusal(ahead)` is the whole answer to send while no request can be taken, with `ahead` more
+    `refusal(ahead, path)` is the whole answer to send while no request can be taken, with `ahead` more
     let through than admission counts yet, else None. The inner protocol sees the connection from the
     start (aiohttp tracks it for shutdown) and every byte after the first read; a refused connection
     only ever shows it `connection_lost`."""
 
     def __init__(self, inner: asyncio.Protocol, line: re.Pattern, turnstile: Turnstile,
-                 refusal: Callable[[int], bytes | None]):
+                 refusal: Callable[[int, str], bytes | None]):
         self.inner, self.line, self.turnstile, self.refusal = inner, line, turnstile, refusal
         self.transport: asyncio.Transport | None = None
         self.first = True
@@ -89,7 +89,7 @@ class Gate(asyncio.Protocol):
         if self.first:
             self.first = False
             if self.line.match(data) and is_whole(data):
-                answer = self.refusal(self.turnstile.ahead)
+                answer = self.refusal(self.turnstile.ahead, data.split(b" ", 2)[1].decode("latin-1"))
                 if answer is not None:
                     self.transport.write(answer)
                     self.transport.close()

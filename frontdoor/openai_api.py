@@ -7,7 +7,8 @@ import time
 
 from engine.tokenizer import CHAT_ROLES, ChatMessage
 from frontdoor.requests import GenerationRequest
-from tandem.status import InvalidArgument
+from tandem.request_context import current_id
+from tandem.status import InvalidArgument, NotFound
 
 _COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "stream", "stream_options", "stop", "seed", "n",
            "user", "min_tokens", "presence_penalty", "frequency_penalty", "logprobs"}
@@ -22,6 +23,14 @@ def _number(body: dict, key: str, default, kind=float):
     if isinstance(v, bool) or not isinstance(v, (int, float)) or (kind is int and not isinstance(v, int)):
         raise InvalidArgument(f"'{key}' must be a {'integer' if kind is int else 'number'}, got {v!r}", key)
     return kind(v)
+
+
+def stream_flag(body: dict) -> bool:
+    """`stream` is a JSON boolean (or absent/null): "yes" or 1 is refused, not taken as true."""
+    v = body.get("stream")
+    if v is not None and not isinstance(v, bool):
+        raise InvalidArgument(f"'stream' must be true or false, got {v!r}", "stream")
+    return bool(v)
 
 
 def _refuse_unsupported(body: dict) -> None:
@@ -48,7 +57,7 @@ def _common(body: dict, allowed: set[str], models: tuple[str, ...], max_tokens_d
     if unknown:
         raise InvalidArgument(f"unsupported fields {sorted(unknown)}", sorted(unknown)[0])
     if body.get("model") is not None and body.get("model") not in models:
-        raise InvalidArgument(f"unknown model {body.get('model')!r}; this server serves {models[0]!r}", "model")
+        raise NotFound(f"unknown model {body.get('model')!r}; this server serves {models[0]!r}", "model")
     _refuse_unsupported(body)
     for key in ("presence_penalty", "frequency_penalty"):
         if _number(body, key, 0.0) != 0.0:
@@ -79,7 +88,7 @@ def completion_request(body: dict, models: tuple[str, ...], request_id: str) -> 
     elif not isinstance(prompt, str):
         raise InvalidArgument("'prompt' must be a string (or one list of token ids)", "prompt")
     return GenerationRequest(request_id=request_id, prompt=prompt, prompt_ids=ids, **common), \
-        bool(body.get("stream", False))
+        stream_flag(body)
 
 
 def chat_request(body: dict, models: tuple[str, ...], request_id: str) -> tuple[GenerationRequest, bool]:
@@ -101,11 +110,12 @@ def chat_request(body: dict, models: tuple[str, ...], request_id: str) -> tuple[
         if not isinstance(content, str):
             raise InvalidArgument(f"messages[{i}].content must be a string", "messages")
         out.append(ChatMessage(m["role"], content))
-    return GenerationRequest(request_id=request_id, messages=tuple(out), **common), bool(body.get("stream", False))
+    return GenerationRequest(request_id=request_id, messages=tuple(out), **common), stream_flag(body)
 
 
 def new_id(prefix: str) -> str:
-    return f"{prefix}-{secrets.token_hex(12)}"
+    """`prefix`-<the request's id> (the client's X-Request-Id, frontdoor/request_ids.py), as vLLM names them."""
+    return f"{prefix}-{current_id() or secrets.token_hex(12)}"
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:

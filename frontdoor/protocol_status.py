@@ -22,5 +22,6 @@ def http_headers(status: Status) -> dict[str, str]:
 
 
 def describe(e: TandemError) -> str:
-    """The client-facing text of an error: its status name and message."""
-    return f"{status_of(e).value}: {e}"
+    """The client-facing text of an error on a gRPC stream: its gRPC code's name and message (as
+    Triton's own streams say it; Tandem's finer status, e.g. OUT_OF_PAGES, shows only in HTTP bodies)."""
+    return f"{STATUS_TABLE[status_of(e)].grpc_code}: {e}"

@@ -19,7 +19,13 @@
     prefix_cache: {enabled: true, prefill_pool_bytes: null}   # pages kept for reuse in every worker's pool
     chunk_tokens: 256              # chunked mode: prompt tokens mixed into each decode step
     front_door: {host: 127.0.0.1, grpc_port: 8001, http_port: 8000, model_name: ensemble,
-                 served_model_name: null}   # OpenAI model id; null: the model's own name
+                 served_model_name: null,   # OpenAI model id; null: the model's own name
+                 api_key_file: null,        # keys, one a line (and/or TANDEM_API_KEY); needed beyond loopback ...
+                 no_api_key: false,         # ... unless switched off here
+                 open_probes: true,         # /health, /metrics, gRPC ServerLive/Ready without a key
+                 tls: null}                 # {cert, key, client_ca}: both doors serve TLS (frontdoor/tls.py)
+    worker_tls: null               # {ca, server_name, cert, key}: TLS to the workers (control/worker_tls.py);
+                                   # cert/key: what the local workers serve with
     limits: {max_in_flight: 64, max_queued_tokens: 32768, request_timeout_s: 600}
     health: {heartbeat_s: 2.0, stall_s: 4.0, stall_restart_s: 10, drain_grace_s: 30}
     handoff: {transfer_timeout_s: 30, fence_timeout_s: 60}   # the only timers left on the data path
@@ -74,6 +80,29 @@ class FrontDoor(_Strict):
     http_port: int = Field(8000, ge=0, le=65535)
     model_name: str = Field("ensemble", min_length=1)  # the Triton model name (gRPC, KServe HTTP)
     served_model_name: str | None = Field(None, min_length=1)  # the OpenAI model id (default: the model's name)
+    api_key_file: str | None = None  # API keys, one a line (frontdoor/auth.py); TANDEM_API_KEY adds one
+    no_api_key: bool = False  # serve beyond loopback without keys: only when said explicitly
+    open_probes: bool = True  # health and metrics answer without a key
+    tls: TlsFiles | None = None
+
+
+class TlsFiles(_Strict):
+    cert: str = Field(min_length=1)  # PEM certificate (chain)
+    key: str = Field(min_length=1)  # PEM private key
+    client_ca: str | None = None  # PEM CA: clients must present a certificate it signed (mutual TLS)
+
+
+class WorkerTlsFiles(_Strict):
+    ca: str = Field(min_length=1)  # PEM CA that signed the workers' certificates
+    server_name: str | None = None  # the name in their certificates, when they are dialled by address
+    cert: str | None = None  # local workers serve gRPC with this certificate and key
+    key: str | None = None
+
+    @model_validator(mode="after")
+    def _pair(self):
+        if (self.cert is None) != (self.key is None):
+            raise ValueError("worker_tls.cert and worker_tls.key go together")
+        return self
 
 
 class Limits(_Strict):
@@ -110,9 +139,10 @@ class PrefixCacheConfig(_Strict):
 class Deployment(_Strict):
     model: str = "smollm2-135m"
     engines: str | None = None
-    # weights and KV of engines built from `model` (bfloat16: half the bytes per decode step; on CPUs with
-    # AVX-512 BF16 or AMX the matmuls run natively). Engines named by `engines` keep the dtype they were built with.
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    # weights and KV of engines built from `model` (explicit `engines` are used as they were built):
+    # auto is bfloat16 when a role's workers run on CUDA, float32 (exact against transformers) otherwise;
+    # a bf16 checkpoint served in float32 costs twice its size per role copy
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     mode: Literal["disaggregated", "colocated", "chunked"] = "disaggregated"
     device: Literal["auto", "cpu", "cuda"] = "auto"  # every local worker's, unless its role says otherwise
     prefill: WorkerPool = WorkerPool()
@@ -134,6 +164,7 @@ class Deployment(_Strict):
     limits: Limits = Limits()
     health: Health = Health()
     handoff: Handoff = Handoff()
+    worker_tls: WorkerTlsFiles | None = None
 
     @model_validator(mode="after")
     def _workers(self):
@@ -158,8 +189,7 @@ class Deployment(_Strict):
 
     @property
     def engines_dir(self) -> str:
-        name = os.path.basename(os.path.normpath(self.model)).removesuffix(".gguf")
-        return self.engines or os.path.join("engines", name if self.dtype == "float32" else f"{name}-{self.dtype}")
+        return self.engines or os.path.join("engines", os.path.basename(os.path.normpath(self.model)).removesuffix(".gguf"))
 
 
 def load_deployment(path: str | None, overrides: dict) -> Deployment:
@@ -173,12 +203,13 @@ def load_deployment(path: str | None, overrides: dict) -> Deployment:
             raise DeploymentError(f"cannot read deployment file {path}: {e}") from None
         if not isinstance(data, dict):
             raise DeploymentError(f"{path}: the deployment file must be a mapping")
-    for key, value in overrides.items():
-        if "." in key:
-            outer, inner = key.split(".", 1)
-            data[outer] = dict(data.get(outer) or {}, **{inner: value})
-        else:
-            data[key] = value
+    for key, value in overrides.items():  # "front_door.tls.cert": nested mappings, made where missing
+        *outer, last = key.split(".")
+        node = data
+        for part in outer:
+            node[part] = dict(node.get(part) or {})
+            node = node[part]
+        node[last] = value
     try:
         return Deployment(**data)
     except ValidationError as e:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import ssl
 import subprocess
 import sys
 import time
@@ -32,6 +33,8 @@ class ServeProcess:
     proc: subprocess.Popen | None = None
     grpc_port: int = 0
     http_port: int = 0
+    env: dict | None = None  # added to this process's environment (keys, the secret)
+    ca: str | None = None  # the serve's doors speak TLS with a certificate this CA signed
 
     @property
     def grpc(self) -> str:
@@ -39,7 +42,10 @@ class ServeProcess:
 
     @property
     def http(self) -> str:
-        return f"http://127.0.0.1:{self.http_port}"
+        return f"{'https' if self.ca else 'http'}://127.0.0.1:{self.http_port}"
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        return ssl.create_default_context(cafile=self.ca) if self.ca else None
 
     @property
     def log_path(self) -> str:
@@ -53,13 +59,13 @@ class ServeProcess:
         if self.tied:  # see child_exec.py
             cmd = [sys.executable, "-m", "ops.child_exec", "--tied", str(os.getpid()), "--", *cmd]
         with open(self.log_path, "w") as log:
-            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(self.env or {})})
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise ServeError(f"tandem serve exited with {self.proc.returncode}:\n{self.log_tail()}")
             try:
-                with urllib.request.urlopen(self.http + "/health", timeout=2) as r:
+                with urllib.request.urlopen(self.http + "/health", timeout=2, context=self.ssl_context()) as r:
                     if r.status == 200:
                         return self
             except OSError:

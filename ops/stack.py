@@ -22,6 +22,7 @@ from engine.shm_region import remove_orphaned_triton_regions, remove_stale_segme
 from engine.tokenizer import Tokenizer
 from frontdoor.admission import Admission
 from ops.deployment import Deployment, DeploymentError
+from ops.door_security import DoorSecurity, check_ports_free, check_secret_links, door_security
 from control.discovery import Discovery
 from control.fleet import Fleet
 from frontdoor.grpc_door import TritonProtocolServicer, start_grpc
@@ -30,17 +31,26 @@ from frontdoor.door_metrics import Metrics
 from control.serving_path import make_path
 from frontdoor.requests import Limits
 from control.router import ROUTERS
-from frontdoor.served_model import ServedModel
+from frontdoor.core import FrontDoor, ServedModel
 from control.orchestrator import Orchestrator
 from ops.supervisor import Supervisor
 from ops.gpu_plan import check_fits, gpu_totals, planned_bytes, role_bytes, role_gpus
-from tandem.devices import DeviceError
+from tandem.devices import DeviceError, resolve_device
 from ops.local_workers import WorkerSet
 from tandem.manifest import EngineManifest, ManifestError, check_pair, read_manifest
 from tandem.secret import PARAMETER as SECRET_PARAMETER
-from tandem.secret import load_secret
+from tandem.secret import SecretError, load_secret
 
 log = logging.getLogger("tandem.serve")
+
+
+def engine_dtype(dep: Deployment) -> str:
+    """The dtype to build `dep.model` in: its own, or for `auto` bfloat16 when any role's local workers
+    run on CUDA (memory-bound decode reads half the bytes) and float32 otherwise (exact on CPU)."""
+    if dep.dtype != "auto":
+        return dep.dtype
+    on_cuda = any(resolve_device(dep.role_device(r)) == "cuda" for r in ("prefill", "decode"))
+    return "bfloat16" if on_cuda else "float32"
 
 
 def ensure_engines(dep: Deployment, log=print) -> str:
@@ -50,7 +60,7 @@ def ensure_engines(dep: Deployment, log=print) -> str:
     have = all(os.path.isfile(os.path.join(folder, r, "manifest.json")) for r in ("prefill", "decode"))
     if not (have and dep.engines):
         try:
-            build(BuildRequest(model=dep.model, out=folder, dtype=dep.dtype), log=log)
+            build(BuildRequest(model=dep.model, out=folder, dtype=engine_dtype(dep)), log=log)
         except BuildError as e:
             raise DeploymentError(str(e)) from None
     try:
@@ -97,11 +107,19 @@ class Stack:
         self.discovery: Discovery | None = None
         self.service: Orchestrator | None = None
         self.grpc = self.http = None
+        self.security: DoorSecurity | None = None
 
     async def start(self) -> None:
         dep = self.dep
         loop = asyncio.get_running_loop()
-        gpus = local_gpus(dep)  # before anything slow: CUDA asked for and absent is refused at once
+        check_ports_free(dep)  # every check that can fail the start, before anything slow
+        gpus = local_gpus(dep)  # CUDA asked for and absent is refused at once
+        self.security = security = door_security(dep)
+        try:
+            secret = load_secret()
+        except SecretError as e:
+            raise DeploymentError(str(e)) from None
+        check_secret_links(dep, secret, security.worker_tls)
         engines = await loop.run_in_executor(None, ensure_engines, dep, self.log)
         manifest = read_manifest(os.path.join(engines, "decode"))
         counts = worker_counts(dep)
@@ -117,7 +135,8 @@ class Stack:
                               prefill_pool_bytes=dep.prefix_cache.prefill_pool_bytes)
         for name in remove_stale_segments() + remove_orphaned_triton_regions():
             self.log(f"removed shared memory {name} left by a process that is gone")
-        self.workers = WorkerSet(engines, self.workdir, counts, options, gpus=gpus, nice=dep.worker_nice)
+        self.workers = WorkerSet(engines, self.workdir, counts, options, gpus=gpus, nice=dep.worker_nice,
+                                 tls=security.local_worker_tls)
         if any(counts.values()):  # none: every worker is remote (`tandem worker` elsewhere)
             self.log(f"starting {', '.join(f'{n} {r}' for r, n in counts.items() if n)} worker(s) ({dep.mode}) ...")
             await loop.run_in_executor(None, self.workers.prepare)
@@ -126,10 +145,10 @@ class Stack:
             await asyncio.gather(*[loop.run_in_executor(None, self.workers.wait_ready, name)
                                    for name in self.workers.specs])
         self._record_workers()
-        metrics = Metrics(dep.mode, manifest.kv_layout.tokens_per_page)
-        secret = load_secret()
+        metrics = Metrics(dep.mode, manifest.kv_layout.tokens_per_page, served_name(dep, manifest))
         auth = ((SECRET_PARAMETER, secret),) if secret else ()
-        self.fleet = Fleet(dep.health.heartbeat_s, dep.health.stall_s, auth=auth, on_stats=metrics.record_worker)
+        self.fleet = Fleet(dep.health.heartbeat_s, dep.health.stall_s, auth=auth, tls=security.worker_tls)
+        metrics.workers.watch(self.fleet)
         self.supervisor = Supervisor(self.workers, self.fleet, dep.health.stall_restart_s,
                                      on_restart=lambda name, server: self._record_workers())
         self.fleet.on_change = self.supervisor.on_health
@@ -150,9 +169,14 @@ class Stack:
         if self.workers.servers:  # remote-only: /health says 503 until the workers answer, the front door is up
             await self._until_ready()
         served = ServedModel(self.service, dep.front_door.model_name, served_name(dep, manifest))
-        fd = dep.front_door
-        self.grpc = await start_grpc(TritonProtocolServicer(served), fd.host, fd.grpc_port)
-        self.http = await start_http(HttpFrontend(served, lim.max_body_bytes), fd.host, fd.http_port)
+        door, fd = FrontDoor(served), dep.front_door
+        try:
+            self.grpc = await start_grpc(TritonProtocolServicer(door), fd.host, fd.grpc_port,
+                                         security.grpc_credentials, security.keys)
+            self.http = await start_http(HttpFrontend(door, lim.max_body_bytes, security.keys), fd.host,
+                                         fd.http_port, security.ssl_context)
+        except OSError as e:  # taken since the check at the start
+            raise DeploymentError(e.strerror or str(e)) from None
         self.served = served
 
     async def reload(self, dep: Deployment) -> None:

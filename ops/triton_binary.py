@@ -20,12 +20,13 @@ import tempfile
 from dataclasses import dataclass
 
 from engine.checkpoint import cache_dir
+from ops.startup import StartupError
 
 OVERRIDE = "TANDEM_TRITONSERVER"
 IMAGE_ROOT = "/opt/tritonserver"
 
 
-class TritonError(RuntimeError):
+class TritonError(StartupError):
     """The server could not be found, did not start, or did not become ready (with its log tail)."""
 
 

@@ -49,6 +49,7 @@ class TritonServer:
     tied: bool = True  # the server gets SIGTERM if the thread that started it dies (no orphans)
     host: str = "127.0.0.1"  # the address it listens on (beyond loopback: see command())
     log_stdout: bool = False  # the server's log goes to our stdout (a container) instead of a file
+    tls: tuple[str, str] | None = None  # (certificate, key) PEM files: its gRPC endpoint serves TLS
     proc: subprocess.Popen | None = None
     shm_files: set = field(default_factory=set)  # /dev/shm files its processes mapped once ready
     launched_at: float | None = None  # epoch seconds of the last launch (regions made since are its own)
@@ -79,6 +80,8 @@ class TritonServer:
                f"--http-address={h}", f"--http-port={self.http_port}",
                f"--metrics-address={h}", f"--metrics-port={self.metrics_port}",
                "--exit-timeout-secs=10", "--log-verbose=0", "--strict-readiness=true"]
+        if self.tls:
+            cmd += ["--grpc-use-ssl=true", f"--grpc-server-cert={self.tls[0]}", f"--grpc-server-key={self.tls[1]}"]
         return cmd + self._locked_admin() + [f"--load-model={m}" for m in self.models]
 
     def _locked_admin(self) -> list[str]:
@@ -131,7 +134,8 @@ class TritonServer:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise TritonError(f"{self.name} exited with {self.proc.returncode} while starting:\n{self.log_tail()}")
+                raise TritonError(f"{self.name} exited with {self.proc.returncode} while starting (log: "
+                                  f"{self.log_path if not self.log_stdout else 'above'})\n{self.log_tail()}")
             if all(self._ready(m) for m in self.models):
                 self.shm_files = mapped_shm_files(self.proc.pid)  # to clean up even after a hard kill
                 return

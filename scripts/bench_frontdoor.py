@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import os
 import statistics
 import tempfile
@@ -28,7 +27,7 @@ from tritonclient.grpc import InferInput
 from tandem.sampling_params import SamplingParams
 from engine.tokenizer import Tokenizer
 from control.fleet import WorkerState
-from control.handoff import Timings, handoff
+from control.handoff import Handoff, Timings
 from ops.serve_process import ServeProcess
 from control.worker_client import DecodeClient, PrefillClient
 
@@ -67,8 +66,8 @@ async def direct(p, d, ids: list[int], n: int, i: int) -> list[float]:
     params = SamplingParams(max_tokens=n, min_tokens=n)
     t0 = time.perf_counter()
     times = []
-    async with contextlib.aclosing(handoff(d, p, f"direct-{i}", ids, params, [], Timings())) as stream:
-        async for tok in stream:
+    async with Handoff(d, p, f"direct-{i}", ids, params, [], Timings()) as h:
+        while (tok := await h.next()) is not None:
             if tok.token is not None:
                 times.append(time.perf_counter() - t0)
     return times

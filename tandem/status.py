@@ -9,6 +9,8 @@ the reply carries `status_of(exc)`; the receiving side turns it back into the sa
     OK                  OK                   200   -          -
     INVALID_ARGUMENT    INVALID_ARGUMENT     400   no         client
     NOT_FOUND           NOT_FOUND            404   no         client
+    METHOD_NOT_ALLOWED  UNIMPLEMENTED        405   no         client (HTTP: a route without that method)
+    TOO_LARGE           RESOURCE_EXHAUSTED   413   no         client (a body over the size limit)
     UNAUTHENTICATED     UNAUTHENTICATED      401   no         client
     OUT_OF_PAGES        RESOURCE_EXHAUSTED   429   yes        capacity (KV pool full past the deadline)
     RESOURCE_EXHAUSTED  RESOURCE_EXHAUSTED   429   yes        capacity (admission limits)
@@ -19,7 +21,7 @@ the reply carries `status_of(exc)`; the receiving side turns it back into the sa
     DEADLINE_EXCEEDED   DEADLINE_EXCEEDED    504   yes        server (the request's deadline passed)
     INTERNAL            INTERNAL             500   no         server (a bug: see the log)
 
-A server-side fault is never reported as a client error: only the three "client" rows are 4xx
+A server-side fault is never reported as a client error: only the "client" rows are 4xx
 (429 means "too busy now, retry after Retry-After", not "you did something wrong").
 """
 
@@ -33,6 +35,8 @@ class Status(str, enum.Enum):
     OK = "OK"
     INVALID_ARGUMENT = "INVALID_ARGUMENT"
     NOT_FOUND = "NOT_FOUND"
+    METHOD_NOT_ALLOWED = "METHOD_NOT_ALLOWED"
+    TOO_LARGE = "TOO_LARGE"
     UNAUTHENTICATED = "UNAUTHENTICATED"
     OUT_OF_PAGES = "OUT_OF_PAGES"
     RESOURCE_EXHAUSTED = "RESOURCE_EXHAUSTED"
@@ -55,6 +59,8 @@ STATUS_TABLE: dict[Status, StatusInfo] = {
     Status.OK: StatusInfo("OK", 200, False),
     Status.INVALID_ARGUMENT: StatusInfo("INVALID_ARGUMENT", 400, False),
     Status.NOT_FOUND: StatusInfo("NOT_FOUND", 404, False),
+    Status.METHOD_NOT_ALLOWED: StatusInfo("UNIMPLEMENTED", 405, False),
+    Status.TOO_LARGE: StatusInfo("RESOURCE_EXHAUSTED", 413, False),
     Status.UNAUTHENTICATED: StatusInfo("UNAUTHENTICATED", 401, False),
     Status.OUT_OF_PAGES: StatusInfo("RESOURCE_EXHAUSTED", 429, True),
     Status.RESOURCE_EXHAUSTED: StatusInfo("RESOURCE_EXHAUSTED", 429, True),
@@ -85,6 +91,16 @@ class InvalidArgument(TandemError):
 
 class NotFound(TandemError):
     status = Status.NOT_FOUND
+
+
+class MethodNotAllowed(TandemError):
+    status = Status.METHOD_NOT_ALLOWED
+
+
+class TooLarge(TandemError):
+    """The request is over a size limit (its body, say); the message says the limit."""
+
+    status = Status.TOO_LARGE
 
 
 class Unauthenticated(TandemError):
@@ -136,8 +152,9 @@ class Internal(TandemError):
 
 
 _CLASSES: dict[Status, type[TandemError]] = {
-    c.status: c for c in (InvalidArgument, NotFound, Unauthenticated, OutOfPages, ResourceExhausted, LeaseLost,
-                          TransferFailed, Unavailable, Cancelled, DeadlineExceeded, Internal)
+    c.status: c for c in (InvalidArgument, NotFound, MethodNotAllowed, TooLarge, Unauthenticated, OutOfPages,
+                          ResourceExhausted, LeaseLost, TransferFailed, Unavailable, Cancelled, DeadlineExceeded,
+                          Internal)
 }
 
 

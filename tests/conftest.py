@@ -138,12 +138,14 @@ def rendered_repo(built_engines, tmp_path_factory):
     return out
 
 
-def start_serve(engines, workdir, *extra):
-    """`tandem serve` in its own process on free ports, for the given engines (256 MiB decode pool)."""
+def start_serve(engines, workdir, *extra, env: dict | None = None, ca: str | None = None):
+    """`tandem serve` in its own process on free ports, for the given engines (256 MiB decode pool);
+    `env` adds to its environment, `ca`: its doors speak TLS with a certificate this CA signed."""
     from ops.serve_process import ServeProcess
 
     before = leak_snapshot()
-    s = ServeProcess(str(workdir), ("--model", str(engines), "--kv-pool-bytes", str(256 << 20), *extra)).start()
+    s = ServeProcess(str(workdir), ("--model", str(engines), "--kv-pool-bytes", str(256 << 20), *extra),
+                     env=env, ca=ca).start()
     s.leak_baseline = before
     return s
 

@@ -17,7 +17,8 @@ from ops.deployment import WorkerPool, load_deployment
 # keys double as test ids: not "gpu", which tests/conftest.py skips on CPU machines
 STACKS = {"cpu": "deploy/docker-compose.cpu.yml", "nvidia": "deploy/docker-compose.gpu.yml"}
 ENV = {"TRTLLM_IMAGE": "example/trtllm:latest", "TRITON_IMAGE": "example/tritonserver:latest-trtllm-python-py3",
-       "TANDEM_COMPOSE_SECRET": "/nonexistent/tandem.secret", "PATH": "/usr/bin:/bin"}
+       "TANDEM_COMPOSE_SECRET": "/nonexistent/tandem.secret", "TANDEM_COMPOSE_TLS": "/nonexistent/tls",
+       "PATH": "/usr/bin:/bin"}
 BENCHMARK_NET = ipaddress.ip_network("198.18.0.0/15")
 
 
@@ -133,8 +134,10 @@ def test_images_build_from_a_configurable_base_and_pin_torch():
 def test_compose_config_validates(path):
     proc = subprocess.run(["docker-compose", "-f", path, "config", "-q"], capture_output=True, text=True, env=ENV)
     assert proc.returncode == 0, proc.stderr
-    missing = {k: v for k, v in ENV.items() if k != "TANDEM_COMPOSE_SECRET"}
-    if "TANDEM_COMPOSE_SECRET" in open(path).read():  # the stack refuses to start without a secret file
-        proc = subprocess.run(["docker-compose", "-f", path, "config", "-q"], capture_output=True, text=True,
-                              env=missing)
-        assert proc.returncode != 0 and "TANDEM_COMPOSE_SECRET" in proc.stderr
+    # the stack refuses to start without a secret file, or without the workers' TLS folder
+    for needed in ("TANDEM_COMPOSE_SECRET", "TANDEM_COMPOSE_TLS"):
+        if needed in open(path).read():
+            missing = {k: v for k, v in ENV.items() if k != needed}
+            proc = subprocess.run(["docker-compose", "-f", path, "config", "-q"], capture_output=True, text=True,
+                                  env=missing)
+            assert proc.returncode != 0 and needed in proc.stderr

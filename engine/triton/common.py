@@ -20,6 +20,8 @@ import numpy as np
 import torch
 import triton_python_backend_utils as pb_utils
 
+from tandem.logs import setup_logging
+from tandem.request_context import begin, end
 from tandem.secret import PARAMETER, load_secret
 from tandem.status import InvalidArgument, Status, Unauthenticated, status_of
 from tandem.wire import decode_request, encode_reply
@@ -70,7 +72,10 @@ def end_server(error: BaseException) -> None:
 
 
 def setup_threads(params: Params) -> None:
+    """Torch's threads, and this stub's log lines (to Triton's log) in the format its worker was given
+    (TANDEM_LOG_FORMAT), each naming the request it is about."""
     torch.set_num_threads(max(1, params.int("threads")))
+    setup_logging(os.environ.get("TANDEM_LOG_FORMAT", "text"), logging.WARNING)
 
 
 class ResponseSink:
@@ -143,6 +148,7 @@ def dispatch(requests, handlers: dict, auth: Auth, batched: bool = False) -> Non
     A caller without the deployment's secret (when the worker has one) gets UNAUTHENTICATED."""
     for request in requests:
         sink = ResponseSink(request, batched)
+        token = None
         try:
             auth.check(request)
             tensor = pb_utils.get_input_tensor_by_name(request, "request")
@@ -152,6 +158,8 @@ def dispatch(requests, handlers: dict, auth: Auth, batched: bool = False) -> Non
             if arr.dtype != np.object_ or arr.size != 1:
                 raise InvalidArgument(f"input 'request' must be BYTES with one element, got shape {arr.shape}")
             msg = decode_request(arr.reshape(-1)[0])
+            if getattr(msg, "request_id", ""):
+                token = begin(msg.request_id)[1]  # what is logged while handling it names its request
             handler = handlers.get(type(msg))
             if handler is None:
                 raise InvalidArgument(f"this model does not take {msg.TYPE!r}; it takes "
@@ -161,3 +169,6 @@ def dispatch(requests, handlers: dict, auth: Auth, batched: bool = False) -> Non
                 sink.send(reply, final=True)
         except Exception as e:  # every failure becomes this request's reply, with its status; others go on
             sink.fail(e)
+        finally:
+            if token is not None:
+                end(token)

@@ -40,7 +40,21 @@ class Stack:
     def env(self) -> dict[str, str]:
         return dict(os.environ, TANDEM_IMAGE=self.image, TANDEM_HTTP_PORT=str(self.http_port),
                     TANDEM_GRPC_PORT=str(self.grpc_port),
-                    TANDEM_COMPOSE_SECRET=os.path.join(self.secret_dir, "tandem.secret"))
+                    TANDEM_COMPOSE_SECRET=os.path.join(self.secret_dir, "tandem.secret"),
+                    TANDEM_COMPOSE_TLS=os.path.join(self.secret_dir, "tls"))
+
+    @staticmethod
+    def _worker_tls(folder: str) -> None:
+        """ca.crt and, signed by it, tls.crt/tls.key for the name tandem-worker (the stack's worker_tls)."""
+        from tests.serve.certs import TestCA
+
+        os.makedirs(folder)
+        ca = TestCA(folder, name="ca")
+        ca.issue("tls", dns=("tandem-worker",), ips=())
+        os.chmod(folder, 0o755)  # mounted whole: the folder itself must be open to the containers' user
+        if os.geteuid() == 0:
+            for name in os.listdir(folder):
+                os.chown(os.path.join(folder, name), SECRET_UID, SECRET_UID)
 
     def compose(self, *args: str, check: bool = True, timeout: float = 600) -> str:
         return sh(["docker-compose", "-p", self.project, "-f", self.file, *args], env=self.env, check=check,
@@ -55,6 +69,7 @@ class Stack:
             f.write(secrets.token_urlsafe(32))
         if os.geteuid() == 0:  # the containers see the file itself (a bind mount), not this 0700 folder
             os.chown(path, SECRET_UID, SECRET_UID)
+        self._worker_tls(os.path.join(self.secret_dir, "tls"))
         # `up` itself fails while a dependency is unhealthy; wait_healthy then reports why, with logs.
         proc = subprocess.run(["docker-compose", "-p", self.project, "-f", self.file, "up", "-d", "--no-build"],
                               capture_output=True, text=True, env=self.env, timeout=900)

@@ -4,7 +4,6 @@ through the orchestrator's own clients and handoff protocol."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 
 import pytest
@@ -14,7 +13,7 @@ from engine.generate import run_generation
 from engine.tokenizer import ChatMessage
 from engine.transports.nixl import available as nixl_available
 from control.fleet import WorkerState
-from control.handoff import Timings, handoff
+from control.handoff import Handoff, Timings
 from control.worker_client import DecodeClient, PrefillClient
 from ops.local_workers import WorkerSet
 from tandem.sampling_params import SamplingParams
@@ -49,8 +48,8 @@ async def pair(ws) -> tuple[WorkerState, WorkerState]:
 
 async def collect(p, d, rid, ids, params):
     out = []
-    async with contextlib.aclosing(handoff(d, p, rid, ids, params, [], Timings())) as stream:
-        async for t in stream:
+    async with Handoff(d, p, rid, ids, params, [], Timings()) as h:
+        while (t := await h.next()) is not None:
             if t.token is not None:
                 out.append(t.token)
     return out

@@ -1,7 +1,9 @@
 """Three "hosts" (network namespaces): `tandem worker --role prefill` in one, `--role decode` in another,
 `tandem serve` with both as remote workers in the third. The KV pages cross the link by NIXL over TCP,
 greedy output equals single-process `tandem generate`, a caller without the deployment secret is
-refused, and nothing is left behind."""
+refused, and nothing is left behind. The workers serve TLS with certificates of the test's own CA (the
+orchestrator sends the secret beyond loopback only over TLS), and the front door, beyond loopback,
+takes only callers with an API key."""
 
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from engine.transports.nixl import available as nixl_available
 from tests.conftest import leak_check, leak_snapshot
 from tests.multihost import netns
 from tests.multihost.test_nixl_hosts import ucx_env
+from tests.serve.certs import TestCA
 
 pytestmark = [pytest.mark.skipif(not nixl_available(), reason="NIXL not installed"),
               pytest.mark.skipif(netns.unavailable() is not None, reason=str(netns.unavailable()))]
@@ -43,9 +46,13 @@ def wait_http(url: str, timeout_s: float = 300.0, proc: subprocess.Popen | None 
     raise TimeoutError(f"{url} not ready within {timeout_s:.0f}s")
 
 
-def worker(host, role: str, engines, secret_env: dict, log) -> subprocess.Popen:
+API_KEY = "multi-host-test-api-key"
+
+
+def worker(host, role: str, engines, secret_env: dict, log, tls) -> subprocess.Popen:
     return host.popen(TANDEM + ["worker", "--role", role, "--engines", str(engines), "--host", host.address,
-                                "--transport", "nixl", "--threads", "1", "--kv-pool-bytes", str(128 << 20)],
+                                "--transport", "nixl", "--threads", "1", "--kv-pool-bytes", str(128 << 20),
+                                "--tls-cert", tls.cert, "--tls-key", tls.key],
                       env={**ucx_env(host), **secret_env}, stdout=log, stderr=subprocess.STDOUT)
 
 
@@ -56,13 +63,14 @@ def cluster(built_engines, tmp_path_factory):
     secret.write_text("multi-host-test-secret-0123456789\n")
     secret.chmod(0o600)
     env = {"TANDEM_SECRET_FILE": str(secret)}
+    ca = TestCA(str(work))
     before = leak_snapshot()
     with netns.hosts(3) as (p, d, o):
         logs = {r: open(work / f"{r}.log", "w") for r in ("prefill", "decode", "serve")}
         procs = []
         try:
-            procs += [worker(p, "prefill", built_engines, env, logs["prefill"]),
-                      worker(d, "decode", built_engines, env, logs["decode"])]
+            procs += [worker(p, "prefill", built_engines, env, logs["prefill"], ca.issue("prefill", ips=(p.address,))),
+                      worker(d, "decode", built_engines, env, logs["decode"], ca.issue("decode", ips=(d.address,)))]
             for host, proc in zip((p, d), procs):
                 wait_http(f"http://{host.address}:8000/v2/health/ready", proc=proc)
             dep = work / "dep.yaml"
@@ -70,12 +78,14 @@ def cluster(built_engines, tmp_path_factory):
                 "engines": str(built_engines), "transport": "nixl",
                 "prefill": {"count": 0, "urls": [f"{p.address}:8001"]},
                 "decode": {"count": 0, "urls": [f"{d.address}:8001"]},
-                "front_door": {"host": o.address, "grpc_port": 9001, "http_port": 9000}}))
+                "front_door": {"host": o.address, "grpc_port": 9001, "http_port": 9000},
+                "worker_tls": {"ca": ca.path}}))
             procs.insert(0, o.popen(TANDEM + ["serve", "--config", str(dep), "--workdir", str(work / "serve")],
-                                    env=env, stdout=logs["serve"], stderr=subprocess.STDOUT))
+                                    env={**env, "TANDEM_API_KEY": API_KEY}, stdout=logs["serve"],
+                                    stderr=subprocess.STDOUT))
             wait_http(f"http://{o.address}:9000/health", proc=procs[0])
             yield {"prefill": p, "decode": d, "orchestrator": o, "http": f"http://{o.address}:9000",
-                   "grpc": f"{o.address}:9001", "work": work}
+                   "grpc": f"{o.address}:9001", "work": work, "ca": ca.path}
         finally:
             for proc in procs:
                 proc.terminate()  # SIGTERM: each stops its Triton and cleans up
@@ -94,6 +104,10 @@ def test_greedy_across_hosts_equals_tandem_generate_with_kv_over_nixl(cluster, b
     body = json.dumps({"prompt": PROMPT, "max_tokens": 24, "temperature": 0}).encode()
     req = urllib.request.Request(cluster["http"] + "/v1/completions", data=body,
                                  headers={"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as e:  # beyond loopback: no key, no answer
+        urllib.request.urlopen(req, timeout=120)
+    assert e.value.code == 401
+    req.add_header("Authorization", f"Bearer {API_KEY}")
     with urllib.request.urlopen(req, timeout=120) as r:
         assert json.loads(r.read())["choices"][0]["text"] == want
     with urllib.request.urlopen(cluster["http"] + "/metrics") as r:
@@ -106,7 +120,7 @@ def test_greedy_across_hosts_equals_tandem_generate_with_kv_over_nixl(cluster, b
 
 def test_a_worker_off_loopback_refuses_a_caller_without_the_secret(cluster):
     d = cluster["decode"]
-    c = grpcclient.InferenceServerClient(f"{d.address}:8001")
+    c = grpcclient.InferenceServerClient(f"{d.address}:8001", ssl=True, root_certificates=cluster["ca"])
     try:
         t = grpcclient.InferInput("request", [1], "BYTES")
         t.set_data_from_numpy(np.array([json.dumps({"type": "stats", "body": {}}).encode()], dtype=np.object_))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 
 import pytest
@@ -25,7 +26,7 @@ def test_example_file_and_overrides(tmp_path):
     ("mode: turbo\n", "mode: Input should be 'disaggregated', 'colocated' or 'chunked'"),
     ("prefill: {count: 0}\n", "needs at least one prefill worker"),
     ("transport: tcp\n", "transport: Input should be 'shm', 'cuda_ipc', 'nixl' or 'auto'"),
-    ("dtype: int4\n", "dtype: Input should be 'float32', 'bfloat16' or 'float16'"),
+    ("dtype: fp8\n", "dtype: Input should be 'auto', 'float32', 'bfloat16' or 'float16'"),
     ("- a list\n", "must be a mapping"),
     ("key: [unclosed\n", "cannot read deployment file"),
 ])
@@ -35,18 +36,6 @@ def test_bad_files_are_refused_naming_the_field(tmp_path, text, message):
     with pytest.raises(DeploymentError) as e:
         load_deployment(str(path), {})
     assert message in str(e.value)
-
-
-def test_dtype_builds_engines_of_that_dtype_in_their_own_folder(tmp_path):
-    from tandem.manifest import read_manifest
-
-    assert load_deployment(None, {"dtype": "bfloat16"}).engines_dir == "engines/smollm2-135m-bfloat16"
-    assert load_deployment(None, {}).engines_dir == "engines/smollm2-135m"
-    dep = load_deployment(None, {"dtype": "bfloat16", "engines": str(tmp_path / "e")})
-    folder = ensure_engines(dep, log=lambda *_: None)
-    for role in ("prefill", "decode"):
-        m = read_manifest(f"{folder}/{role}")
-        assert m.dtype == "bfloat16" and m.kv_layout.dtype == "bfloat16"
 
 
 def test_engines_that_cannot_pair_are_refused_at_start(built_engines, tmp_path):
@@ -70,3 +59,13 @@ def test_serve_refuses_a_bad_deployment_without_starting_anything(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "cli.main", "serve", "--config", str(path)], capture_output=True,
                           text=True, timeout=60)
     assert proc.returncode != 0 and "needs at least one decode worker" in proc.stderr
+
+
+def test_serve_builds_engines_in_the_dtype_asked_for(tmp_path, monkeypatch):
+    """`tandem serve --dtype bfloat16` (deployment `dtype:`) reaches the build: both role engines hold bf16."""
+    from tandem.manifest import read_manifest
+
+    monkeypatch.chdir(tmp_path)
+    dep = load_deployment(None, {"dtype": "bfloat16"})
+    folder = ensure_engines(dep, log=lambda *_: None)
+    assert [read_manifest(os.path.join(folder, r)).dtype for r in ("prefill", "decode")] == ["bfloat16"] * 2

@@ -131,8 +131,9 @@ def test_bad_input_gets_the_protocols_error_while_good_requests_go_on(served, ex
             assert err.status() == "StatusCode.INVALID_ARGUMENT" and message in err.message(), (name, err)
         err = _grpc_error(g, ensemble_inputs(grpcclient, "hi", 4, False), model="llama-70b")
         assert err.status() == "StatusCode.NOT_FOUND" and "unknown model 'llama-70b'" in err.message()
+        status, err = post(served.http, "/v1/completions", {"prompt": "hi", "max_tokens": 4, "model": "gpt-4"})
+        assert status == 404 and "unknown model 'gpt-4'" in err["error"]["message"], err  # as OpenAI's own
         http_cases = [
-            ({"prompt": "hi", "max_tokens": 4, "model": "gpt-4"}, "unknown model 'gpt-4'"),
             ({"prompt": "", "max_tokens": 4}, "prompt is empty"),
             ({"prompt": too_long, "max_tokens": 4}, "model's context is 8192"),
             ({"prompt": "hi", "max_tokens": 0}, "max_tokens must be an integer >= 1"),

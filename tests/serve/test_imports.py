@@ -6,7 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-FRONT = ["frontdoor.grpc_door", "frontdoor.http_app", "control.orchestrator", "control.serving_path",
+FRONT = ["frontdoor.grpc_door", "frontdoor.http_app", "frontdoor.core", "frontdoor.kserve_codec", "control.orchestrator", "control.serving_path",
          "control.handoff", "control.channel", "control.fleet", "control.router",
          "ops.stack", "tandem.wire", "tandem.status", "tandem.sampling_params", "tandem.pool"]
 

@@ -1,0 +1,147 @@
+"""API keys on both front doors: who may use them.
+
+Keys come from `TANDEM_API_KEY` (one key) and/or a key file (one key per line; blank lines and `#`
+comments skipped), so several keys can be valid at once while one is rotated. A client presents one
+as `Authorization: Bearer <key>`: the HTTP header, or the gRPC metadata entry `authorization`.
+Without a valid key a request is answered 401 (OpenAI's error JSON) or gRPC UNAUTHENTICATED, before
+its body is looked at. Every configured key is compared in constant time, all of them every time.
+
+Open without a key, when `open_probes` (the default): the probes, `/health`, `/metrics`,
+`/v2/health/*` and gRPC ServerLive/ServerReady/ModelReady, so load balancers, kubelets and Prometheus
+need no key. `/admin/*` has its own stronger rule (the deployment secret, frontdoor/http_admin.py).
+
+A door that listens beyond loopback needs keys unless they are switched off explicitly
+(`--no-api-key`); `resolve_keys` refuses to start otherwise.
+"""
+
+from __future__ import annotations
+
+import hmac
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import grpc
+from aiohttp import web
+
+from tandem.secret import is_loopback
+from tandem.status import TandemError, Unauthenticated
+
+ENV_KEY = "TANDEM_API_KEY"
+MIN_KEY_CHARS = 8
+OPEN_HTTP_PATHS = ("/health", "/metrics", "/v2/health/live", "/v2/health/ready")
+OPEN_GRPC_METHODS = ("ServerLive", "ServerReady", "ModelReady")
+_HINT = "send 'Authorization: Bearer <key>' with a key this server was given (TANDEM_API_KEY or --api-key-file)"
+
+
+class ApiKeyError(ValueError):
+    """Keys are configured wrongly: the message says what and how to fix it."""
+
+
+@dataclass(frozen=True)
+class ApiKeys:
+    keys: tuple[bytes, ...]
+    open_probes: bool = True
+
+    def accepts(self, authorization: str | None) -> bool:
+        """True when `authorization` is 'Bearer <a configured key>'. Compares against every key."""
+        scheme, _, given = (authorization or "").strip().partition(" ")
+        token = given.strip().encode() if scheme.lower() == "bearer" else b""
+        ok = False
+        for key in self.keys:
+            ok |= hmac.compare_digest(token, key)
+        return ok and bool(token)
+
+    def check(self, authorization: str | None) -> None:
+        if not self.accepts(authorization):
+            why = "no API key was sent" if not authorization else "the API key is not valid"
+            raise Unauthenticated(f"{why}; {_HINT}")
+
+
+def read_keys(key_file: str | None, environ=os.environ) -> tuple[bytes, ...]:
+    """The keys of TANDEM_API_KEY and of `key_file`; each at least MIN_KEY_CHARS long."""
+    keys = []
+    if environ.get(ENV_KEY):
+        keys.append(environ[ENV_KEY].strip())
+    if key_file:
+        try:
+            with open(key_file, encoding="utf-8") as f:
+                keys += [ln.strip() for ln in f if ln.strip() and not ln.lstrip().startswith("#")]
+        except OSError as e:
+            raise ApiKeyError(f"cannot read the API key file {key_file}: {e.strerror}") from None
+    for k in keys:
+        if len(k) < MIN_KEY_CHARS or any(c.isspace() for c in k):
+            raise ApiKeyError(f"an API key must be at least {MIN_KEY_CHARS} characters with no spaces "
+                              f"(e.g. `head -c 24 /dev/urandom | base64`)")
+    return tuple(k.encode() for k in keys)
+
+
+def resolve_keys(host: str, key_file: str | None, disabled: bool, open_probes: bool = True,
+                 environ=os.environ) -> ApiKeys | None:
+    """The keys the doors on `host` require, or None (no keys). Off loopback, keys are required unless
+    `disabled`; keys given while `disabled` is a contradiction, refused too."""
+    keys = read_keys(key_file, environ)
+    if disabled:
+        if keys:
+            raise ApiKeyError("API keys are given (TANDEM_API_KEY or an API key file) and switched off "
+                              "(--no-api-key) at once; choose one")
+        return None
+    if not keys:
+        if not is_loopback(host):
+            raise ApiKeyError(f"the front doors listen on {host}, beyond loopback, without API keys: set "
+                              f"TANDEM_API_KEY or --api-key-file, or pass --no-api-key to serve without keys")
+        return None
+    return ApiKeys(keys, open_probes)
+
+
+def http_middleware(keys: ApiKeys, respond: Callable[[TandemError], web.StreamResponse]):
+    """aiohttp middleware: a request without a valid key is answered `respond(Unauthenticated)`."""
+
+    @web.middleware
+    async def require_key(request: web.Request, handler):
+        path = request.path
+        exempt = path.startswith("/admin/") or (keys.open_probes and path in OPEN_HTTP_PATHS)
+        if not exempt:
+            try:
+                keys.check(request.headers.get("Authorization"))
+            except Unauthenticated as e:
+                resp = respond(e)
+                resp.headers["WWW-Authenticate"] = 'Bearer realm="tandem"'
+                return resp
+        return await handler(request)
+
+    return require_key
+
+
+class GrpcKeyInterceptor(grpc.aio.ServerInterceptor):
+    """Every call needs metadata `authorization: Bearer <key>`, except the probes (when open)."""
+
+    def __init__(self, keys: ApiKeys):
+        self.keys = keys
+
+    async def intercept_service(self, continuation, details):
+        handler = await continuation(details)
+        method = details.method.rsplit("/", 1)[-1]
+        if handler is None or (self.keys.open_probes and method in OPEN_GRPC_METHODS):
+            return handler
+        given = dict(details.invocation_metadata or ()).get("authorization")
+        try:
+            self.keys.check(given)
+        except Unauthenticated as e:
+            return _refusing(handler, str(e))
+        return handler
+
+
+def _refusing(handler: grpc.RpcMethodHandler, message: str) -> grpc.RpcMethodHandler:
+    """A handler of the same shape as `handler` that aborts every call with UNAUTHENTICATED."""
+
+    async def refuse(request, context):
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+
+    async def refuse_stream(request, context):
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+        yield  # never reached (abort raises): it makes this an async generator, as a streaming handler is
+
+    kind = {(False, False): "unary_unary", (False, True): "unary_stream", (True, False): "stream_unary",
+            (True, True): "stream_stream"}[(handler.request_streaming, handler.response_streaming)]
+    return handler._replace(**{kind: refuse_stream if handler.response_streaming else refuse})

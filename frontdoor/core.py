@@ -1,0 +1,183 @@
+"""The front-door core: the one place a typed request is admitted, prepared, streamed and collected.
+
+Every protocol door is a codec over it (OpenAI HTTP: http_openai.py; KServe v2 over HTTP and Triton
+gRPC: kserve_codec.py, http_kserve.py, grpc_door.py):
+
+    request (typed) ──▶ FrontDoor.answer ──▶ Delta, Delta, ... (the last has a finish reason)
+                        FrontDoor.collect ──▶ Answer (the whole text, log-probs, token counts)
+
+`answer` prepares the request (tokenized off the event loop, under admission: a refusal is raised
+before anything is yielded), admits it, gives it a deadline (its own, or the deployment's), drives the
+serving path's token stream (control/serving_path.py: the one generator below this one), turns tokens
+into text incrementally and records the latencies clients see. Failures are tandem.status exceptions;
+each door shapes them for its protocol through the one status table. Nothing is ever streamed twice.
+
+The prompt-echo rule lives here only: a request with `exclude_input=False` gets its prompt in front of
+the first delta's text (and so in front of a collected answer).
+
+The served model (`ServedModel`) is the one LLM model every door serves: its names, Triton config and
+metadata, and statistics. gRPC and KServe HTTP serve it as `triton_name` (`ensemble` by default,
+TensorRT-LLM's name, so existing Triton clients work unchanged); the OpenAI API serves it as
+`served_name` (the model's own name, e.g. `smollm2-135m`, as vLLM's --served-model-name) and accepts
+the Triton name as an alias.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from tritonclient.grpc import model_config_pb2 as mc
+
+from control.orchestrator import Orchestrator
+from engine.detokenizer import TextStream
+from frontdoor.model_contract import INPUTS, MAX_BATCH_SIZE, OUTPUTS
+from frontdoor.requests import GenerationRequest
+from tandem.request_context import note_tokens
+from tandem.status import Status, TandemError, status_of
+
+_TYPE = {"BYTES": mc.TYPE_STRING, "INT32": mc.TYPE_INT32, "UINT64": mc.TYPE_UINT64, "FP32": mc.TYPE_FP32,
+         "BOOL": mc.TYPE_BOOL}
+
+
+def model_config(name: str) -> mc.ModelConfig:
+    cfg = mc.ModelConfig(name=name, backend="python", max_batch_size=MAX_BATCH_SIZE)
+    cfg.model_transaction_policy.decoupled = True
+    for t in INPUTS:
+        cfg.input.add(name=t.name, data_type=_TYPE[t.datatype], dims=list(t.dims), optional=t.optional)
+    for t in OUTPUTS:
+        cfg.output.add(name=t.name, data_type=_TYPE[t.datatype], dims=list(t.dims))
+    return cfg
+
+
+class Stats:
+    """Per-model counters for ModelStatistics (perf_analyzer reads them)."""
+
+    def __init__(self):
+        self.success = self.fail = self.success_ns = self.fail_ns = 0
+        self.last_ms = 0
+
+    def record(self, ok: bool, start: float) -> None:
+        ns = int((time.perf_counter() - start) * 1e9)
+        if ok:
+            self.success, self.success_ns = self.success + 1, self.success_ns + ns
+        else:
+            self.fail, self.fail_ns = self.fail + 1, self.fail_ns + ns
+        self.last_ms = int(time.time() * 1000)
+
+
+class ServedModel:
+    def __init__(self, service: Orchestrator, triton_name: str = "ensemble", served_name: str | None = None):
+        self.service = service
+        self.triton_name = triton_name
+        self.served_name = served_name or triton_name
+        self.config = model_config(triton_name)
+        self.stats = Stats()
+
+    def known_triton(self, name: str, version: str = "") -> bool:
+        return name == self.triton_name and version in ("", "1")
+
+    def known_openai(self, name: str | None) -> bool:
+        return name is None or name in (self.served_name, self.triton_name)
+
+    def metadata(self) -> dict:
+        meta = lambda ts: [{"name": t.name, "datatype": t.datatype, "shape": [-1, *t.dims]} for t in ts]  # noqa: E731
+        return {"name": self.triton_name, "versions": ["1"], "platform": "python", "inputs": meta(INPUTS),
+                "outputs": meta(OUTPUTS)}
+
+
+@dataclass(frozen=True)
+class Delta:
+    text: str  # new final text (may be empty: a partial character, or a held-back stop prefix)
+    token: int | None
+    logprob: float | None
+    finish_reason: str | None = None
+    cached_tokens: int = 0  # on the first delta: prompt tokens taken from a prefix cache, not computed
+    prompt_tokens: int = 0  # the prompt's length in tokens (on every delta)
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A whole answer, as the collector gathers it from the deltas."""
+
+    text: str
+    logprobs: tuple[float, ...]  # one per token when the request asked for them, else empty
+    tokens: int
+    finish_reason: str | None
+    prompt_tokens: int
+    cached_tokens: int
+
+
+class FrontDoor:
+    """The served model (`served`: its names, config and statistics) behind every protocol door."""
+
+    def __init__(self, served: ServedModel):
+        self.served = served
+        self.service: Orchestrator = served.service
+
+    async def answer(self, req: GenerationRequest) -> AsyncIterator[Delta]:
+        """The request's deltas; raises a TandemError (before the first delta when it is refused).
+
+        The one generator between the serving path's tokens and a protocol codec."""
+        svc, stats_start, ok, n_in = self.service, time.perf_counter(), False, 0
+        meter = svc.metrics.start(stats_start)  # its latencies count from arrival, tokenization included
+        try:
+            prep = await svc.prepare(req)
+            n_in = len(prep.prompt_ids)
+            ticket = svc.admission.admit(n_in)  # refused at once when full
+            meter.admitted(n_in)
+            try:
+                text = TextStream(svc.tokenizer, prep.params.stop)
+                echo = "" if prep.request.exclude_input else (prep.request.prompt or "")
+                deadline = time.monotonic() + (prep.request.timeout_s or svc.timeout_s)
+                async with contextlib.aclosing(svc.path.run(prep, deadline)) as tokens:
+                    async for tok in tokens:
+                        piece = text.add(tok.token) if tok.token is not None else ""
+                        if tok.finish_reason:
+                            piece += text.flush()
+                        cached = 0
+                        if tok.token is not None and meter.token():  # the first token
+                            ticket.first_token()  # its prompt is done: admission counts it as queued no more
+                            cached = min(tok.cached_tokens, n_in)
+                            piece, echo = echo + piece, ""
+                        yield Delta(piece, tok.token, tok.logprob, tok.finish_reason, cached, n_in)
+                        if tok.finish_reason:
+                            meter.done(tok.finish_reason)
+                            break
+                ok = True
+            finally:
+                ticket.close()
+        except TandemError as e:
+            meter.failed(status_of(e))
+            raise
+        finally:
+            meter.failed(Status.CANCELLED)  # the client left (the stream closed early); no-op once it ended
+            self.served.stats.record(ok, stats_start)
+            note_tokens(n_in, meter.tokens)  # for the access line
+
+    async def collect(self, req: GenerationRequest) -> Answer:
+        """The whole answer of one request (the one collector every door uses)."""
+        text, logprobs, n, reason, n_in, cached = [], [], 0, None, 0, 0
+        async with contextlib.aclosing(self.answer(req)) as deltas:  # a cancel cleans up at once
+            async for d in deltas:
+                text.append(d.text)
+                if d.token is not None:
+                    n += 1
+                    if d.logprob is not None:
+                        logprobs.append(d.logprob)
+                reason, n_in, cached = d.finish_reason or reason, d.prompt_tokens, cached or d.cached_tokens
+        return Answer("".join(text), tuple(logprobs), n, reason, n_in, cached)
+
+    async def collect_all(self, reqs: list[GenerationRequest]) -> list[Answer]:
+        """Whole answers of a batch, served concurrently; the first failure cancels the others."""
+        if len(reqs) == 1:
+            return [await self.collect(reqs[0])]
+        try:
+            async with asyncio.TaskGroup() as tg:
+                tasks = [tg.create_task(self.collect(r)) for r in reqs]
+        except BaseExceptionGroup as group:  # the status of the first failure, as a single request's
+            raise group.exceptions[0] from None
+        return [t.result() for t in tasks]

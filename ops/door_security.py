@@ -1,0 +1,83 @@
+"""What a deployment's doors and worker links need before anything starts, checked up front.
+
+Everything here fails with a DeploymentError whose message is one line naming the cause, before any
+worker is started: keys required beyond loopback and missing, a certificate that cannot be read, a
+front-door port another process holds, the secret about to go to a worker beyond loopback in the clear.
+"""
+
+from __future__ import annotations
+
+import socket
+import ssl
+from dataclasses import dataclass
+
+import grpc
+
+from control.worker_tls import WorkerTls, secret_refusal
+from frontdoor.auth import ApiKeyError, ApiKeys, resolve_keys
+from frontdoor.tls import ServerTls, TlsError
+from ops.deployment import Deployment, DeploymentError
+
+
+@dataclass(frozen=True)
+class DoorSecurity:
+    keys: ApiKeys | None = None
+    ssl_context: ssl.SSLContext | None = None  # the HTTP door's TLS
+    grpc_credentials: grpc.ServerCredentials | None = None  # the gRPC door's TLS
+    worker_tls: WorkerTls | None = None  # the orchestrator's channel to the workers
+    local_worker_tls: tuple[str, str] | None = None  # (cert, key) the local workers serve with
+
+
+def door_security(dep: Deployment) -> DoorSecurity:
+    fd = dep.front_door
+    try:
+        keys = resolve_keys(fd.host, fd.api_key_file, fd.no_api_key, fd.open_probes)
+        tls = ServerTls(fd.tls.cert, fd.tls.key, fd.tls.client_ca) if fd.tls else None
+        ctx, creds = (tls.ssl_context(), tls.grpc_credentials()) if tls else (None, None)
+    except (ApiKeyError, TlsError) as e:
+        raise DeploymentError(str(e)) from None
+    wt = dep.worker_tls
+    worker_tls = local = None
+    if wt is not None:
+        try:
+            worker_tls = WorkerTls.from_files(wt.ca, wt.server_name)
+        except OSError as e:
+            raise DeploymentError(f"cannot read worker_tls.ca {wt.ca}: {e.strerror}") from None
+        local = (wt.cert, wt.key) if wt.cert else None
+    return DoorSecurity(keys, ctx, creds, worker_tls, local)
+
+
+def check_secret_links(dep: Deployment, secret: str | None, worker_tls: WorkerTls | None) -> None:
+    """Refuse a deployment that would send its secret in the clear to a worker it lists by address.
+    (Workers found by DNS are held to the same rule by each channel, control/worker_tls.py.)"""
+    auth = (("secret", secret),) if secret else ()
+    for pool in (dep.prefill, dep.decode):
+        for url in pool.urls:
+            why = secret_refusal(url, auth, worker_tls)
+            if why:
+                raise DeploymentError(why)
+        if pool.dns and secret and worker_tls is None:
+            raise DeploymentError(f"not sending the deployment secret to the workers of {pool.dns} in the clear: "
+                                  f"set worker_tls (the workers' CA, and server_name for addresses found by DNS)")
+
+
+def port_refusal(host: str, port: int) -> str | None:
+    """Why nothing can listen on host:port now (another process holds it, ...), or None."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the servers bind: TIME_WAIT is no conflict
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            return f"{host}:{port}: {e.strerror}"
+    return None
+
+
+def check_ports_free(dep: Deployment) -> None:
+    """Both front-door ports can be listened on now (port 0: any free port, always fine)."""
+    fd = dep.front_door
+    for door, port in (("HTTP", fd.http_port), ("gRPC", fd.grpc_port)):
+        why = port_refusal(fd.host, port) if port else None
+        if why:
+            raise DeploymentError(f"the {door} front door cannot listen on {why} (choose another with "
+                                  f"--{door.lower()}-port)")

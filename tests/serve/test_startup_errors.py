@@ -1,0 +1,133 @@
+"""Start-up failures end in one clear line and a non-zero exit, never a traceback: a port another
+process holds (really held, by a listening socket here), a worker's Triton that will not start, keys
+missing beyond loopback, the secret about to cross the network in the clear."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import socket
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from control.channel import WorkerChannel
+from ops.triton_process import free_port
+from tandem.status import Unavailable
+from tandem.wire import Stats
+from tests.conftest import leak_check, leak_snapshot
+
+TANDEM = [sys.executable, "-m", "cli.main"]
+
+
+@pytest.fixture
+def held_port():
+    """A port some other process is listening on."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        yield s.getsockname()[1]
+
+
+def run(*args: str, env: dict | None = None, timeout: float = 300) -> tuple[int, str]:
+    keep = ("TANDEM_CACHE", "TANDEM_TEST_SESSION")  # none of the options' variables, nor keys or the secret
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("TANDEM_") or k in keep}
+    proc = subprocess.run(TANDEM + list(args), capture_output=True, text=True, timeout=timeout,
+                          env={**clean, **(env or {})})
+    return proc.returncode, proc.stderr
+
+
+def one_error_line(stderr: str) -> str:
+    assert "Traceback" not in stderr, stderr
+    errors = [ln for ln in stderr.splitlines() if ln.startswith("Error: ")]
+    assert len(errors) == 1, stderr
+    return errors[0]
+
+
+def test_serve_names_the_port_in_use_by_flag_and_by_environment(built_engines, held_port):
+    code, err = run("serve", "--model", str(built_engines), "--http-port", str(held_port),
+                    "--grpc-port", str(free_port()))
+    line = one_error_line(err)
+    assert code != 0 and f"127.0.0.1:{held_port}" in line and "in use" in line and "HTTP" in line
+    code, err = run("serve", "--model", str(built_engines), "--http-port", str(free_port()),
+                    env={"TANDEM_GRPC_PORT": str(held_port)})
+    line = one_error_line(err)
+    assert code != 0 and f"127.0.0.1:{held_port}" in line and "gRPC" in line
+
+
+def test_serve_beyond_loopback_needs_keys_or_says_so(built_engines, tmp_path):
+    ports = ["--http-port", str(free_port()), "--grpc-port", str(free_port())]
+    code, err = run("serve", "--model", str(built_engines), "--host", "0.0.0.0", *ports)
+    line = one_error_line(err)
+    assert code != 0 and "--no-api-key" in line and "TANDEM_API_KEY" in line
+    code, err = run("serve", "--model", str(built_engines), "--host", "0.0.0.0", *ports,
+                    env={"TANDEM_API_KEY": "short"})
+    assert code != 0 and "at least 8 characters" in one_error_line(err)
+    code, err = run("serve", "--model", str(built_engines), *ports, "--no-api-key",
+                    env={"TANDEM_API_KEY": "a-long-enough-key"})
+    assert code != 0 and "choose one" in one_error_line(err)
+
+
+def test_serve_refuses_to_send_the_secret_in_the_clear(built_engines, tmp_path):
+    cfg = tmp_path / "dep.yaml"
+    cfg.write_text(yaml.safe_dump({"decode": {"count": 0, "urls": ["10.255.255.1:8001"]}}))
+    code, err = run("serve", "--model", str(built_engines), "--config", str(cfg), "--http-port", str(free_port()),
+                    "--grpc-port", str(free_port()), env={"TANDEM_SECRET": "a-deployment-secret-0123456789"})
+    line = one_error_line(err)
+    assert code != 0 and "10.255.255.1:8001" in line and "in the clear" in line and "worker_tls" in line
+
+
+def test_the_channel_itself_never_sends_the_secret_off_loopback_without_tls():
+    async def main():
+        auth = (("tandem_secret", "a-deployment-secret-0123456789"),)
+        channel = WorkerChannel("10.255.255.1:8001", "decode", auth=auth)
+        try:
+            with pytest.raises(Unavailable, match="in the clear"):
+                await channel.call(Stats(), timeout=5)
+            assert channel._stream is None  # no stream was ever opened
+        finally:
+            await channel.close()
+
+    asyncio.run(main())
+
+
+def test_worker_names_its_port_in_use(built_engines, held_port):
+    code, err = run("worker", "--role", "prefill", "--engines", str(built_engines), "--grpc-port", str(held_port),
+                    "--http-port", str(free_port()), "--metrics-port", str(free_port()))
+    line = one_error_line(err)
+    assert code != 0 and f"127.0.0.1:{held_port}" in line and "gRPC" in line
+
+
+@pytest.fixture
+def broken_engines(built_engines, tmp_path):
+    """The session's engines with the prefill weights replaced by garbage: the prefill model cannot load."""
+    broken = tmp_path / "engines"
+    for role in ("prefill", "decode"):
+        (broken / role).mkdir(parents=True)
+        for name in os.listdir(built_engines / role):
+            if not (role == "prefill" and name == "model.safetensors"):
+                os.link(built_engines / role / name, broken / role / name)
+    (broken / "prefill" / "model.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}garbage")
+    return broken
+
+
+def test_a_triton_that_will_not_start_ends_the_worker_in_one_line(broken_engines, tmp_path):
+    work = tmp_path / "work"
+    code, err = run("worker", "--role", "prefill", "--engines", str(broken_engines), "--grpc-port", str(free_port()),
+                    "--http-port", str(free_port()), "--metrics-port", str(free_port()), "--workdir", str(work),
+                    "--log-file")
+    line = one_error_line(err)
+    assert code != 0 and "prefill exited with" in line and str(work) in line and "manifest digest" in line
+    shutil.rmtree(work, ignore_errors=True)
+
+
+def test_a_triton_that_will_not_start_ends_serve_in_one_line(broken_engines, tmp_path):
+    before = leak_snapshot()
+    code, err = run("serve", "--model", str(broken_engines), "--http-port", str(free_port()),
+                    "--grpc-port", str(free_port()), "--workdir", str(tmp_path / "work"), timeout=600)
+    line = one_error_line(err)
+    assert code != 0 and "prefill-0 exited with" in line and "manifest digest" in line
+    assert leak_check(before) == []  # the decode worker that did start is stopped again

@@ -25,7 +25,7 @@ from engine.errors import InvalidRequest
 from engine.kv_pool import TORCH_DTYPES, KVCache, PageAllocator
 from engine.model import LlamaModel
 from engine.prefix_cache import PrefixCache
-from engine.sampler import sample
+from engine.sampler import report, sample
 from tandem.sampling_params import SamplingParams
 from engine.sequence import FinishReason, Sequence
 from engine.tokenizer import Tokenizer
@@ -140,14 +140,15 @@ class Engine:
         rope_lens = torch.repeat_interleave(torch.tensor(lens, device=dev), torch.tensor(lens, device=dev))  # [T]
         if writers is None:
             writers = [PoolWriter(self.cache, self._slots(s, 0, n)) for s, n in zip(seqs, lens)]
-        last = torch.tensor(lens, device=dev).cumsum(0) - 1  # [B]
+        rows, spans = self._logit_rows(seqs, [0] * len(seqs), lens)
         attn = PrefillAttention(lens, writers)
         if stop is not None:
             attn = StoppableAttention(attn, stop)
-        logits = self.model.forward(tokens, positions, rope_lens, attn, last)
+        logits = self.model.forward(tokens, positions, rope_lens, attn, rows)  # [B + prompt rows, V]
         for s, n in zip(seqs, lens):
             s.num_cached = n
-        return self._sample(seqs, logits)
+        self._prompt_logprobs(seqs, logits, spans)
+        return self._sample(seqs, logits[:len(seqs)])
 
     def decode_step(self, seqs: list[Sequence]) -> list[TokenOut]:
         """One new token for each sequence; each must have all but its newest token cached."""
@@ -179,7 +180,10 @@ class Engine:
             attn = TeeAttention(attn, counts, writers, starts)
         if stop is not None:
             attn = StoppableAttention(attn, stop)
-        logits = self.model.forward(tokens, positions, rope_lens, attn, counts_t.cumsum(0) - 1)  # [B, V]
+        rows, spans = self._logit_rows(seqs, starts, ctx)
+        logits = self.model.forward(tokens, positions, rope_lens, attn, rows)  # [B + prompt rows, V]
+        self._prompt_logprobs(seqs, logits, spans)
+        logits = logits[:len(seqs)]  # [B, V]
         ready = []
         for i, (s, c) in enumerate(zip(seqs, ctx)):
             s.num_cached = c
@@ -198,12 +202,39 @@ class Engine:
         table = torch.tensor(seq.page_table, device=self.device)
         return table[pos // tpp] * tpp + pos % tpp  # [end - start]
 
+    def _logit_rows(self, seqs: list[Sequence], starts: list[int], ends: list[int]
+                    ) -> tuple[torch.Tensor, list[tuple[int, int, int]]]:
+        """Rows of a packed pass (sequence i computes positions starts[i]..ends[i]-1) to take logits at:
+        each sequence's last row ([B], in order), then, for sequences asking for prompt logprobs, every
+        computed prompt position that predicts a prompt token. spans: (sequence, first position, rows)."""
+        rows, extra, spans, offset = [], [], [], 0
+        for i, (s, a, c) in enumerate(zip(seqs, starts, ends)):
+            rows.append(offset + c - a - 1)
+            upto = min(c, len(s.prompt_ids) - 1)  # position p predicts token p + 1
+            if s.params.prompt_logprobs and not s.output_ids and upto > a:
+                extra.extend(range(offset, offset + upto - a))
+                spans.append((i, a, upto - a))
+            offset += c - a
+        return torch.tensor(rows + extra, device=self.device), spans  # [B + extra]
+
+    def _prompt_logprobs(self, seqs: list[Sequence], logits: torch.Tensor, spans: list[tuple[int, int, int]]) -> None:
+        """logits: [B + extra, V] (rows from _logit_rows) -> each span's reports appended to its sequence."""
+        row = len(seqs)
+        for i, first, n in spans:
+            s = seqs[i]
+            lp = torch.log_softmax(logits[row:row + n].float(), dim=-1)  # [n, V]
+            nxt = torch.tensor(s.prompt_ids[first + 1:first + 1 + n], device=lp.device)  # [n]
+            s.prompt_logprobs.extend(report(lp, nxt, [s.params.top_logprobs] * n))
+            row += n
+
     def _sample(self, seqs: list[Sequence], logits: torch.Tensor) -> list[TokenOut]:
-        tokens, logprobs = sample(logits, [s.params for s in seqs], [len(s.output_ids) for s in seqs],
-                                  [s.banned_ids() for s in seqs])
+        """logits: [B, V] -> each sequence's next token, appended; the logprob when asked (the report
+        with alternatives stays on the sequence: Sequence.last_logprob)."""
+        history = [s.all_ids if s.params.repetition_penalty != 1.0 else [] for s in seqs]
+        tokens, reports = sample(logits, [s.params for s in seqs], [len(s.output_ids) for s in seqs],
+                                 [s.banned_ids() for s in seqs], history)
         outs = []
-        for i, (s, t) in enumerate(zip(seqs, tokens)):
-            lp = logprobs[i] if logprobs is not None and s.params.logprobs else None
-            s.append(t, lp)
-            outs.append((t, lp))
+        for s, t, r in zip(seqs, tokens, reports):
+            s.append(t, r)
+            outs.append((t, r.logprob if r is not None else None))
         return outs

@@ -75,7 +75,8 @@ class LlamaModel:
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, seq_lens_for_rope: torch.Tensor,
                 attn: PrefillAttention | PagedAttention, last_rows: torch.Tensor) -> torch.Tensor:
-        """tokens, positions: [T] -> logits [B, V] at rows `last_rows` [B] (one per sequence)."""
+        """tokens, positions: [T] -> logits [R, V] at rows `last_rows` [R] (each sequence's last, and any
+        prompt rows whose logprobs were asked for)."""
         c = self.cfg
         T = tokens.shape[0]
         x = self.embed[tokens]  # [T, D]

@@ -32,17 +32,20 @@ import click
 @click.option("--model-name", default=None, help="The Triton model name on gRPC / KServe HTTP (default ensemble).")
 @click.option("--served-model-name", default=None,
               help="The OpenAI model id (default: the model's own name, e.g. smollm2-135m).")
+@click.option("--chat-template", default=None,
+              help="A Jinja chat template file, or the name of one of the model's named templates.")
 @click.option("--kv-pool-bytes", type=click.IntRange(1 << 20), default=None, help="Decode KV pool per worker.")
 @click.option("--chunk-tokens", type=click.IntRange(1), default=None, help="Chunked mode: prompt tokens per step.")
 @click.option("--workdir", default=None, help="Where worker logs and the model repository go.")
 def serve_command(model, config_path, mode, prefill, decode, replicas, transport, router, host, grpc_port, http_port,
-                  model_name, served_model_name, kv_pool_bytes, chunk_tokens, workdir):
+                  model_name, served_model_name, chat_template, kv_pool_bytes, chunk_tokens, workdir):
     """Serve a model: prefill and decode workers in Triton, behind Triton gRPC and OpenAI HTTP."""
     from ops.deployment import DeploymentError, load_deployment
 
     overrides = {k: v for k, v in {
         "mode": mode, "prefill.count": prefill, "decode.count": decode, "replicas": replicas, "transport": transport,
         "router": router, "front_door.served_model_name": served_model_name,
+        "front_door.chat_template": chat_template,
         "front_door.host": host, "front_door.grpc_port": grpc_port, "front_door.http_port": http_port,
         "front_door.model_name": model_name, "kv_pool_bytes": kv_pool_bytes, "chunk_tokens": chunk_tokens,
     }.items() if v is not None}

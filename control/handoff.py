@@ -97,7 +97,8 @@ async def handoff(decode: WorkerState, prefill: WorkerState, request_id: str, pr
             raise blame(e, prefill) from None
         writer_running = False  # it answered: its writer is closed, whatever the answer was
         timings.first_token, timings.prefilled = time.perf_counter(), first
-        yield Token(first.token, first.logprob, first.finish_reason, cached_tokens=first.cached_tokens)
+        yield Token(first.token, first.logprob, first.finish_reason, cached_tokens=first.cached_tokens,
+                    top=first.top, prompt_logprobs=first.prompt_logprobs)
         if first.finish_reason:
             return
         await decode.client.start(Start(request_id, lease, first.token, first.logprob))

@@ -22,6 +22,7 @@ from frontdoor.admission import Admission
 from frontdoor.door_metrics import Metrics
 from control.serving_path import ServingPath
 from frontdoor.requests import GenerationRequest, Limits, Prepared, prepare
+from tandem.logprobs import Logprob
 from tandem.status import TandemError, Unavailable, status_of
 
 
@@ -32,6 +33,8 @@ class Delta:
     logprob: float | None
     finish_reason: str | None = None
     cached_tokens: int = 0  # on the first delta: prompt tokens taken from a prefix cache, not computed
+    top: Logprob | None = None  # the token's alternatives, when top_logprobs asked for them
+    prompt_logprobs: tuple[Logprob, ...] = ()  # on the first delta, when the request asked (echo)
 
 
 class Orchestrator:
@@ -93,7 +96,8 @@ class Orchestrator:
                             m.itl.labels(mode).observe(now - last)
                         last = now
                     cached = min(tok.cached_tokens, len(prep.prompt_ids)) if n == 1 and tok.token is not None else 0
-                    yield Delta(piece, tok.token, tok.logprob, tok.finish_reason, cached)
+                    yield Delta(piece, tok.token, tok.logprob, tok.finish_reason, cached, tok.top,
+                                tuple(tok.prompt_logprobs) if n == 1 else ())
                     if tok.finish_reason:
                         break
         except TandemError as e:

@@ -57,6 +57,11 @@ class Sequence:
         """Tokens this request may hold in the KV pool at most: prompt + outputs, within the context."""
         return min(len(self.prompt_ids) + self.params.max_tokens, self.max_context)
 
+    @property
+    def top_report(self) -> Logprob | None:
+        """The newest token's report when it carries alternatives (top_logprobs asked), else None."""
+        return self.last_logprob if self.last_logprob is not None and self.last_logprob.top_ids else None
+
     def banned_ids(self) -> tuple[int, ...]:
         """Tokens that may not be sampled now: stop tokens before min_tokens outputs exist."""
         if len(self.output_ids) >= self.params.min_tokens:

@@ -5,6 +5,7 @@ same model (http_kserve.py, so `tritonclient.http` works too), health and Promet
     POST /v1/completions   /v1/chat/completions      (SSE streaming with "stream": true)
     GET  /v2/health/live   /v2/health/ready   /v2   /v2/models/{m}   /v2/models/{m}/ready   /v2/models/{m}/config
     POST /v2/models/{m}/infer                        (JSON tensors, or the binary tensor data extension)
+    POST /v2/models/{m}/generate   /v2/models/{m}/generate_stream   GET /v2/models/{m}/stats   (http_generate.py)
 
 Every failure is answered with the HTTP status of its tandem status (tandem/status.py), an
 OpenAI-style error body naming the problem, and Retry-After when retrying may help. A body over the
@@ -15,6 +16,7 @@ Under overload a generation request is refused before aiohttp sees it (frontdoor
 from __future__ import annotations
 
 import asyncio
+import http
 import functools
 import logging
 from collections.abc import Callable
@@ -23,6 +25,7 @@ from aiohttp import web
 
 from frontdoor import openai_api as oa
 from frontdoor.http_admin import add_admin_routes
+from frontdoor.http_generate import add_generate_routes
 from frontdoor.http_gate import Gate, Turnstile, arrived, generation_line, raw_response
 from frontdoor.http_kserve import add_kserve_routes
 from frontdoor.http_openai import add_openai_routes
@@ -51,6 +54,21 @@ def error_response(e: TandemError) -> web.Response:
     return web.json_response(body, status=code, headers=headers)
 
 
+def http_exception_response(request, e: web.HTTPException) -> web.Response:
+    """aiohttp's 404, 405 and the like answered as every other error: an OpenAI-style JSON body."""
+    if isinstance(e, web.HTTPMethodNotAllowed):
+        allowed = ", ".join(sorted(e.allowed_methods))
+        message = f"method {request.method} is not allowed on {request.path}; allowed: {allowed}"
+    elif isinstance(e, web.HTTPNotFound):
+        message = f"no such route: {request.method} {request.path}"
+    else:
+        message = f"{e.reason} ({request.method} {request.path})"
+    body = oa.error_body(message, None, "invalid_request_error" if e.status < 500 else "server_error")
+    body["error"]["code"] = http.HTTPStatus(e.status).name
+    headers = {k: v for k, v in e.headers.items() if k.lower() == "allow"}
+    return web.json_response(body, status=e.status, headers=headers)
+
+
 def raw_refusal(refuse_if_closed: Callable[[int], None], ahead: int) -> bytes | None:
     """The gate's answer (http_gate.py): the whole HTTP response `error_response` would give while
     `refuse_if_closed(ahead)` raises (`ahead` requests more than admission counts yet), else None."""
@@ -71,6 +89,7 @@ class HttpFrontend:
         r.add_get("/metrics", self.metrics)
         add_openai_routes(r, served)
         add_kserve_routes(r, served)
+        add_generate_routes(r, served)  # Triton's generate extension and /stats (frontdoor/http_generate.py)
         add_admin_routes(r, served)  # POST /admin/flush (frontdoor/http_admin.py)
 
     @web.middleware
@@ -80,8 +99,10 @@ class HttpFrontend:
             return await handler(request)
         except TandemError as e:
             return error_response(e)
-        except web.HTTPException:
-            raise
+        except web.HTTPException as e:  # aiohttp's own answers (no route, wrong method): OpenAI's error shape
+            if e.status < 400:
+                raise
+            return http_exception_response(request, e)
         except ConnectionError:  # the client went away while we answered: normal, not an error
             log.debug("client of %s went away", request.path)
             return web.Response(status=499)

@@ -144,14 +144,14 @@ def _decode_inputs(header: dict, binary: bytes) -> dict:
                 arr = from_raw(name, dt, shape, binary[offset:offset + size])
                 offset += size
             else:
-                arr = _json_tensor(name, dt, shape, t.get("data"))
+                arr = json_tensor(name, dt, shape, t.get("data"))
         except (TensorError, ValueError) as e:
             raise InvalidArgument(f"input {name!r}: {e}") from None
         inputs[name] = (dt, arr)
     return inputs
 
 
-def _json_tensor(name: str, dt: str, shape: list[int], data) -> np.ndarray:
+def json_tensor(name: str, dt: str, shape: list[int], data) -> np.ndarray:
     if dt not in DTYPES or data is None:
         raise InvalidArgument(f"input {name!r}: needs 'data' (or binary data) of a known datatype")
     flat = np.array(data, dtype=object).reshape(-1)

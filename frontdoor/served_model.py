@@ -46,6 +46,16 @@ class Stats:
             self.fail, self.fail_ns = self.fail + 1, self.fail_ns + ns
         self.last_ms = int(time.time() * 1000)
 
+    def to_json(self, name: str) -> dict:
+        """Triton's statistics extension over HTTP (GET /v2/models/{m}/stats): one model, version 1.
+        Only whole requests are timed here, so queue and compute durations are not reported."""
+        duration = lambda count, ns: {"count": count, "ns": ns}  # noqa: E731
+        return {"model_stats": [{
+            "name": name, "version": "1", "last_inference": self.last_ms, "inference_count": self.success,
+            "execution_count": self.success, "batch_stats": [], "memory_usage": [],
+            "inference_stats": {"success": duration(self.success, self.success_ns),
+                                "fail": duration(self.fail, self.fail_ns)}}]}
+
 
 class ServedModel:
     def __init__(self, service: Orchestrator, triton_name: str = "ensemble", served_name: str | None = None):

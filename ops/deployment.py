@@ -14,7 +14,8 @@
     prefix_cache: {enabled: true, prefill_pool_bytes: null}   # pages kept for reuse in every worker's pool
     chunk_tokens: 256              # chunked mode: prompt tokens mixed into each decode step
     front_door: {host: 127.0.0.1, grpc_port: 8001, http_port: 8000, model_name: ensemble,
-                 served_model_name: null}   # OpenAI model id; null: the model's own name
+                 served_model_name: null,   # OpenAI model id; null: the model's own name
+                 chat_template: null}       # a Jinja file, or one of the model's named templates; null: its own
     limits: {max_in_flight: 64, max_queued_tokens: 32768, request_timeout_s: 600}
     health: {heartbeat_s: 2.0, stall_s: 4.0, stall_restart_s: 10, drain_grace_s: 30}
     handoff: {transfer_timeout_s: 30, fence_timeout_s: 60}   # the only timers left on the data path
@@ -60,6 +61,7 @@ class FrontDoor(_Strict):
     http_port: int = Field(8000, ge=0, le=65535)
     model_name: str = Field("ensemble", min_length=1)  # the Triton model name (gRPC, KServe HTTP)
     served_model_name: str | None = Field(None, min_length=1)  # the OpenAI model id (default: the model's name)
+    chat_template: str | None = Field(None, min_length=1)  # a Jinja file or a named template (default: the model's)
 
 
 class Limits(_Strict):

@@ -104,3 +104,22 @@ def test_typed_errors(client):
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(model="smollm2-135m", messages=[{"role": "user", "content": "hi"}], n=2)
     assert e.value.body["param"] == "n" and "only n=1" in e.value.body["message"]
+
+
+def test_seeded_sampling_with_a_penalty_is_the_same_split_across_prefill_and_decode(client, default_engine):
+    """Prefill samples the first token, decode the rest (reading the tokens so far for the penalty): the
+    answer equals one engine doing it all."""
+    ids = default_engine.tokenizer.encode(PROMPT)
+    p = SamplingParams(max_tokens=12, temperature=0.9, seed=5, repetition_penalty=1.2, min_p=0.05)
+    want = default_engine.tokenizer.decode(complete(default_engine, ids, p).output_ids)
+    got = client.completions.create(model="smollm2-135m", prompt=PROMPT, max_tokens=12, temperature=0.9, seed=5,
+                                    extra_body={"repetition_penalty": 1.2, "min_p": 0.05})
+    assert got.choices[0].text == want
+
+
+def test_echo_streams_the_prompt_first(client, default_engine):
+    chunks = list(client.completions.create(model="smollm2-135m", prompt=PROMPT, max_tokens=5, temperature=0,
+                                            echo=True, logprobs=1, stream=True))
+    assert chunks[0].choices[0].text.startswith(PROMPT)
+    tokens = [t for c in chunks if c.choices[0].logprobs for t in c.choices[0].logprobs.tokens]
+    assert len(tokens) == len(default_engine.tokenizer.encode(PROMPT)) + 5

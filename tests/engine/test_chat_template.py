@@ -64,3 +64,16 @@ def test_no_template_or_a_malformed_list_is_clear(tmp_path, tokenizer_json):
         bare.render_chat(HELLO)
     with pytest.raises(ModelLoadError, match="must be a string or a list"):
         Tokenizer(folder(tmp_path / "b", tokenizer_json, {"chat_template": [{"name": "default"}]}))
+
+
+def test_serve_stops_on_an_unknown_template_with_one_clear_error(tmp_path, tokenizer_json):
+    from ops.deployment import DeploymentError, load_deployment
+    from ops.stack import front_door_tokenizer
+
+    (tmp_path / "prefill").mkdir()
+    folder(tmp_path / "prefill", tokenizer_json, {"chat_template": [{"name": "default", "template": "D"}]})
+    dep = load_deployment(None, {"front_door.chat_template": "chatml"})
+    with pytest.raises(DeploymentError, match="'chatml' is neither a file nor a named template.*default"):
+        front_door_tokenizer(str(tmp_path), dep)
+    named = load_deployment(None, {"front_door.chat_template": "default"})
+    assert front_door_tokenizer(str(tmp_path), named).render_chat(HELLO) == "D"

@@ -130,7 +130,7 @@ class OpenAIRoutes:
                 extra = {"first": is_first} if shape is oa.chat_body else {}
                 text = echo + d.text if is_first else d.text
                 await send_event(resp, shape(rid, name, text, d.finish_reason, None, chunk=True,
-                                       logprobs=trail.take() if trail else None, **extra))
+                                             logprobs=trail.take() if trail else None, **extra))
                 is_first = False
             if include_usage:
                 chunk = shape(rid, name, "", None, oa.usage(n_in, n, cached), chunk=True)
@@ -143,6 +143,7 @@ class OpenAIRoutes:
             log.debug("client of %s disconnected after %d tokens; request cancelled", rid, n)
             return None
         return n
+
 
 async def _chain(first, rest):
     if first is not None:

@@ -231,7 +231,7 @@ class Engine:
     def _sample(self, seqs: list[Sequence], logits: torch.Tensor) -> list[TokenOut]:
         """logits: [B, V] -> each sequence's next token, appended; the logprob when asked (the report
         with alternatives stays on the sequence: Sequence.last_logprob)."""
-        history = [s.all_ids if s.params.repetition_penalty != 1.0 else [] for s in seqs]
+        history = [s.all_ids if s.params.penalized else [] for s in seqs]
         tokens, reports = sample(logits, [s.params for s in seqs], [len(s.output_ids) for s in seqs],
                                  [s.banned_ids() for s in seqs], history)
         outs = []

@@ -33,13 +33,17 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], steps: list[int],
 
     `steps[i]` is how many tokens row i has generated so far (the counter for its random draw);
     `banned[i]` are token ids row i may not produce yet (EOS before min_tokens); `history[i]` are row
-    i's tokens so far (prompt + output), needed only by rows with a repetition penalty.
+    i's tokens so far (prompt + output; its last steps[i] are the output), needed only by rows with a
+    repetition, presence or frequency penalty.
     """
     raw = logits.float()  # [B, V]
     logits = raw.clone()
     for i, p in enumerate(params):
         if p.repetition_penalty != 1.0:
             _penalize(logits[i], history[i], p.repetition_penalty)
+        if p.presence_penalty or p.frequency_penalty:
+            output = history[i][len(history[i]) - steps[i]:]
+            _subtract(logits[i], output, p.presence_penalty, p.frequency_penalty)
     for i, ban in enumerate(banned):
         if ban:
             logits[i, list(ban)] = float("-inf")
@@ -72,6 +76,14 @@ def _penalize(row: torch.Tensor, history: list[int], penalty: float) -> None:
     seen = torch.tensor(sorted(set(history)), dtype=torch.long, device=row.device)  # [S]
     vals = row[seen]  # [S]
     row[seen] = torch.where(vals > 0, vals / penalty, vals * penalty)
+
+
+def _subtract(row: torch.Tensor, output: list[int], presence: float, frequency: float) -> None:
+    """row: [V] logits, changed in place: OpenAI's presence and frequency penalties over the output so far."""
+    if not output:
+        return
+    ids, counts = torch.tensor(output, device=row.device).unique(return_counts=True)  # [U], [U]
+    row[ids] -= presence + frequency * counts.to(row.dtype)
 
 
 def _sample_row(row: torch.Tensor, p: SamplingParams, step: int) -> int:

@@ -36,6 +36,8 @@ def _common(body: dict, allowed: set[str], models: tuple[str, ...], max_tokens_d
                 temperature=number(body, "temperature", 1.0), top_p=number(body, "top_p", 1.0),
                 top_k=number(body, "top_k", 0, int), min_p=number(body, "min_p", 0.0),
                 repetition_penalty=number(body, "repetition_penalty", 1.0),
+                presence_penalty=number(body, "presence_penalty", 0.0),
+                frequency_penalty=number(body, "frequency_penalty", 0.0),
                 min_tokens=number(body, "min_tokens", 0, int), stop=tuple(stop), seed=number(body, "seed", None, int),
                 stop_token_ids=token_ids(body, "stop_token_ids"), ignore_eos=boolean(body, "ignore_eos"))
 

@@ -72,10 +72,6 @@ def refuse_unsupported(body: dict) -> None:
                               "structured output)", "response_format")
     if body.get("modalities") not in (None, ["text"]):
         raise InvalidArgument("modalities: only [\"text\"] is supported", "modalities")
-    for key in ("presence_penalty", "frequency_penalty"):
-        v = body.get(key)
-        if v is not None and v != 0:
-            raise InvalidArgument(f"{key} is not supported (only 0); repetition_penalty is", key)
 
 
 def boolean(body: dict, key: str, default: bool = False) -> bool:

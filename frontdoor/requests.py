@@ -39,6 +39,8 @@ class GenerationRequest:
     prompt_logprobs: bool = False  # the prompt's own logprobs too (OpenAI echo with logprobs)
     min_p: float = 0.0
     repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
     ignore_eos: bool = False
     stop_token_ids: tuple[int, ...] = ()
     exclude_input: bool = True  # False: non-streamed text also repeats the prompt (Triton ensemble default)
@@ -79,6 +81,8 @@ def prepare(req: GenerationRequest, tokenizer: Tokenizer, limits: Limits) -> Pre
                             logprobs=req.logprobs, top_logprobs=req.top_logprobs,
                             prompt_logprobs=req.prompt_logprobs, min_p=float(req.min_p),
                             repetition_penalty=float(req.repetition_penalty), ignore_eos=req.ignore_eos,
+                            presence_penalty=float(req.presence_penalty),
+                            frequency_penalty=float(req.frequency_penalty),
                             stop_token_ids=tuple(req.stop_token_ids),
                             extra_eos=(req.end_id,) if req.end_id is not None else ()).with_seed()
     return Prepared(req, ids, params)

@@ -39,6 +39,8 @@ class SamplingParams:
     prompt_logprobs: bool = False  # also the logprob of every prompt token after the first (echo)
     min_p: float = 0.0  # drop tokens less likely than min_p x the most likely one (0 = off)
     repetition_penalty: float = 1.0  # >1 discourages tokens already in the prompt or output (1 = off)
+    presence_penalty: float = 0.0  # subtracted from the logit of every token already in the output (OpenAI)
+    frequency_penalty: float = 0.0  # ... times how often it is there
     extra_eos: tuple[int, ...] = ()  # e.g. a client's end_id, on top of the model's EOS
 
     def __post_init__(self) -> None:
@@ -65,6 +67,10 @@ class SamplingParams:
                 or not 0.0 < self.repetition_penalty <= 10.0:
             raise InvalidArgument(f"repetition_penalty must be in (0, 10] (1 = off), got {self.repetition_penalty!r}",
                                   "repetition_penalty")
+        for name in ("presence_penalty", "frequency_penalty"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, float)) or not -2.0 <= v <= 2.0:
+                raise InvalidArgument(f"{name} must be in [-2, 2] (0 = off), got {v!r}", name)
         if not _is_int(self.top_logprobs) or not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
             raise InvalidArgument(f"top_logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}], got "
                                   f"{self.top_logprobs!r}", "top_logprobs")
@@ -75,6 +81,11 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def penalized(self) -> bool:
+        """True when sampling reads the request's tokens so far (a repetition, presence or frequency penalty)."""
+        return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
 
     def with_seed(self) -> "SamplingParams":
         """A copy with a concrete seed, so every process that samples for this request agrees."""

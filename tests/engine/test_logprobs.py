@@ -71,6 +71,24 @@ def test_repetition_penalty_greedy_equals_transformers(default_engine, hf_defaul
     assert got != plain  # the penalty changed this answer, so the check above means something
 
 
+def test_presence_and_frequency_penalties_greedy_equal_a_reference(default_engine, hf_default_model, ids):
+    """OpenAI's rule over the output so far: logit -= presence + frequency x count."""
+    _, hf = hf_default_model
+    params = SamplingParams(max_tokens=12, presence_penalty=0.5, frequency_penalty=1.0)
+    got = complete(default_engine, ids, params).output_ids
+    plain = complete(default_engine, ids, SamplingParams(max_tokens=12)).output_ids
+    seq, out = list(ids), []
+    with torch.inference_mode():
+        for _ in range(12):
+            logits = hf(torch.tensor([seq])).logits[0, -1].float()  # [V]
+            for t in set(out):
+                logits[t] -= 0.5 + 1.0 * out.count(t)
+            out.append(int(logits.argmax()))
+            seq.append(out[-1])
+    assert got == out[:len(got)] and len(got) > 4
+    assert got != plain[:len(got)]
+
+
 def test_min_p_never_samples_below_its_floor():
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
     drawn = {sample(logits.clone(), [SamplingParams(temperature=1.0, min_p=0.4, seed=s)], [0], [()])[0][0]
@@ -84,6 +102,7 @@ def test_seeded_sampling_with_penalty_is_reproducible(default_engine, ids):
 
 
 @pytest.mark.parametrize("field,value", [("min_p", 1.5), ("min_p", -0.1), ("repetition_penalty", 0.0),
+                                         ("presence_penalty", 2.5), ("frequency_penalty", -3),
                                          ("repetition_penalty", float("inf")), ("top_logprobs", 21),
                                          ("top_logprobs", -1)])
 def test_bad_values_name_the_field(field, value):

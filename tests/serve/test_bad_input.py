@@ -57,7 +57,7 @@ def test_openai_values_we_cannot_honour_are_refused_never_ignored(served):
     for extra, field in [({"n": 2}, "n"), ({"best_of": 3}, "best_of"), ({"suffix": "x"}, "suffix"),
                          ({"logprobs": 21}, "logprobs"), ({"logprobs": True}, "logprobs"),
                          ({"echo": "yes"}, "echo"), ({"stream": "yes"}, "stream"), ({"stream": 1}, "stream"),
-                         ({"logit_bias": {"5": 1}}, "logit_bias"), ({"presence_penalty": 0.5}, "presence_penalty"),
+                         ({"logit_bias": {"5": 1}}, "logit_bias"), ({"presence_penalty": 3}, "presence_penalty"),
                          ({"min_p": 2}, "min_p"), ({"repetition_penalty": 0}, "repetition_penalty"),
                          ({"ignore_eos": "true"}, "ignore_eos"), ({"stop_token_ids": [1, "x"]}, "stop_token_ids"),
                          ({"stream_options": {"include_usage": "yes"}}, "include_usage")]:

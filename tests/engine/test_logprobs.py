@@ -71,9 +71,11 @@ def test_repetition_penalty_greedy_equals_transformers(default_engine, hf_defaul
     assert got != plain  # the penalty changed this answer, so the check above means something
 
 
-def test_presence_and_frequency_penalties_greedy_equal_a_reference(default_engine, hf_default_model, ids):
-    """OpenAI's rule over the output so far: logit -= presence + frequency x count."""
+def test_presence_and_frequency_penalties_greedy_equal_a_reference(default_engine, hf_default_model):
+    """OpenAI's rule over the output so far: logit -= presence + frequency x count (a prompt the model
+    keeps repeating, so the penalties must change the greedy answer)."""
     _, hf = hf_default_model
+    ids = default_engine.tokenizer.encode("la la la la la la la la la la la la")
     params = SamplingParams(max_tokens=12, presence_penalty=0.5, frequency_penalty=1.0)
     got = complete(default_engine, ids, params).output_ids
     plain = complete(default_engine, ids, SamplingParams(max_tokens=12)).output_ids

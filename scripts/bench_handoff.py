@@ -129,7 +129,7 @@ def memcpy_gbs(kv: list, repeats: int) -> float:
 
 def ttft(engine, s, prompt: list[int], pool: Pool | None, repeats: int) -> float:
     """Best seconds for one prefill pass (with the handoff when `pool` is given)."""
-    from engine.workers.prefill_worker import DiscardWriter
+    from engine.transports.base import DiscardWriter
     from tandem.sampling_params import SamplingParams
 
     best = float("inf")

@@ -162,6 +162,27 @@ class LayerWriter(ABC):
         """Stop; wait until nothing is in flight; tell the decode side this writer is closed."""
 
 
+class DiscardWriter:
+    """No destination: compute the first token only (a benchmark baseline, or a probe)."""
+
+    bytes_written = 0
+
+    def write_layer(self, layer: int, k: torch.Tensor, v: torch.Tensor, start: int = 0) -> None:
+        return None
+
+    def stop(self) -> None:
+        return None
+
+    def settle(self) -> None:
+        return None
+
+    def finish(self) -> None:
+        return None
+
+    def abort(self) -> None:
+        return None
+
+
 class KVSender(ABC):
     name: str
 

@@ -6,7 +6,7 @@ answers each request as soon as its last pass is done.
 from __future__ import annotations
 
 from engine.load import load_engine
-from engine.triton.common import Auth, Params, dispatch, end_server, pass_budget, setup_threads
+from engine.triton.common import Auth, Params, instance_device, dispatch, end_server, pass_budget, setup_threads
 from engine.workers.prefill_worker import PrefillWorker
 from tandem.wire import Abort, Flush, Prefill, Stats, Watch
 
@@ -16,7 +16,7 @@ class TritonPythonModel:
         p = Params(args)
         self.auth = Auth()  # before anything slow: a bad secret fails the load at once
         setup_threads(p)
-        engine = load_engine(p.str("engine_dir"), kv_bytes=None)
+        engine = load_engine(p.str("engine_dir"), device=instance_device(args), kv_bytes=None)
         budget = pass_budget(p, engine.device)
         caching = p.str("prefix_cache") == "on"
         if budget < engine.max_context or caching:  # long prompts between their chunks, and the prefix cache

@@ -126,7 +126,7 @@ class PrefillWorker:
     def _writer(self, msg: Prefill):
         dest = msg.destination
         if dest.transport not in self.senders:
-            self.senders[dest.transport] = sender(dest.transport, self.layout, self.registry)
+            self.senders[dest.transport] = sender(dest.transport, self.layout, self.registry, str(self.engine.device))
         w = self.senders[dest.transport].writer(dest, msg.request_id)
         return SlowWriter(w, self.write_delay_s) if self.write_delay_s > 0 else w
 

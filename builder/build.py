@@ -27,7 +27,7 @@ from tandem.manifest import FORMAT, EngineManifest, ManifestError, read_manifest
 from tandem.profiles import DEFAULT_PROFILES, RoleProfile
 from tandem.roles import Role
 
-COPIED_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json")
+COPIED_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 WEIGHTS_FILE = "model.safetensors"
 
 

@@ -14,7 +14,7 @@ def source_fingerprint(folder: str, weight_files: list[str]) -> str:
     changes its size or modification time.
     """
     h = hashlib.sha256()
-    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
         path = os.path.join(folder, name)
         if os.path.isfile(path):
             h.update(name.encode())

@@ -157,7 +157,8 @@ class Handoff(Attempt):
         self.finished = first.finish_reason is not None
         if not self.finished:
             self.first = first
-        return Token(first.token, first.logprob, first.finish_reason, cached_tokens=first.cached_tokens)
+        return Token(first.token, first.logprob, first.finish_reason, cached_tokens=first.cached_tokens,
+                     top=first.top, prompt_logprobs=first.prompt_logprobs)
 
     async def __aexit__(self, *exc) -> None:
         """Every exit that is not DONE: Release the lease (without waiting), Abort a running prefill."""

@@ -24,10 +24,11 @@ from engine.attention import KVWriter, PagedAttention, PoolWriter, PrefillAttent
 from engine.config import ModelConfig
 from engine.cuda_graphs import DecodeGraphs
 from engine.errors import InvalidRequest
-from engine.kv_pool import TORCH_DTYPES, KVCache, PageAllocator
+from engine.kv_pool import TORCH_DTYPES, KVCache
+from engine.page_allocator import PageAllocator
 from engine.model import LlamaModel
 from engine.prefix_cache import PrefixCache
-from engine.sampler import sample
+from engine.sampler import report, sample
 from tandem.sampling_params import SamplingParams
 from engine.sequence import FinishReason, Sequence
 from engine.tokenizer import Tokenizer
@@ -151,13 +152,15 @@ class Engine:
         if writers is None:
             writers = [PoolWriter(self.cache, tab[pos // tpp] * tpp + pos % tpp)  # [n] flat slot per token
                        for tab, pos in zip(tabs, positions.split(lens))]
+        rows, spans = self._logit_rows(seqs, [0] * len(seqs), lens, last)
         attn = PrefillAttention(lens, writers)
         if stop is not None:
             attn = StoppableAttention(attn, stop)
-        logits = self.model.forward(tokens, positions, rope_lens, attn, last, max_len=max(lens))
+        logits = self.model.forward(tokens, positions, rope_lens, attn, rows, max_len=max(lens))  # [B + prompt rows, V]
         for s, n in zip(seqs, lens):
             s.num_cached = n
-        return self._sample(seqs, logits)
+        self._prompt_logprobs(seqs, logits, spans)
+        return self._sample(seqs, logits[:len(seqs)])
 
     def decode_step(self, seqs: list[Sequence]) -> list[TokenOut]:
         """One new token for each sequence; each must have all but its newest token cached."""
@@ -192,7 +195,10 @@ class Engine:
             attn = TeeAttention(attn, counts, writers, starts)
         if stop is not None:
             attn = StoppableAttention(attn, stop)
-        logits = self.model.forward(tokens, positions, rope_lens, attn, last, max_len=max(ctx))  # [B, V]
+        rows, spans = self._logit_rows(seqs, starts, ctx, last)
+        logits = self.model.forward(tokens, positions, rope_lens, attn, rows, max_len=max(ctx))  # [B + prompt rows, V]
+        self._prompt_logprobs(seqs, logits, spans)
+        logits = logits[:len(seqs)]  # [B, V]
         ready = []
         for i, (s, c) in enumerate(zip(seqs, ctx)):
             s.num_cached = c
@@ -210,12 +216,43 @@ class Engine:
         flat = torch.tensor([x for part in parts for x in part], dtype=torch.int64).to(self.device)
         return list(flat.split([len(part) for part in parts]))
 
+    def _logit_rows(self, seqs: list[Sequence], starts: list[int], ends: list[int], last: torch.Tensor
+                    ) -> tuple[torch.Tensor, list[tuple[int, int, int]]]:
+        """Rows of a packed pass (sequence i computes positions starts[i]..ends[i]-1) to take logits at:
+        each sequence's last row ([B], in order: `last`, already on the device, is returned as it is when
+        no sequence asks for more), then, for sequences asking for prompt logprobs, every computed prompt
+        position that predicts a prompt token. spans: (sequence, first position, rows)."""
+        rows, extra, spans, offset = [], [], [], 0
+        for i, (s, a, c) in enumerate(zip(seqs, starts, ends)):
+            rows.append(offset + c - a - 1)
+            upto = min(c, len(s.prompt_ids) - 1)  # position p predicts token p + 1
+            if s.params.prompt_logprobs and not s.output_ids and upto > a:
+                extra.extend(range(offset, offset + upto - a))
+                spans.append((i, a, upto - a))
+            offset += c - a
+        if not spans:
+            return last, spans  # [B]
+        return torch.tensor(rows + extra, device=self.device), spans  # [B + extra]
+
+    def _prompt_logprobs(self, seqs: list[Sequence], logits: torch.Tensor, spans: list[tuple[int, int, int]]) -> None:
+        """logits: [B + extra, V] (rows from _logit_rows) -> each span's reports appended to its sequence."""
+        row = len(seqs)
+        for i, first, n in spans:
+            s = seqs[i]
+            lp = torch.log_softmax(logits[row:row + n].float(), dim=-1)  # [n, V]
+            nxt = torch.tensor(s.prompt_ids[first + 1:first + 1 + n], device=lp.device)  # [n]
+            del s.prompt_logprobs[first:]  # a prompt computed again (a given-up pass redone) replaces its reports
+            s.prompt_logprobs.extend(report(lp, nxt, [s.params.top_logprobs] * n))
+            row += n
+
     def _sample(self, seqs: list[Sequence], logits: torch.Tensor) -> list[TokenOut]:
-        tokens, logprobs = sample(logits, [s.params for s in seqs], [len(s.output_ids) for s in seqs],
-                                  [s.banned_ids() for s in seqs])
+        """logits: [B, V] -> each sequence's next token, appended; the logprob when asked (the report
+        with alternatives stays on the sequence: Sequence.last_logprob)."""
+        history = [s.all_ids if s.params.penalized else [] for s in seqs]
+        tokens, reports = sample(logits, [s.params for s in seqs], [len(s.output_ids) for s in seqs],
+                                 [s.banned_ids() for s in seqs], history)
         outs = []
-        for i, (s, t) in enumerate(zip(seqs, tokens)):
-            lp = logprobs[i] if logprobs is not None and s.params.logprobs else None
-            s.append(t, lp)
-            outs.append((t, lp))
+        for s, t, r in zip(seqs, tokens, reports):
+            s.append(t, r)
+            outs.append((t, r.logprob if r is not None else None))
         return outs

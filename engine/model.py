@@ -77,7 +77,8 @@ class LlamaModel:
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, seq_lens_for_rope: torch.Tensor,
                 attn: PrefillAttention | PagedAttention, last_rows: torch.Tensor,
                 max_len: int | None = None) -> torch.Tensor:
-        """tokens, positions: [T] -> logits [B, V] at rows `last_rows` [B] (one per sequence).
+        """tokens, positions: [T] -> logits [R, V] at rows `last_rows` [R] (each sequence's last, and any
+        prompt rows whose logprobs were asked for).
 
         `max_len`: the longest sequence length in the pass, when known (see Rotary.cos_sin)."""
         c = self.cfg

@@ -20,7 +20,7 @@ Not thread-safe: the worker calls it under the lock that guards its allocator.
 
 from __future__ import annotations
 
-from engine.kv_pool import PageAllocator
+from engine.page_allocator import PageAllocator
 from engine.sequence import Sequence
 from tandem.prefix import extend_page_hashes
 
@@ -37,7 +37,7 @@ class PrefixCache:
     def reserve(self, seq: Sequence, pages: int) -> int:
         """Give `seq` a table of `pages` pages, the leading ones taken from the cache; returns the tokens
         taken (a multiple of tokens_per_page). Raises OutOfPages with the pool unchanged."""
-        usable = (seq.num_tokens - 1) // self.tokens_per_page  # full pages before the last token
+        usable = self._usable(seq)
         hashes = self._hashes(seq, min(usable, pages)) if self.enabled else []
         table, matched = self.allocator.allocate_prefixed(hashes, pages)
         seq.page_table, seq.committed = table, matched
@@ -48,7 +48,7 @@ class PrefixCache:
         """The tokens `reserve` would take from the cache now; changes nothing."""
         if not self.enabled:
             return 0
-        usable = (seq.num_tokens - 1) // self.tokens_per_page
+        usable = self._usable(seq)
         return self.allocator.peek(self._hashes(seq, usable)) * self.tokens_per_page
 
     def commit(self, seq: Sequence) -> int:
@@ -62,6 +62,11 @@ class PrefixCache:
             self.allocator.commit(seq.page_table[i], hashes[i])
         n, seq.committed = full - seq.committed, full
         return n
+
+    def _usable(self, seq: Sequence) -> int:
+        """Full pages before the last token that a cached copy may stand for; none when the request
+        wants its prompt's logprobs (those need every prompt position computed)."""
+        return 0 if seq.params.prompt_logprobs else (seq.num_tokens - 1) // self.tokens_per_page
 
     def _hashes(self, seq: Sequence, pages: int) -> list[bytes]:
         """The hashes of the first `pages` full pages of seq.all_ids (computed once, extended as it grows)."""

@@ -3,13 +3,17 @@
 Randomness is counter-based: the draw for output token `n` of a request uses a generator seeded from
 (seed, n). A seeded request therefore samples the same tokens whatever batch it runs in, and a
 request can move between processes (prefill samples token 0, decode the rest) with nothing to carry
-but its seed.
+but its seed and its tokens so far (the repetition penalty reads them; both roles hold them).
+
+Reported logprobs are the model's own distribution (log-softmax of the raw logits, before penalties,
+bans, temperature or truncation), as vLLM reports them by default.
 """
 
 from __future__ import annotations
 
 import torch
 
+from tandem.logprobs import Logprob
 from tandem.sampling_params import SamplingParams
 
 _SEED_MIX = 0x9E3779B97F4A7C15  # golden-ratio constant: spreads consecutive steps far apart
@@ -23,13 +27,23 @@ def _generator(seed: int, step: int, device: torch.device) -> torch.Generator:
 
 @torch.inference_mode()
 def sample(logits: torch.Tensor, params: list[SamplingParams], steps: list[int],
-           banned: list[tuple[int, ...]]) -> tuple[list[int], list[float] | None]:
-    """logits: [B, V] -> one token id per row, plus logprobs when any row asks for them.
+           banned: list[tuple[int, ...]], history: list[list[int]] | None = None
+           ) -> tuple[list[int], list[Logprob | None]]:
+    """logits: [B, V] -> one token id per row, and a Logprob for each row whose params ask for them.
 
     `steps[i]` is how many tokens row i has generated so far (the counter for its random draw);
-    `banned[i]` are token ids row i may not produce yet (EOS before min_tokens).
+    `banned[i]` are token ids row i may not produce yet (EOS before min_tokens); `history[i]` are row
+    i's tokens so far (prompt + output; its last steps[i] are the output), needed only by rows with a
+    repetition, presence or frequency penalty.
     """
-    logits = logits.float()  # [B, V]
+    raw = logits.float()  # [B, V]
+    logits = raw.clone()
+    for i, p in enumerate(params):
+        if p.repetition_penalty != 1.0:
+            _penalize(logits[i], history[i], p.repetition_penalty)
+        if p.presence_penalty or p.frequency_penalty:
+            output = history[i][len(history[i]) - steps[i]:]
+            _subtract(logits[i], output, p.presence_penalty, p.frequency_penalty)
     for i, ban in enumerate(banned):
         if ban:
             logits[i, list(ban)] = float("-inf")
@@ -37,17 +51,47 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], steps: list[int],
     for i, p in enumerate(params):
         if not p.greedy:
             tokens[i] = _sample_row(logits[i], p, steps[i])
-    want_lp = any(p.logprobs for p in params)
-    logprobs = None
-    if want_lp:
-        lp = torch.log_softmax(logits, dim=-1)  # [B, V]
-        logprobs = lp.gather(1, tokens[:, None]).squeeze(1).tolist()
-    return tokens.tolist(), logprobs
+    rows = [i for i, p in enumerate(params) if p.logprobs]
+    reports: list[Logprob | None] = [None] * len(params)
+    if rows:
+        lp = torch.log_softmax(raw[rows], dim=-1)  # [R, V]
+        for r, lp_row in zip(rows, report(lp, tokens[rows], [params[i].top_logprobs for i in rows])):
+            reports[r] = lp_row
+    return tokens.tolist(), reports
+
+
+def report(lp: torch.Tensor, chosen: torch.Tensor, tops: list[int]) -> list[Logprob]:
+    """lp: [R, V] log-probabilities, chosen: [R] token ids -> one Logprob per row with tops[r] alternatives."""
+    picked = lp.gather(1, chosen[:, None]).squeeze(1).tolist()  # [R]
+    k = max(tops, default=0)
+    if k == 0:
+        return [Logprob(v) for v in picked]
+    top = torch.topk(lp, k, dim=-1)  # values, indices: [R, k]
+    ids, vals = top.indices.tolist(), top.values.tolist()
+    return [Logprob(v, tuple(ids[r][:n]), tuple(vals[r][:n])) for r, (v, n) in enumerate(zip(picked, tops))]
+
+
+def _penalize(row: torch.Tensor, history: list[int], penalty: float) -> None:
+    """row: [V] logits, changed in place: every token seen so far is made less (penalty > 1) likely."""
+    seen = torch.tensor(sorted(set(history)), dtype=torch.long, device=row.device)  # [S]
+    vals = row[seen]  # [S]
+    row[seen] = torch.where(vals > 0, vals / penalty, vals * penalty)
+
+
+def _subtract(row: torch.Tensor, output: list[int], presence: float, frequency: float) -> None:
+    """row: [V] logits, changed in place: OpenAI's presence and frequency penalties over the output so far."""
+    if not output:
+        return
+    ids, counts = torch.tensor(output, device=row.device).unique(return_counts=True)  # [U], [U]
+    row[ids] -= presence + frequency * counts.to(row.dtype)
 
 
 def _sample_row(row: torch.Tensor, p: SamplingParams, step: int) -> int:
-    """row: [V] logits -> a token drawn after temperature, top-k and top-p."""
+    """row: [V] logits -> a token drawn after temperature, min-p, top-k and top-p."""
     scaled = row / p.temperature  # [V]
+    if p.min_p > 0.0:
+        probs = torch.softmax(scaled, dim=-1)  # [V]
+        scaled = scaled.masked_fill(probs < p.min_p * probs.max(), float("-inf"))
     if 0 < p.top_k < scaled.numel():
         kth = torch.topk(scaled, p.top_k).values[-1]
         scaled = scaled.masked_fill(scaled < kth, float("-inf"))

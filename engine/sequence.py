@@ -6,6 +6,7 @@ import enum
 from dataclasses import dataclass, field
 
 from engine.detokenizer import Decoder, TextStream
+from tandem.logprobs import Logprob
 from tandem.sampling_params import SamplingParams
 
 
@@ -28,6 +29,8 @@ class Sequence:
     committed: int = 0  # leading pages already named in the pool's prefix cache (engine/prefix_cache.py)
     output_ids: list[int] = field(default_factory=list)
     output_logprobs: list[float] = field(default_factory=list)
+    last_logprob: Logprob | None = None  # the newest token's report, with its alternatives (if asked)
+    prompt_logprobs: list[Logprob] = field(default_factory=list)  # prompt tokens 1.. (params.prompt_logprobs)
     finish_reason: FinishReason | None = None
     text: TextStream | None = None  # only when there are stop strings to find
 
@@ -54,17 +57,23 @@ class Sequence:
         """Tokens this request may hold in the KV pool at most: prompt + outputs, within the context."""
         return min(len(self.prompt_ids) + self.params.max_tokens, self.max_context)
 
+    @property
+    def top_report(self) -> Logprob | None:
+        """The newest token's report when it carries alternatives (top_logprobs asked), else None."""
+        return self.last_logprob if self.last_logprob is not None and self.last_logprob.top_ids else None
+
     def banned_ids(self) -> tuple[int, ...]:
         """Tokens that may not be sampled now: stop tokens before min_tokens outputs exist."""
         if len(self.output_ids) >= self.params.min_tokens:
             return ()
         return tuple(sorted(self.eos_ids | set(self.params.stop_token_ids)))
 
-    def append(self, token: int, logprob: float | None) -> None:
+    def append(self, token: int, logprob: float | Logprob | None) -> None:
         """Record one generated token and decide whether the request is finished."""
         self.output_ids.append(token)
+        self.last_logprob = logprob if isinstance(logprob, Logprob) else None
         if logprob is not None:
-            self.output_logprobs.append(logprob)
+            self.output_logprobs.append(logprob.logprob if isinstance(logprob, Logprob) else logprob)
         p = self.params
         if (token in self.eos_ids and not p.ignore_eos) or token in p.stop_token_ids:
             self.finish_reason = FinishReason.STOP

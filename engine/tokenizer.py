@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as HFTokenizer
 
+from engine.chat_template import find_chat_template
 from engine.errors import InvalidRequest, ModelLoadError
 
 TOKENIZER_FILE = "tokenizer.json"
@@ -28,7 +29,8 @@ class ChatMessage:
 class Tokenizer:
     """Encodes text and chat conversations to token ids and decodes them back."""
 
-    def __init__(self, folder: str):
+    def __init__(self, folder: str, chat_template: str | None = None):
+        """`chat_template`: an override, a Jinja file or the name of a named template (engine/chat_template.py)."""
         path = os.path.join(folder, TOKENIZER_FILE)
         if not os.path.isfile(path):
             raise ModelLoadError(f"{folder} has no {TOKENIZER_FILE}; a model folder needs one")
@@ -41,7 +43,7 @@ class Tokenizer:
         if os.path.isfile(cfg_path):
             with open(cfg_path, encoding="utf-8") as f:
                 cfg = json.load(f)
-        self.chat_template: str | None = cfg.get("chat_template")
+        self.chat_template: str | None = find_chat_template(folder, cfg, chat_template)
         self.bos_token: str | None = _token_text(cfg.get("bos_token"))
         self.eos_token: str | None = _token_text(cfg.get("eos_token"))
         self.eos_token_id = self._tok.token_to_id(self.eos_token) if self.eos_token else None
@@ -60,8 +62,10 @@ class Tokenizer:
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
 
-    def render_chat(self, messages: list[ChatMessage], add_generation_prompt: bool = True) -> str:
-        """The prompt text for a conversation, by the model's own chat template."""
+    def render_chat(self, messages: list[ChatMessage], add_generation_prompt: bool = True,
+                    tools: list[dict] | None = None) -> str:
+        """The prompt text for a conversation, by the model's own chat template (`tools`: OpenAI tool
+        definitions, given to the template as `tools`, as Hugging Face's apply_chat_template does)."""
         if not self.chat_template:
             raise InvalidRequest("this model has no chat template; send a plain prompt instead")
         for m in messages:
@@ -70,12 +74,12 @@ class Tokenizer:
         template = self._env.from_string(self.chat_template)
         return template.render(
             messages=[{"role": m.role, "content": m.content} for m in messages],
-            add_generation_prompt=add_generation_prompt,
+            add_generation_prompt=add_generation_prompt, tools=tools or None,
             bos_token=self.bos_token or "", eos_token=self.eos_token or "")
 
-    def encode_chat(self, messages: list[ChatMessage]) -> list[int]:
+    def encode_chat(self, messages: list[ChatMessage], tools: list[dict] | None = None) -> list[int]:
         # The template already writes any BOS it wants; do not add another.
-        return self._tok.encode(self.render_chat(messages), add_special_tokens=False).ids
+        return self._tok.encode(self.render_chat(messages, tools=tools), add_special_tokens=False).ids
 
 
 def _token_text(tok) -> str | None:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from tritonclient.grpc import model_config_pb2 as mc
@@ -36,6 +36,7 @@ from control.orchestrator import Orchestrator
 from engine.detokenizer import TextStream
 from frontdoor.model_contract import INPUTS, MAX_BATCH_SIZE, OUTPUTS
 from frontdoor.requests import GenerationRequest
+from tandem.logprobs import Logprob
 from tandem.request_context import note_tokens
 from tandem.status import Status, TandemError, status_of
 
@@ -68,6 +69,16 @@ class Stats:
             self.fail, self.fail_ns = self.fail + 1, self.fail_ns + ns
         self.last_ms = int(time.time() * 1000)
 
+    def to_json(self, name: str) -> dict:
+        """Triton's statistics extension over HTTP (GET /v2/models/{m}/stats): one model, version 1.
+        Only whole requests are timed here, so queue and compute durations are not reported."""
+        duration = lambda count, ns: {"count": count, "ns": ns}  # noqa: E731
+        return {"model_stats": [{
+            "name": name, "version": "1", "last_inference": self.last_ms, "inference_count": self.success,
+            "execution_count": self.success, "batch_stats": [], "memory_usage": [],
+            "inference_stats": {"success": duration(self.success, self.success_ns),
+                                "fail": duration(self.fail, self.fail_ns)}}]}
+
 
 class ServedModel:
     def __init__(self, service: Orchestrator, triton_name: str = "ensemble", served_name: str | None = None):
@@ -97,6 +108,9 @@ class Delta:
     finish_reason: str | None = None
     cached_tokens: int = 0  # on the first delta: prompt tokens taken from a prefix cache, not computed
     prompt_tokens: int = 0  # the prompt's length in tokens (on every delta)
+    top: Logprob | None = None  # the token's alternatives, when top_logprobs asked for them
+    prompt_logprobs: tuple[Logprob, ...] = ()  # on the first delta, when the request asked (echo) ...
+    prompt_ids: tuple[int, ...] = ()  # ... beside the prompt's token ids they report on
 
 
 @dataclass(frozen=True)
@@ -131,19 +145,20 @@ class FrontDoor:
             meter.admitted(n_in)
             try:
                 text = TextStream(svc.tokenizer, prep.params.stop)
-                echo = "" if prep.request.exclude_input else (prep.request.prompt or "")
+                echo = self._echo(prep)
                 deadline = time.monotonic() + (prep.request.timeout_s or svc.timeout_s)
                 async with contextlib.aclosing(svc.path.run(prep, deadline)) as tokens:
                     async for tok in tokens:
                         piece = text.add(tok.token) if tok.token is not None else ""
                         if tok.finish_reason:
                             piece += text.flush()
-                        cached = 0
+                        cached, prompt_lps = 0, ()
                         if tok.token is not None and meter.token():  # the first token
                             ticket.first_token()  # its prompt is done: admission counts it as queued no more
-                            cached = min(tok.cached_tokens, n_in)
+                            cached, prompt_lps = min(tok.cached_tokens, n_in), tuple(tok.prompt_logprobs)
                             piece, echo = echo + piece, ""
-                        yield Delta(piece, tok.token, tok.logprob, tok.finish_reason, cached, n_in)
+                        yield Delta(piece, tok.token, tok.logprob, tok.finish_reason, cached, n_in, tok.top,
+                                    prompt_lps, tuple(prep.prompt_ids) if prompt_lps else ())
                         if tok.finish_reason:
                             meter.done(tok.finish_reason)
                             break
@@ -158,11 +173,20 @@ class FrontDoor:
             self.served.stats.record(ok, stats_start)
             note_tokens(n_in, meter.tokens)  # for the access line
 
-    async def collect(self, req: GenerationRequest) -> Answer:
-        """The whole answer of one request (the one collector every door uses)."""
+    def _echo(self, prep) -> str:
+        """The prompt text an answer starts with unless the request excludes it (given as ids: decoded)."""
+        req = prep.request
+        if req.exclude_input:
+            return ""
+        return req.prompt if req.prompt is not None else self.service.tokenizer.decode(prep.prompt_ids)
+
+    async def collect(self, req: GenerationRequest, on_delta: Callable[[Delta], None] | None = None) -> Answer:
+        """The whole answer of one request (the one collector every door uses); `on_delta` sees each delta."""
         text, logprobs, n, reason, n_in, cached = [], [], 0, None, 0, 0
         async with contextlib.aclosing(self.answer(req)) as deltas:  # a cancel cleans up at once
             async for d in deltas:
+                if on_delta is not None:
+                    on_delta(d)
                 text.append(d.text)
                 if d.token is not None:
                     n += 1

@@ -5,6 +5,7 @@ same model (http_kserve.py, so `tritonclient.http` works too), health and Promet
     POST /v1/completions   /v1/chat/completions      (SSE streaming with "stream": true)
     GET  /v2/health/live   /v2/health/ready   /v2   /v2/models/{m}   /v2/models/{m}/ready   /v2/models/{m}/config
     POST /v2/models/{m}/infer                        (JSON tensors, or the binary tensor data extension)
+    POST /v2/models/{m}/generate   /v2/models/{m}/generate_stream   GET /v2/models/{m}/stats   (http_generate.py)
 
 Every failure, aiohttp's own 404, 405 and 413 included, is answered with the HTTP status of its tandem
 status (tandem/status.py), a JSON body naming the problem (OpenAI's error shape; on the KServe v2
@@ -26,6 +27,7 @@ from aiohttp import web
 from frontdoor import openai_api as oa
 from frontdoor.auth import ApiKeys, http_middleware
 from frontdoor.http_admin import add_admin_routes
+from frontdoor.http_generate import add_generate_routes
 from frontdoor.http_gate import Gate, Turnstile, arrived, generation_line, raw_response
 from frontdoor.http_kserve import add_kserve_routes
 from frontdoor.http_openai import add_openai_routes
@@ -92,6 +94,7 @@ class HttpFrontend:
         r.add_get("/metrics", self.metrics)
         add_openai_routes(r, door)
         add_kserve_routes(r, door)
+        add_generate_routes(r, door)  # Triton's generate extension and /stats (frontdoor/http_generate.py)
         add_admin_routes(r, door.service)  # POST /admin/flush (frontdoor/http_admin.py)
 
     @web.middleware
@@ -105,10 +108,17 @@ class HttpFrontend:
         except web.HTTPException as e:  # aiohttp's 404, 405, 413 ...: JSON through the status table too
             if e.status not in _AIOHTTP:
                 raise
-            allowed = getattr(e, "allowed_methods", None)
-            why = f"{e.reason}: {request.method} {request.path}" + (
-                f"; allowed: {', '.join(sorted(allowed))}" if allowed else "")
-            return error_response(_AIOHTTP[e.status](why), kserve)
+            allowed = sorted(getattr(e, "allowed_methods", None) or ())
+            if e.status == 404:
+                why = f"no such route: {request.method} {request.path}"
+            elif allowed:
+                why = f"method {request.method} is not allowed on {request.path}; allowed: {', '.join(allowed)}"
+            else:
+                why = f"{e.reason}: {request.method} {request.path}"
+            resp = error_response(_AIOHTTP[e.status](why), kserve)
+            if allowed:
+                resp.headers["Allow"] = ", ".join(allowed)
+            return resp
         except ConnectionError:  # the client went away while we answered: normal, not an error
             log.debug("client of %s went away", request.path)
             return web.Response(status=499)

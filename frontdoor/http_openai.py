@@ -1,8 +1,11 @@
-"""The OpenAI-compatible routes: /v1/models, /v1/completions, /v1/chat/completions (SSE when streaming).
+"""The OpenAI-compatible routes: /v1/models[/{id}], /v1/completions, /v1/chat/completions (SSE when streaming).
 
-The model id is the served model's name (ServedModel.served_name, frontdoor/core.py); its Triton name is an alias. A
-client that disconnects mid-stream cancels its request (one debug line, no traceback); a failure
-after the stream began is sent as a last SSE event carrying the status, then [DONE].
+A codec over the front-door core (frontdoor/core.py): parse (openai_api.py), answer or collect, shape
+the reply. The model id is the served model's name (ServedModel.served_name); its Triton name is an
+alias. Fields the server does not know are accepted and named once in the log (openai_fields.py).
+Logprobs (and an echoed prompt's) are built token by token (openai_logprobs.py). A client that
+disconnects mid-stream cancels its request (one debug line, no traceback); a failure after the stream
+began is sent as a last SSE event carrying the status, then [DONE].
 """
 
 from __future__ import annotations
@@ -15,9 +18,11 @@ import logging
 from aiohttp import web
 
 from frontdoor import openai_api as oa
-from frontdoor.http_body import read_object, request_timeout
 from frontdoor.core import FrontDoor
-from tandem.status import Internal, TandemError, status_of
+from frontdoor.http_body import read_object, request_timeout
+from frontdoor.openai_fields import UnknownFields
+from frontdoor.openai_logprobs import LogprobTrail
+from tandem.status import Internal, NotFound, TandemError, status_of
 
 log = logging.getLogger("tandem.http")
 _GONE = (ConnectionResetError, ConnectionError)
@@ -26,43 +31,60 @@ _GONE = (ConnectionResetError, ConnectionError)
 def add_openai_routes(router, door: FrontDoor) -> None:
     api = OpenAIRoutes(door)
     router.add_get("/v1/models", api.models)
+    router.add_get("/v1/models/{model}", api.model)
     router.add_post("/v1/completions", api.completions)
     router.add_post("/v1/chat/completions", api.chat)
 
 
 class OpenAIRoutes:
-    """A codec over the front-door core: parse (openai_api.py), answer or collect, shape the reply."""
-
     def __init__(self, door: FrontDoor):
         self.door, self.served = door, door.served
         self.service = door.service
         self.names = (self.served.served_name, self.served.triton_name)
+        self.unknown = UnknownFields()
 
     async def models(self, request):
-        return web.json_response({"object": "list", "data": [{"id": self.served.served_name, "object": "model",
-                                                              "created": 0, "owned_by": "tandem"}]})
+        return web.json_response({"object": "list", "data": [self._card()]})
+
+    def _card(self) -> dict:
+        return {"id": self.served.served_name, "object": "model", "created": 0, "owned_by": "tandem"}
+
+    async def model(self, request):
+        name = request.match_info["model"]
+        if name not in self.names:
+            raise NotFound(f"the model {name!r} does not exist; this server serves {self.served.served_name!r}")
+        return web.json_response(self._card())
 
     async def completions(self, request):
         self.service.refuse_if_closed()
         body = await read_object(request)
         rid = oa.new_id("cmpl")
-        req, stream = oa.completion_request(body, self.names, rid)
+        req, stream = oa.completion_request(body, self.names, rid, self.unknown)
         return await self._answer(request, req, stream, rid, oa.completion_body, body)
 
     async def chat(self, request):
         self.service.refuse_if_closed()
         body = await read_object(request)
         rid = oa.new_id("chatcmpl")
-        req, stream = oa.chat_request(body, self.names, rid)
+        req, stream = oa.chat_request(body, self.names, rid, self.unknown)
         return await self._answer(request, req, stream, rid, oa.chat_body, body)
+
+    def _trail(self, req, shape) -> LogprobTrail | None:
+        """The request's logprobs reports, when it asked for them."""
+        if not req.logprobs:
+            return None
+        tok = self.service.tokenizer
+        return LogprobTrail(shape is oa.chat_body, lambda t: tok.decode([t], skip_special_tokens=False))
 
     async def _answer(self, request, req, stream: bool, rid: str, shape, body: dict):
         req = dataclasses.replace(req, timeout_s=request_timeout(request))
+        trail = self._trail(req, shape)
         if not stream:
-            a = await self.door.collect(req)
+            a = await self.door.collect(req, on_delta=trail.add if trail else None)
             return web.json_response(shape(rid, self.served.served_name, a.text, a.finish_reason,
-                                           oa.usage(a.prompt_tokens, a.tokens, a.cached_tokens), chunk=False))
-        events = _Events(request, rid, self.served.served_name, shape, body)
+                                           oa.usage(a.prompt_tokens, a.tokens, a.cached_tokens), chunk=False,
+                                           logprobs=trail.take() if trail else None))
+        events = _Events(request, rid, self.served.served_name, shape, body, trail)
         async with contextlib.aclosing(self.door.answer(req)) as deltas:
             done = await events.send(deltas)
         if events.resp is None:  # the core yields at least the delta with the finish reason
@@ -76,10 +98,11 @@ class OpenAIRoutes:
 
 class _Events:
     """One SSE stream. Its response starts with the first delta, so a refusal (429, 503, ...) before
-    it is still an HTTP status, not an SSE event."""
+    it is still an HTTP status, not an SSE event. A token whose text is held back (a partial character,
+    a possible stop string) has its logprobs sent with the next event that carries text."""
 
-    def __init__(self, request, rid: str, model: str, shape, body: dict):
-        self.request, self.rid, self.model, self.shape = request, rid, model, shape
+    def __init__(self, request, rid: str, model: str, shape, body: dict, trail: LogprobTrail | None):
+        self.request, self.rid, self.model, self.shape, self.trail = request, rid, model, shape, trail
         self.include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
         self.resp: web.StreamResponse | None = None
 
@@ -95,10 +118,13 @@ class _Events:
                     await self.resp.prepare(self.request)
                 n += d.token is not None
                 n_in, cached = d.prompt_tokens, cached or d.cached_tokens
+                if self.trail:
+                    self.trail.add(d)
                 if not d.text and not d.finish_reason:
                     continue
                 extra = {"first": is_first} if self.shape is oa.chat_body else {}
-                await self._sse(self.shape(self.rid, self.model, d.text, d.finish_reason, None, chunk=True, **extra))
+                await self._sse(self.shape(self.rid, self.model, d.text, d.finish_reason, None, chunk=True,
+                                           logprobs=self.trail.take() if self.trail else None, **extra))
                 is_first = False
             if self.include_usage:
                 chunk = self.shape(self.rid, self.model, "", None, oa.usage(n_in, n, cached), chunk=True)

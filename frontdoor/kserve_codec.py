@@ -105,7 +105,7 @@ def http_inputs(header: dict, binary: bytes) -> Inputs:
                 arr = from_raw(name, dt, shape, binary[offset:offset + size])
                 offset += size
             else:
-                arr = _json_tensor(name, dt, shape, t.get("data"))
+                arr = json_tensor(name, dt, shape, t.get("data"))
         except TensorError as e:
             raise InvalidArgument(str(e)) from None
         _add(inputs, name, dt, arr)
@@ -142,7 +142,7 @@ def _flatten(data, name: str) -> list:
     return out
 
 
-def _json_tensor(name: str, dt: str, shape: list[int], data) -> np.ndarray:
+def json_tensor(name: str, dt: str, shape: list[int], data) -> np.ndarray:
     if dt not in DTYPES or data is None:
         raise InvalidArgument(f"input {name!r}: needs 'data' (or binary data) of a known datatype")
     if any(d < 0 for d in shape):

@@ -3,7 +3,8 @@
 Existing Triton LLM clients (and genai-perf / perf_analyzer) send `text_input` and `max_tokens` plus
 optional sampling inputs, shaped [batch, 1] because the model has a batch dimension. Streamed
 responses carry only the new text in `text_output`. Inputs we accept only at their neutral value
-(e.g. repetition_penalty 1.0, beam_width 1) are refused otherwise, with the reason.
+(e.g. beam_width 1, length_penalty 1) are refused otherwise, with the reason; the repetition, presence
+and frequency penalties are honoured (the same rules as the OpenAI door's).
 """
 
 from __future__ import annotations
@@ -61,8 +62,7 @@ OUTPUTS = (
 )
 _BY_NAME = {t.name: t for t in INPUTS}
 # inputs we take only at the value that means "off"
-_NEUTRAL = {"beam_width": 1, "num_return_sequences": 1, "repetition_penalty": 1.0, "presence_penalty": 0.0,
-            "frequency_penalty": 0.0, "length_penalty": 1.0, "return_context_logits": False,
+_NEUTRAL = {"beam_width": 1, "num_return_sequences": 1, "length_penalty": 1.0, "return_context_logits": False,
             "return_generation_logits": False}
 
 
@@ -121,5 +121,7 @@ def parse_requests(inputs: dict[str, tuple[str, np.ndarray]], request_id: str) -
             stop=tuple(w.decode("utf-8", "replace") if isinstance(w, bytes) else str(w)
                        for w in row.get("stop_words", []) if w),
             end_id=row.get("end_id"), logprobs=bool(row.get("return_log_probs", False)),
+            repetition_penalty=row.get("repetition_penalty", 1.0),
+            presence_penalty=row.get("presence_penalty", 0.0), frequency_penalty=row.get("frequency_penalty", 0.0),
             exclude_input=bool(row.get("exclude_input_in_output", False)) or stream))
     return out, stream

@@ -24,6 +24,7 @@ class GenerationRequest:
     request_id: str
     prompt: str | None = None
     messages: tuple[ChatMessage, ...] = ()
+    tools: tuple[dict, ...] = ()  # tool definitions shown to the chat template (chat requests only)
     prompt_ids: tuple[int, ...] = ()
     max_tokens: int | None = 16  # None: up to DEFAULT_MAX_TOKENS, within the context
     temperature: float = 0.0
@@ -34,6 +35,14 @@ class GenerationRequest:
     stop: tuple[str, ...] = ()
     end_id: int | None = None
     logprobs: bool = False
+    top_logprobs: int = 0  # alternatives per token (with logprobs)
+    prompt_logprobs: bool = False  # the prompt's own logprobs too (OpenAI echo with logprobs)
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    ignore_eos: bool = False
+    stop_token_ids: tuple[int, ...] = ()
     exclude_input: bool = True  # False: non-streamed text also repeats the prompt (Triton ensemble default)
     timeout_s: float | None = None  # the client's own deadline for this request (None: the deployment's)
     extra: dict = field(default_factory=dict)
@@ -69,7 +78,12 @@ def prepare(req: GenerationRequest, tokenizer: Tokenizer, limits: Limits) -> Pre
                               f"of {max_context}; ask for at most {max_context - len(ids)} tokens", "max_tokens")
     params = SamplingParams(max_tokens=max_tokens, temperature=float(req.temperature), top_k=req.top_k,
                             top_p=float(req.top_p), seed=req.seed, stop=tuple(req.stop), min_tokens=req.min_tokens,
-                            logprobs=req.logprobs,
+                            logprobs=req.logprobs, top_logprobs=req.top_logprobs,
+                            prompt_logprobs=req.prompt_logprobs, min_p=float(req.min_p),
+                            repetition_penalty=float(req.repetition_penalty), ignore_eos=req.ignore_eos,
+                            presence_penalty=float(req.presence_penalty),
+                            frequency_penalty=float(req.frequency_penalty),
+                            stop_token_ids=tuple(req.stop_token_ids),
                             extra_eos=(req.end_id,) if req.end_id is not None else ()).with_seed()
     return Prepared(req, ids, params)
 
@@ -82,7 +96,7 @@ def _prompt_ids(req: GenerationRequest, tokenizer: Tokenizer, limits: Limits) ->
     if req.messages:
         if not any(m.content for m in req.messages):
             raise InvalidArgument("messages are empty; send at least one message with content", "messages")
-        ids = tokenizer.encode_chat(list(req.messages))  # InvalidRequest from the template names the problem
+        ids = tokenizer.encode_chat(list(req.messages), list(req.tools) or None)  # InvalidRequest from the template names the problem
     elif req.prompt_ids:
         ids = list(req.prompt_ids)
         bad = [t for t in ids if not 0 <= t < limits.vocab_size]

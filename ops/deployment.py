@@ -23,7 +23,8 @@
                  api_key_file: null,        # keys, one a line (and/or TANDEM_API_KEY); needed beyond loopback ...
                  no_api_key: false,         # ... unless switched off here
                  open_probes: true,         # /health, /metrics, gRPC ServerLive/Ready without a key
-                 tls: null}                 # {cert, key, client_ca}: both doors serve TLS (frontdoor/tls.py)
+                 tls: null,                 # {cert, key, client_ca}: both doors serve TLS (frontdoor/tls.py)
+                 chat_template: null}       # a Jinja file, or one of the model's named templates; null: its own
     worker_tls: null               # {ca, server_name, cert, key}: TLS to the workers (control/worker_tls.py);
                                    # cert/key: what the local workers serve with
     limits: {max_in_flight: 64, max_queued_tokens: 32768, request_timeout_s: 600}
@@ -84,6 +85,7 @@ class FrontDoor(_Strict):
     no_api_key: bool = False  # serve beyond loopback without keys: only when said explicitly
     open_probes: bool = True  # health and metrics answer without a key
     tls: TlsFiles | None = None
+    chat_template: str | None = Field(None, min_length=1)  # a Jinja file or a named template (default: the model's)
 
 
 class TlsFiles(_Strict):

@@ -18,6 +18,7 @@ from builder.build import BuildError, BuildRequest, build
 from builder.repo import RepoOptions
 from engine.checkpoint import KNOWN_MODELS
 from engine.config import ModelConfig
+from engine.errors import ModelLoadError
 from engine.shm_region import remove_orphaned_triton_regions, remove_stale_segments
 from engine.tokenizer import Tokenizer
 from frontdoor.admission import Admission
@@ -42,6 +43,14 @@ from tandem.secret import PARAMETER as SECRET_PARAMETER
 from tandem.secret import SecretError, load_secret
 
 log = logging.getLogger("tandem.serve")
+
+
+def front_door_tokenizer(engines: str, dep: Deployment) -> Tokenizer:
+    """The tokenizer the front door renders chats with, its chat template as the deployment chose."""
+    try:
+        return Tokenizer(os.path.join(engines, "prefill"), dep.front_door.chat_template)
+    except ModelLoadError as e:
+        raise DeploymentError(str(e)) from None
 
 
 def engine_dtype(dep: Deployment) -> str:
@@ -122,6 +131,7 @@ class Stack:
         check_secret_links(dep, secret, security.worker_tls)
         engines = await loop.run_in_executor(None, ensure_engines, dep, self.log)
         manifest = read_manifest(os.path.join(engines, "decode"))
+        tokenizer = front_door_tokenizer(engines, dep)  # before any worker starts: a bad template is one line
         counts = worker_counts(dep)
         if gpus:
             try:
@@ -160,7 +170,6 @@ class Stack:
         path = make_path(dep.mode, self.fleet, ROUTERS[dep.router](), manifest.kv_layout, metrics, dep.max_retries,
                          dep.local_prefill_tokens)
         cfg = _model_config(engines)
-        tokenizer = Tokenizer(os.path.join(engines, "prefill"))
         lim = dep.limits
         self.service = Orchestrator(path=path, tokenizer=tokenizer, metrics=metrics, mode=dep.mode,
                                     limits=Limits(cfg.max_position, cfg.vocab_size, lim.max_prompt_chars),

@@ -14,6 +14,7 @@ from tandem.status import InvalidArgument
 
 MAX_STOP_STRINGS = 16
 MAX_SEED = 2**64
+MAX_TOP_LOGPROBS = 20  # alternatives per position, as OpenAI allows
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,12 @@ class SamplingParams:
     ignore_eos: bool = False
     min_tokens: int = 0
     logprobs: bool = False
+    top_logprobs: int = 0  # alternatives reported per output token (with logprobs)
+    prompt_logprobs: bool = False  # also the logprob of every prompt token after the first (echo)
+    min_p: float = 0.0  # drop tokens less likely than min_p x the most likely one (0 = off)
+    repetition_penalty: float = 1.0  # >1 discourages tokens already in the prompt or output (1 = off)
+    presence_penalty: float = 0.0  # subtracted from the logit of every token already in the output (OpenAI)
+    frequency_penalty: float = 0.0  # ... times how often it is there
     extra_eos: tuple[int, ...] = ()  # e.g. a client's end_id, on top of the model's EOS
 
     def __post_init__(self) -> None:
@@ -54,6 +61,19 @@ class SamplingParams:
                                   "stop")
         if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed < MAX_SEED):
             raise InvalidArgument(f"seed must be an integer in [0, 2**64), got {self.seed!r}", "seed")
+        if not isinstance(self.min_p, (int, float)) or not 0.0 <= self.min_p <= 1.0:
+            raise InvalidArgument(f"min_p must be in [0, 1] (0 = off), got {self.min_p!r}", "min_p")
+        if not isinstance(self.repetition_penalty, (int, float)) or not math.isfinite(self.repetition_penalty) \
+                or not 0.0 < self.repetition_penalty <= 10.0:
+            raise InvalidArgument(f"repetition_penalty must be in (0, 10] (1 = off), got {self.repetition_penalty!r}",
+                                  "repetition_penalty")
+        for name in ("presence_penalty", "frequency_penalty"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, float)) or not -2.0 <= v <= 2.0:
+                raise InvalidArgument(f"{name} must be in [-2, 2] (0 = off), got {v!r}", name)
+        if not _is_int(self.top_logprobs) or not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
+            raise InvalidArgument(f"top_logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}], got "
+                                  f"{self.top_logprobs!r}", "top_logprobs")
         for name in ("stop_token_ids", "extra_eos"):
             if any(not _is_int(t) or t < 0 for t in getattr(self, name)):
                 raise InvalidArgument(f"{name} must be non-negative token ids", name)
@@ -61,6 +81,11 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def penalized(self) -> bool:
+        """True when sampling reads the request's tokens so far (a repetition, presence or frequency penalty)."""
+        return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
 
     def with_seed(self) -> "SamplingParams":
         """A copy with a concrete seed, so every process that samples for this request agrees."""

@@ -36,6 +36,7 @@ import typing
 from dataclasses import MISSING, asdict, dataclass, field, fields, is_dataclass
 from typing import ClassVar
 
+from tandem.logprobs import Logprob
 from tandem.pool import Destination
 from tandem.sampling_params import SamplingParams
 from tandem.status import InvalidArgument, Status
@@ -132,6 +133,8 @@ class Token:
     logprob: float | None = None
     finish_reason: str | None = None  # stop | length; set on the last token
     cached_tokens: int = 0  # on the first token of a locally prefilled request
+    top: Logprob | None = None  # with the alternatives, when sampling.top_logprobs asks for them
+    prompt_logprobs: list[Logprob] = field(default_factory=list)  # on the first token (sampling.prompt_logprobs)
 
 
 @dataclass(frozen=True)
@@ -146,6 +149,8 @@ class Prefilled:
     compute_seconds: float
     queue_seconds: float
     cached_tokens: int = 0  # prompt tokens the prefill worker took from its own prefix cache
+    top: Logprob | None = None  # as on Token
+    prompt_logprobs: list[Logprob] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

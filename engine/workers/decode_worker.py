@@ -203,8 +203,10 @@ class DecodeWorker:
             return
         reason = ev.seq.finish_reason.value if ev.seq.finished else None
         cached = lease.cached_tokens if lease.state is LeaseState.PREFILLING else 0  # on its first token only
+        first = lease.state is LeaseState.PREFILLING
         lease.state = LeaseState.RUNNING
-        lease.sink.send(Token(ev.token, ev.logprob, reason, cached_tokens=cached), final=reason is not None)
+        lease.sink.send(Token(ev.token, ev.logprob, reason, cached_tokens=cached, top=ev.seq.top_report,
+                              prompt_logprobs=ev.seq.prompt_logprobs if first else []), final=reason is not None)
         if reason is not None:
             self._end(lease, None)
 

@@ -310,7 +310,8 @@ class PrefillWorker:
         reason = it.seq.finish_reason.value if it.seq.finish_reason else None
         it.sink.send(Prefilled(it.msg.request_id, token, logprob, reason, it.writer.bytes_written,
                                time.perf_counter() - t1, it.compute_s, it.started_at - it.queued_at,
-                               cached_tokens=it.cached_tokens), final=True)
+                               cached_tokens=it.cached_tokens, top=it.seq.top_report,
+                               prompt_logprobs=it.seq.prompt_logprobs), final=True)
 
     def close(self) -> None:
         self.loop.stop()

@@ -52,19 +52,59 @@ def test_kserve_integers_out_of_range_are_refused_not_wrapped(served):
     assert status == 400 and "is not a INT32" in reply["error"], reply
 
 
-def test_unsupported_openai_fields_are_refused_never_ignored(served):
+def test_openai_values_we_cannot_honour_are_refused_never_ignored(served):
     base = {"prompt": "hi", "max_tokens": 2}
-    for extra, field in [({"n": 2}, "n"), ({"best_of": 3}, "best_of"), ({"echo": True}, "echo"),
-                         ({"logprobs": 2}, "logprobs"), ({"suffix": "x"}, "suffix")]:
+    for extra, field in [({"n": 2}, "n"), ({"best_of": 3}, "best_of"), ({"suffix": "x"}, "suffix"),
+                         ({"logprobs": 21}, "logprobs"), ({"logprobs": True}, "logprobs"),
+                         ({"echo": "yes"}, "echo"), ({"stream": "yes"}, "stream"), ({"stream": 1}, "stream"),
+                         ({"logit_bias": {"5": 1}}, "logit_bias"), ({"presence_penalty": 3}, "presence_penalty"),
+                         ({"min_p": 2}, "min_p"), ({"repetition_penalty": 0}, "repetition_penalty"),
+                         ({"ignore_eos": "true"}, "ignore_eos"), ({"stop_token_ids": [1, "x"]}, "stop_token_ids"),
+                         ({"stream_options": {"include_usage": "yes"}}, "include_usage")]:
         status, reply = post(served.http, "/v1/completions", base | extra)
         assert status == 400 and reply["error"]["param"] == field, (extra, reply)
+        assert reply["error"]["type"] == "invalid_request_error" and reply["error"]["message"]
     chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
     for extra, field in [({"response_format": {"type": "json_object"}}, "response_format"),
-                         ({"logprobs": True, "top_logprobs": 2}, "logprobs")]:
+                         ({"top_logprobs": 2}, "top_logprobs"), ({"logprobs": True, "top_logprobs": 99}, "top_logprobs"),
+                         ({"logprobs": 1}, "logprobs"), ({"tools": [tool]}, "tools"),
+                         ({"tool_choice": "required"}, "tool_choice"), ({"n": 3}, "n")]:
         status, reply = post(served.http, "/v1/chat/completions", chat | extra)
         assert status == 400 and reply["error"]["param"] == field, (extra, reply)
-    status, reply = post(served.http, "/v1/chat/completions", chat | {"response_format": {"type": "text"}, "n": 1})
+    status, reply = post(served.http, "/v1/chat/completions", chat | {"response_format": {"type": "text"}, "n": 1,
+                                                                      "tools": [], "tool_choice": "none"})
     assert status == 200, reply  # the values that ask for nothing are accepted
+
+
+def test_unknown_and_bookkeeping_fields_are_accepted(served):
+    base = {"prompt": "The capital of France is", "max_tokens": 4, "temperature": 0}
+    _, plain = post(served.http, "/v1/completions", base)
+    extra = {"user": "u1", "metadata": {"k": "v"}, "store": False, "service_tier": "auto", "not_a_field": 1,
+             "skip_special_tokens": True}
+    status, reply = post(served.http, "/v1/completions", base | extra)
+    assert status == 200 and reply["choices"][0]["text"] == plain["choices"][0]["text"], reply
+    with open(served.log_path, encoding="utf-8") as f:
+        log = f.read()
+    assert log.count("ignoring unknown request field 'not_a_field'") == 1
+    post(served.http, "/v1/completions", base | extra)  # named once for the server's life, not per request
+    with open(served.log_path, encoding="utf-8") as f:
+        assert f.read().count("ignoring unknown request field 'not_a_field'") == 1
+
+
+def test_every_http_error_has_openais_error_shape(served):
+    req = urllib.request.Request(served.http + "/v1/no-such-thing", data=b"{}", method="POST")
+    try:
+        urllib.request.urlopen(req, timeout=30)
+    except urllib.error.HTTPError as e:
+        status, reply = e.code, json.loads(e.read())
+    assert status == 404 and "no such route" in reply["error"]["message"], reply
+    try:
+        urllib.request.urlopen(served.http + "/v1/completions", timeout=30)  # GET on a POST route
+    except urllib.error.HTTPError as e:
+        status, allow, reply = e.code, e.headers.get("Allow"), json.loads(e.read())
+    assert status == 405 and "POST" in allow and "allowed: POST" in reply["error"]["message"], reply
+    assert set(reply["error"]) == {"message", "type", "param", "code"}
 
 
 def test_an_answer_whose_first_token_ends_it_still_gets_a_response_on_a_grpc_stream(served, default_engine):

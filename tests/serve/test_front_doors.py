@@ -137,13 +137,15 @@ def test_bad_input_gets_the_protocols_error_while_good_requests_go_on(served, ex
             ({"prompt": "", "max_tokens": 4}, "prompt is empty"),
             ({"prompt": too_long, "max_tokens": 4}, "model's context is 8192"),
             ({"prompt": "hi", "max_tokens": 0}, "max_tokens must be an integer >= 1"),
-            ({"prompt": "hi", "max_tokens": "many"}, "'max_tokens' must be a integer"),
+            ({"prompt": "hi", "max_tokens": "many"}, "'max_tokens' must be an integer"),
             ({"prompt": "hi", "temperature": -1}, "temperature must be >= 0"),
         ]
         for body, message in http_cases:
             status, err = post(served.http, "/v1/completions", body)
             assert status == 400 and message in err["error"]["message"], (body, err)
             assert err["error"]["type"] == "invalid_request_error"
+        status, err = post(served.http, "/v1/completions", {"prompt": "hi", "max_tokens": 4, "model": "gpt-4"})
+        assert status == 404 and "the model 'gpt-4' does not exist" in err["error"]["message"], err  # as vLLM
         status, err = post(served.http, "/v1/chat/completions", None, raw=b'{"messages": [')
         assert status == 400 and "not valid JSON" in err["error"]["message"]
         status, err = post(served.http, "/v1/chat/completions", {"messages": []})

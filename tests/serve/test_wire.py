@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from tandem.logprobs import Logprob
 from tandem.sampling_params import SamplingParams
 from tandem.status import Status, status_of
 from tandem.wire import Open, Start, Token, WireError, decode_reply, decode_request, encode_reply, encode_request
@@ -18,6 +19,18 @@ def test_requests_and_replies_round_trip():
     for tok in (Token(5, -0.25, None), Token(None, None, "stop", cached_tokens=16)):
         reply = decode_reply(encode_reply(tok))
         assert reply.status is Status.OK and reply.body == tok
+
+
+def test_logprob_reports_round_trip():
+    report = Logprob(-0.5, (3, 9), (-0.5, -1.25))
+    for tok in (Token(3, -0.5, None, top=report, prompt_logprobs=[Logprob(-2.0), report]),):
+        assert decode_reply(encode_reply(tok)).body == tok
+    params = SamplingParams(max_tokens=4, top_logprobs=2, prompt_logprobs=True, min_p=0.1, repetition_penalty=1.2)
+    assert decode_request(encode_request(Open("r", [1, 2], params))).sampling == params
+    raw = json.loads(encode_reply(Token(3, -0.5, None, top=report)))
+    raw["body"]["top"]["top_ids"] = ["x"]
+    with pytest.raises(WireError, match="top_ids"):
+        decode_reply(json.dumps(raw))
 
 
 def _start(**body) -> bytes:

@@ -1,0 +1,111 @@
+"""Which request fields the OpenAI API door knows, and what it does with each (docs/openai-api.md is the table).
+
+Three kinds, as vLLM treats them: *honoured* fields change the answer; *accepted* fields are read and
+ignored (bookkeeping such as `user` or `store`, which change nothing about the tokens); *refused* values
+are ones we cannot honour (e.g. `n` > 1, tools): a 400 naming the field and what is allowed, never a
+silent wrong answer. A field this door has never heard of is accepted and ignored like vLLM does, and
+named in one warning per field name for the life of the server (`UnknownFields`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+
+from tandem.status import InvalidArgument
+
+log = logging.getLogger("tandem.http")
+
+_SAMPLING = {"model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "stream",
+             "stream_options", "stop", "stop_token_ids", "ignore_eos", "seed", "n", "min_tokens",
+             "presence_penalty", "frequency_penalty", "logprobs", "logit_bias", "best_of"}
+_BOOKKEEPING = {"user", "metadata", "store", "service_tier"}  # accepted, ignored: they change no token
+COMPLETION_FIELDS = _SAMPLING | _BOOKKEEPING | {"prompt", "echo", "suffix"}
+CHAT_FIELDS = _SAMPLING | _BOOKKEEPING | {"messages", "max_completion_tokens", "top_logprobs", "response_format",
+                                          "tools", "tool_choice", "parallel_tool_calls", "functions",
+                                          "function_call", "modalities"}
+
+
+class UnknownFields:
+    """Names each unknown field once in a warning, however many requests carry it."""
+
+    def __init__(self, logger: logging.Logger = log):
+        self.seen: set[str] = set()
+        self.log = logger
+
+    def note(self, names: Iterable[str], endpoint: str) -> None:
+        for name in sorted(set(names) - self.seen):
+            self.seen.add(name)
+            self.log.warning("%s: ignoring unknown request field %r (accepted, as vLLM does; named once)",
+                             endpoint, name)
+
+
+def unknown_fields(body: dict, allowed: set[str]) -> list[str]:
+    return sorted(set(body) - allowed)
+
+
+def refuse_unsupported(body: dict) -> None:
+    """Values we cannot honour: refused with what is allowed, never silently ignored."""
+    for key in ("n", "best_of"):
+        v = body.get(key)
+        if v is not None and v != 1:
+            raise InvalidArgument(f"only {key}=1 is supported (one answer per request), got {v!r}; "
+                                  f"send separate requests (with different seeds) for more answers", key)
+    if body.get("suffix") not in (None, ""):
+        raise InvalidArgument("suffix (insertion) is not supported; send the text to complete as the prompt",
+                              "suffix")
+    if body.get("logit_bias") not in (None, {}):
+        raise InvalidArgument("logit_bias is not supported; only null or {}", "logit_bias")
+    if body.get("tools") not in (None, []) and body.get("tool_choice") != "none":
+        raise InvalidArgument("tool calling is not supported by this server: send tools only with "
+                              "tool_choice \"none\" (the chat template sees them; the answer is text)", "tools")
+    if body.get("functions") not in (None, []):
+        raise InvalidArgument("functions (tool calling) is not supported; send the request without them", "functions")
+    if body.get("tool_choice") not in (None, "none", "auto"):
+        raise InvalidArgument("tool_choice must be \"none\" or \"auto\" (there are no tools here)", "tool_choice")
+    if body.get("function_call") not in (None, "none", "auto"):
+        raise InvalidArgument("function_call must be \"none\" or \"auto\" (there are no functions here)",
+                              "function_call")
+    fmt = body.get("response_format")
+    if fmt is not None and fmt != {"type": "text"}:
+        raise InvalidArgument("response_format: only {\"type\": \"text\"} is supported (no JSON mode or "
+                              "structured output)", "response_format")
+    if body.get("modalities") not in (None, ["text"]):
+        raise InvalidArgument("modalities: only [\"text\"] is supported", "modalities")
+
+
+def boolean(body: dict, key: str, default: bool = False) -> bool:
+    """A JSON boolean (or null/absent: the default); anything else is refused, "yes" included."""
+    v = body.get(key)
+    if v is None:
+        return default
+    if not isinstance(v, bool):
+        raise InvalidArgument(f"'{key}' must be a boolean (true or false), got {v!r}", key)
+    return v
+
+
+def number(body: dict, key: str, default, kind=float):
+    """A JSON number (an integer when kind is int), or null/absent: the default."""
+    v = body.get(key)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or (kind is int and not isinstance(v, int)):
+        raise InvalidArgument(f"'{key}' must be {'an integer' if kind is int else 'a number'}, got {v!r}", key)
+    return kind(v)
+
+
+def tools(body: dict) -> tuple[dict, ...]:
+    """The tool definitions to show the chat template (refuse_unsupported allowed them: tool_choice none)."""
+    v = body.get("tools") or []
+    if not isinstance(v, list) or not all(isinstance(t, dict) for t in v):
+        raise InvalidArgument("'tools' must be a list of tool objects", "tools")
+    return tuple(v)
+
+
+def token_ids(body: dict, key: str) -> tuple[int, ...]:
+    v = body.get(key)
+    if v is None:
+        return ()
+    if not isinstance(v, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in v):
+        raise InvalidArgument(f"'{key}' must be a list of token ids (integers), got {v!r}", key)
+    return tuple(v)

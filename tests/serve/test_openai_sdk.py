@@ -1,0 +1,125 @@
+"""The official `openai` Python SDK against a running `tandem serve`: exact greedy text streamed and
+not, logprobs (chat top_logprobs, completions logprobs + echo) equal to the engine's own, extra
+fields, and typed errors."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.generate import run_generation
+from engine.tokenizer import ChatMessage
+from tandem.sampling_params import SamplingParams
+from tests.conftest import complete
+
+openai = pytest.importorskip("openai")
+
+PROMPT = "The capital of France is"
+QUESTION = "What is the capital of France?"
+
+
+@pytest.fixture(scope="module")
+def client(served):
+    c = openai.OpenAI(base_url=served.http + "/v1", api_key="unused", max_retries=0, timeout=120)
+    yield c
+    c.close()
+
+
+def _reference(engine, ids, n, **kw):
+    return complete(engine, ids, SamplingParams(max_tokens=n, logprobs=True, **kw))
+
+
+def test_completions_streamed_and_not_are_exact(client, default_engine):
+    want = run_generation(default_engine, default_engine.tokenizer.encode(PROMPT), SamplingParams(max_tokens=16)).text
+    got = client.completions.create(model="smollm2-135m", prompt=PROMPT, max_tokens=16, temperature=0)
+    assert got.choices[0].text == want and got.usage.completion_tokens == 16
+    parts = [c.choices[0].text for c in client.completions.create(model="smollm2-135m", prompt=PROMPT,
+                                                                   max_tokens=16, temperature=0, stream=True)]
+    assert "".join(parts) == want and len(parts) > 3
+
+
+def test_chat_streamed_and_not_are_exact(client, default_engine):
+    ids = default_engine.tokenizer.encode_chat([ChatMessage("user", QUESTION)])
+    want = run_generation(default_engine, ids, SamplingParams(max_tokens=24)).text
+    msgs = [{"role": "user", "content": QUESTION}]
+    got = client.chat.completions.create(model="smollm2-135m", messages=msgs, max_tokens=24, temperature=0)
+    assert got.choices[0].message.content == want
+    chunks = list(client.chat.completions.create(model="smollm2-135m", messages=msgs, max_tokens=24, temperature=0,
+                                                 stream=True, stream_options={"include_usage": True}))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == want
+    assert chunks[-1].usage.completion_tokens == got.usage.completion_tokens
+
+
+def test_chat_logprobs_and_top_logprobs_equal_the_engines(client, default_engine):
+    ids = default_engine.tokenizer.encode_chat([ChatMessage("user", QUESTION)])
+    ref = _reference(default_engine, ids, 8, top_logprobs=3)
+    msgs = [{"role": "user", "content": QUESTION}]
+    for stream in (False, True):
+        reply = client.chat.completions.create(model="smollm2-135m", messages=msgs, max_tokens=8, temperature=0,
+                                               logprobs=True, top_logprobs=3, stream=stream)
+        content = [e for c in reply for e in (c.choices[0].logprobs.content if c.choices[0].logprobs else [])] \
+            if stream else reply.choices[0].logprobs.content
+        assert [e.logprob for e in content] == pytest.approx(ref.output_logprobs, abs=1e-3)
+        tok = default_engine.tokenizer
+        assert [e.token for e in content] == [tok.decode([t], skip_special_tokens=False) for t in ref.output_ids]
+        assert all(len(e.top_logprobs) == 3 and e.top_logprobs[0].token == e.token for e in content)  # greedy
+        assert bytes(content[0].bytes).decode() == content[0].token
+
+
+def test_completions_logprobs_with_echo_cover_the_prompt(client, default_engine):
+    ids = default_engine.tokenizer.encode(PROMPT)
+    ref = _reference(default_engine, ids, 5, top_logprobs=2, prompt_logprobs=True)
+    got = client.completions.create(model="smollm2-135m", prompt=PROMPT, max_tokens=5, temperature=0, logprobs=2,
+                                    echo=True)
+    choice = choice_of = got.choices[0]
+    assert choice.text.startswith(PROMPT) and choice.text == PROMPT + default_engine.tokenizer.decode(ref.output_ids)
+    lp = choice_of.logprobs
+    assert len(lp.tokens) == len(ids) + 5 and lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    want = [r.logprob for r in ref.prompt_logprobs] + ref.output_logprobs
+    assert lp.token_logprobs[1:] == pytest.approx(want, abs=1e-3)
+    assert all(len(d) in (2, 3) for d in lp.top_logprobs[1:])  # 2 alternatives, plus the chosen one if not among them
+    assert lp.text_offset[0] == 0 and lp.text_offset == sorted(lp.text_offset)
+    plain = client.completions.create(model="smollm2-135m", prompt=PROMPT, max_tokens=5, temperature=0, echo=True)
+    assert plain.choices[0].text == choice.text and plain.choices[0].logprobs is None
+
+
+def test_vllm_sampling_fields_ride_in_extra_body(client, default_engine):
+    ids = default_engine.tokenizer.encode(PROMPT)
+    want = run_generation(default_engine, ids, SamplingParams(max_tokens=12, repetition_penalty=1.3)).text
+    got = client.completions.create(model="smollm2-135m", prompt=PROMPT, max_tokens=12, temperature=0,
+                                    user="someone", extra_body={"repetition_penalty": 1.3, "min_p": 0.1,
+                                                                "ignore_eos": True, "a_field_we_never_heard_of": 1})
+    assert got.choices[0].text == want
+    first = complete(default_engine, ids, SamplingParams(max_tokens=4)).output_ids[0]
+    stopped = client.completions.create(model="smollm2-135m", prompt=PROMPT, max_tokens=12, temperature=0,
+                                        extra_body={"stop_token_ids": [first]})
+    assert stopped.choices[0].finish_reason == "stop" and stopped.usage.completion_tokens == 1
+
+
+def test_typed_errors(client):
+    with pytest.raises(openai.NotFoundError, match="does not exist"):
+        client.completions.create(model="gpt-4", prompt=PROMPT, max_tokens=4)
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("gpt-4")
+    assert client.models.retrieve("smollm2-135m").id == "smollm2-135m"
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="smollm2-135m", messages=[{"role": "user", "content": "hi"}], n=2)
+    assert e.value.body["param"] == "n" and "only n=1" in e.value.body["message"]
+
+
+def test_seeded_sampling_with_a_penalty_is_the_same_split_across_prefill_and_decode(client, default_engine):
+    """Prefill samples the first token, decode the rest (reading the tokens so far for the penalty): the
+    answer equals one engine doing it all."""
+    ids = default_engine.tokenizer.encode(PROMPT)
+    p = SamplingParams(max_tokens=12, temperature=0.9, seed=5, repetition_penalty=1.2, min_p=0.05)
+    want = default_engine.tokenizer.decode(complete(default_engine, ids, p).output_ids)
+    got = client.completions.create(model="smollm2-135m", prompt=PROMPT, max_tokens=12, temperature=0.9, seed=5,
+                                    extra_body={"repetition_penalty": 1.2, "min_p": 0.05})
+    assert got.choices[0].text == want
+
+
+def test_echo_streams_the_prompt_first(client, default_engine):
+    chunks = list(client.completions.create(model="smollm2-135m", prompt=PROMPT, max_tokens=5, temperature=0,
+                                            echo=True, logprobs=1, stream=True))
+    assert chunks[0].choices[0].text.startswith(PROMPT)
+    tokens = [t for c in chunks if c.choices[0].logprobs for t in c.choices[0].logprobs.tokens]
+    assert len(tokens) == len(default_engine.tokenizer.encode(PROMPT)) + 5

@@ -77,9 +77,9 @@ def test_a_sampled_request_resumes_with_exactly_its_own_tokens(served_2p2d, defa
     the other one, and the client gets exactly the tokens the request gives without any failure (the
     sampler draws token n from (seed, n) alone, so the resumed worker draws what the dead one would)."""
     prompt = "Tell me a story about a fox and a crow."
-    params = {"temperature": 0.8, "top_p": 0.95, "seed": 1234, "max_tokens": 80}
+    params = {"temperature": 0.8, "top_p": 0.95, "seed": 1234, "max_tokens": 80, "ignore_eos": True}
     want = run_generation(default_engine, default_engine.tokenizer.encode(prompt),
-                          SamplingParams(max_tokens=80, temperature=0.8, top_p=0.95, seed=1234))
+                          SamplingParams(max_tokens=80, temperature=0.8, top_p=0.95, seed=1234, ignore_eos=True))
     assert len(want.token_ids) == 80  # long enough to be interrupted
     status, body = post(served_2p2d.http, "/v1/completions", {"prompt": prompt, **params})
     assert status == 200 and body["choices"][0]["text"] == want.text  # the uninterrupted answer

@@ -52,7 +52,8 @@ class OpenAIRoutes:
     async def model(self, request):
         name = request.match_info["model"]
         if name not in self.names:
-            raise NotFound(f"the model {name!r} does not exist; this server serves {self.served.served_name!r}")
+            raise NotFound(f"unknown model {name!r}: the model does not exist; this server serves "
+                           f"{self.served.served_name!r}")
         return web.json_response(self._card())
 
     async def completions(self, request):

@@ -22,7 +22,8 @@ def _common(body: dict, allowed: set[str], models: tuple[str, ...], max_tokens_d
     if extra and unknown is not None:
         unknown.note(extra, endpoint)
     if body.get("model") is not None and body.get("model") not in models:
-        raise NotFound(f"the model {body.get('model')!r} does not exist; this server serves {models[0]!r}")
+        raise NotFound(f"unknown model {body.get('model')!r}: the model does not exist; this server serves "
+                       f"{models[0]!r}")
     refuse_unsupported(body)
     stop = body.get("stop") or []
     if isinstance(stop, str):

@@ -56,6 +56,6 @@ def test_a_long_prefill_backlog_loses_nothing(built_engines, tmp_path, default_e
         assert backlog_s > 10 * 1.0, f"the backlog ({backlog_s:.1f}s) must outlast the timers many times over"
         time.sleep(2.5)  # two heartbeats: the pushed stats are current
         used = pages_used(s.http)  # every pool's pages are back: decode's, and prefill's (its prefix cache)
-        assert 'tandem_kv_pages_used{worker="decode-0"}' in used and set(used.values()) == {0.0}, used
+        assert 'tandem_kv_pages_used{role="decode",worker="decode-0"}' in used and set(used.values()) == {0.0}, used
     finally:
         stop_serve(s)

@@ -51,7 +51,9 @@ def test_workers_join_by_dns_and_reload_and_removed_ones_drain(built_engines, tm
                                "--kv-pool-bytes", str(128 << 20), "--workdir", str(tmp_path / f"w{i}"), "--log-file"])
              for i, (g, h, m) in enumerate(ports)]
     cfg = tmp_path / "dep.yaml"
-    by_dns, by_url = f"decode@127.0.0.1:{ports[0][0]}", f"decode@127.0.0.1:{ports[1][0]}"
+    # metrics name remote workers by slot, in the order they joined: the one found by DNS first, then the
+    # listed one (it joins while the first still drains, so it takes the next slot)
+    by_dns, by_url = "decode-r0", "decode-r1"
     try:
         assert wait_until(lambda: all(ready(h) for _, h, _ in ports), 300)
         cfg.write_text(yaml.safe_dump({"decode": {"count": 1, "dns": f"localhost:{ports[0][0]}"}}))

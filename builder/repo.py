@@ -42,6 +42,7 @@ def render(template: str, values: dict, where: str) -> str:
 
 
 TRANSPORT_CHOICES = ("shm", "nixl", "auto")  # auto: shm for writers on the decode worker's host, NIXL otherwise
+HANDOFF_CHOICES = ("push", "pull")  # see control/handoff.py
 
 
 @dataclass(frozen=True)
@@ -57,10 +58,13 @@ class RepoOptions:
     fault_write_delay_ms: float = 0.0  # prefill/: fault injection only (tests, tandem chaos): a slow writer
     prefix_cache: bool = True  # every pool keeps finished requests' full pages for reuse (engine/prefix_cache.py)
     prefill_pool_bytes: int | None = None  # prefill/: its own pool (long prompts, its cache); None: the decode pool's
+    handoff: str = "push"  # push: prefill writes into decode's pages; pull: prefill holds them, decode reads
 
     def __post_init__(self):
         if self.transport not in TRANSPORT_CHOICES:
             raise RenderError(f"unknown transport {self.transport!r}; allowed: {', '.join(TRANSPORT_CHOICES)}")
+        if self.handoff not in HANDOFF_CHOICES:
+            raise RenderError(f"unknown handoff mode {self.handoff!r}; allowed: {', '.join(HANDOFF_CHOICES)}")
 
 
 def _transports(choice: str) -> str:
@@ -91,7 +95,7 @@ def model_values(engines: str, opts: RepoOptions) -> dict[str, dict]:
         "prefill": dict(name="prefill", engine_dir=prefill_dir, max_batch_size=pm.profile.max_batch_size,
                         max_queue_delay_us=pm.profile.max_queue_delay_us, max_num_tokens=pm.profile.max_num_tokens,
                         cpu_pass_tokens=cpu_pass, fault_write_delay_ms=opts.fault_write_delay_ms,
-                        threads=opts.threads, prefix_cache=cache,
+                        threads=opts.threads, prefix_cache=cache, handoff=opts.handoff,
                         pool_bytes=opts.prefill_pool_bytes if opts.prefill_pool_bytes is not None else pool),
         "decode": dict(name="decode", engine_dir=decode_dir, transports=_transports(opts.transport),
                        kv_pool_bytes=pool, max_batch_size=dm.profile.max_batch_size,

@@ -25,6 +25,8 @@ import click
               help="colocated/chunked: co-located workers, each on its own cores (default 1).")
 @click.option("--transport", type=click.Choice(["shm", "nixl", "auto"]), default=None,
               help="KV handoff: shm (one host), nixl, auto (shm on one host, NIXL across hosts).")
+@click.option("--handoff", type=click.Choice(["push", "pull"]), default=None,
+              help="KV handoff: push (prefill writes into decode's pages, default) or pull (decode reads them).")
 @click.option("--router", type=click.Choice(["least-loaded", "round-robin", "kv-aware"]), default=None)
 @click.option("--host", default=None, help="Front-door address (default 127.0.0.1).")
 @click.option("--grpc-port", type=click.IntRange(0, 65535), default=None, help="Triton gRPC protocol (default 8001).")
@@ -35,14 +37,14 @@ import click
 @click.option("--kv-pool-bytes", type=click.IntRange(1 << 20), default=None, help="Decode KV pool per worker.")
 @click.option("--chunk-tokens", type=click.IntRange(1), default=None, help="Chunked mode: prompt tokens per step.")
 @click.option("--workdir", default=None, help="Where worker logs and the model repository go.")
-def serve_command(model, config_path, mode, prefill, decode, replicas, transport, router, host, grpc_port, http_port,
+def serve_command(model, config_path, mode, prefill, decode, replicas, transport, handoff, router, host, grpc_port, http_port,
                   model_name, served_model_name, kv_pool_bytes, chunk_tokens, workdir):
     """Serve a model: prefill and decode workers in Triton, behind Triton gRPC and OpenAI HTTP."""
     from ops.deployment import DeploymentError, load_deployment
 
     overrides = {k: v for k, v in {
         "mode": mode, "prefill.count": prefill, "decode.count": decode, "replicas": replicas, "transport": transport,
-        "router": router, "front_door.served_model_name": served_model_name,
+        "handoff.mode": handoff, "router": router, "front_door.served_model_name": served_model_name,
         "front_door.host": host, "front_door.grpc_port": grpc_port, "front_door.http_port": http_port,
         "front_door.model_name": model_name, "kv_pool_bytes": kv_pool_bytes, "chunk_tokens": chunk_tokens,
     }.items() if v is not None}

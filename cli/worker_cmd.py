@@ -34,10 +34,12 @@ import click
 @click.option("--threads", type=click.IntRange(1, 256), default=None, help="Torch threads (default: usable cores).")
 @click.option("--chunk-tokens", type=click.IntRange(0), default=0, show_default=True,
               help="generate: chunked-prefill tokens per step (0: prefill first).")
+@click.option("--handoff", type=click.Choice(["push", "pull"]), default="push", show_default=True,
+              help="prefill: pull keeps each prompt's K/V in its own pool for decode to read (one host only).")
 @click.option("--workdir", default=None, help="Where the model repository (and logs) go.")
 @click.option("--log-file/--log-stdout", default=False, help="Triton's log to a file in --workdir, or to stdout.")
 def worker_command(role, engines, host, grpc_port, http_port, metrics_port, transport, kv_pool_bytes, threads,
-                   chunk_tokens, workdir, log_file):
+                   chunk_tokens, handoff, workdir, log_file):
     """Run one role's Triton instance on this node until stopped."""
     from builder.repo import RenderError, RepoOptions, render_repo
     from engine.shm_region import remove_orphaned_triton_regions, remove_stale_segments
@@ -54,7 +56,7 @@ def worker_command(role, engines, host, grpc_port, http_port, metrics_port, tran
     repo = os.path.join(workdir, "model_repository")
     try:
         render_repo(engines, repo, RepoOptions(transport=transport, kv_pool_bytes=kv_pool_bytes, chunk_tokens=chunk_tokens,
-                                               threads=threads or len(os.sched_getaffinity(0))))
+                                               threads=threads or len(os.sched_getaffinity(0)), handoff=handoff))
     except RenderError as e:
         raise click.ClickException(str(e)) from None
     server = TritonServer(repo, (role,), name=role, host=host, grpc_port=grpc_port, http_port=http_port,

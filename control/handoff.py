@@ -1,4 +1,9 @@
-"""The handoff protocol, orchestrator side: one attempt of one request on a decode and a prefill worker.
+"""The handoff protocols, orchestrator side: one attempt of one request on a decode and a prefill worker.
+Two of them, chosen per deployment (`handoff: {mode: push|pull}`): push (`handoff`), where the decode
+worker reserves first and the prefill worker writes into its pages, and pull (`pull_handoff`), where
+the prefill worker keeps the K/V in its own pool and the decode worker reads them.
+
+Push:
 
     OPEN      decode.open(prompt, writer)  -> Reserved(lease, destination: pages + fence slot/epoch)
       │       the Open call stays open for the request's whole life: the reservation lives exactly as
@@ -32,6 +37,33 @@ Prefix cache: the reservation says how many leading tokens the decode worker alr
 (Reserved.cached_tokens; its destination starts after them, so no writer is ever handed a shared
 cached page); the prefill worker computes only what its own cache lacks and writes only what the
 decode worker lacks. The first token carries the prefill worker's cached count (what the client saved).
+
+Pull (TensorRT-LLM's, vLLM's NixlConnector's and DistServe's shape):
+
+    PREFILL   prefill(prompt, pull)  -> Prefilled(first token, source: PullSource = pool, pages, tokens,
+      │       fence slot/epoch, hold id); the K/V stay in the prefill worker's own pool under a hold, and
+      │       the Prefill call stays open for as long as the hold lives (engine/workers/holds.py)
+    FIRST     the first token goes to the client at once (a first token that ends the request: done,
+      │       nothing is held)
+    OPEN      decode.open(prompt, source) -> the decode worker reserves pages (its prefix cache first)
+      │       and READS the positions it lacks from the source pages, layer by layer
+    PULLED    decode answers Pulled -> unhold(prefill, hold id): the prefill pages go back
+    DONE      the Open call streams the remaining tokens from the first token on, and ends
+
+Every exit that is not DONE ends the hold (Unhold; an Abort while the prefill still runs) and the
+decode lease (Release), both sent without waiting. The hold lives exactly as long as its request, no
+timer: it ends on the orchestrator's word, or when its caller is gone (this process died: Triton
+cancels the Prefill call, a sweep on the worker finds it), or with its worker. A request resumed after
+a decode failure is prefilled again (a new hold, maybe on another prefill worker); the old hold ends
+with the failed attempt. A decode worker without room (OUT_OF_PAGES on Open) ends the attempt as in
+push: the hold ends, the request waits for pages and is prefilled again.
+
+The fence the other way round: a held page is reused only when no reader can still read it. Each
+layer is read under the slot's read lock with the epoch checked (engine/transports/pull.py); ending a
+hold revokes the slot first, and frees the pages only once the revoke held the write lock, so a read
+in flight (even of a reader stopped mid-copy) keeps them out of use, and a late read fails LEASE_LOST
+having read nothing. The prefix cache works on both sides as in push: the decode worker reads only
+what its cache lacks; the prefill worker computes only what its cache lacks.
 """
 
 from __future__ import annotations
@@ -42,8 +74,8 @@ from dataclasses import dataclass, field
 
 from control.fleet import WorkerState
 from tandem.sampling_params import SamplingParams
-from tandem.status import TandemError, Unavailable
-from tandem.wire import Open, Prefill, Prefilled, Reserved, Start, Token
+from tandem.status import Status, TandemError, Unavailable, status_of
+from tandem.wire import Open, Prefill, Prefilled, Pulled, Reserved, Start, Token
 
 
 @dataclass
@@ -54,6 +86,7 @@ class Timings:
     transport: str = ""  # how the pages travelled (the decode worker chose it for this pair)
     prefilled: Prefilled | None = None
     decode_cached: int = 0  # prompt tokens the decode worker already held (none of their KV was moved)
+    pulled: Pulled | None = None  # pull: the decode worker's read
 
 
 def blame(e: TandemError, worker: WorkerState) -> TandemError:
@@ -112,3 +145,59 @@ async def handoff(decode: WorkerState, prefill: WorkerState, request_id: str, pr
         if not done and lease:
             decode.client.release(request_id, lease, writer_closed=not writer_running)
         await opened.aclose()
+
+
+async def pull_handoff(decode: WorkerState, prefill: WorkerState, request_id: str, prompt_ids: list[int],
+                       params: SamplingParams, sent: list[int], timings: Timings) -> AsyncIterator[Token]:
+    """The pull protocol (see above); yields the request's tokens after `sent`, raises a TandemError
+    tagged with the failing worker."""
+    held = prefill.client.prefill_held(Prefill(request_id, list(prompt_ids), params, list(sent), pull=True))
+    source, prefilling, opened, done = None, True, None, False
+    try:
+        try:
+            first = await held.__anext__()
+        except StopAsyncIteration:
+            raise blame(Unavailable(f"{prefill.name} ended the prefill of {request_id} without an answer"),
+                        prefill) from None
+        except TandemError as e:
+            raise blame(e, prefill) from None
+        if not isinstance(first, Prefilled):
+            raise blame(Unavailable(f"{prefill.name} answered a pull prefill with {type(first).__name__}"), prefill)
+        prefilling, source = False, first.source
+        timings.first_token, timings.prefilled = time.perf_counter(), first
+        timings.reserved = timings.start  # nothing waited for a decode worker before the prefill
+        yield Token(first.token, first.logprob, first.finish_reason, cached_tokens=first.cached_tokens)
+        if first.finish_reason:
+            return
+        if source is None:
+            raise blame(Unavailable(f"{prefill.name} held nothing for {request_id} (no pull source)"), prefill)
+        timings.transport = source.transport
+        opened = decode.client.open(Open(request_id, list(prompt_ids), params, list(sent), writer=prefill.name,
+                                         writer_host=prefill.host, source=source))
+        try:
+            pulled = await opened.__anext__()
+        except StopAsyncIteration:
+            raise Unavailable(f"{decode.name} ended the request before reading its K/V") from None
+        except TandemError as e:  # a read refused by the fence or a source gone: the prefill side's doing
+            lost = status_of(e) in (Status.LEASE_LOST, Status.TRANSFER_FAILED)
+            raise blame(e, prefill if lost else decode) from None
+        if not isinstance(pulled, Pulled):
+            raise Unavailable(f"{decode.name} answered a pull Open with {type(pulled).__name__}, not Pulled")
+        timings.pulled, timings.decode_cached = pulled, pulled.cached_tokens
+        prefill.client.unhold(request_id, source.hold)
+        source = None
+        async for tok in until_finished(opened, decode.name, request_id):
+            yield tok
+        done = True
+    except TandemError as e:
+        raise blame(e, decode) from None
+    finally:
+        if prefilling:
+            prefill.client.abort(request_id)
+        if source is not None:
+            prefill.client.unhold(request_id, source.hold)
+        if opened is not None:
+            if not done:
+                decode.client.release(request_id, "", writer_closed=True)
+            await opened.aclose()
+        await held.aclose()

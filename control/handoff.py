@@ -87,6 +87,7 @@ class Timings:
     prefilled: Prefilled | None = None
     decode_cached: int = 0  # prompt tokens the decode worker already held (none of their KV was moved)
     pulled: Pulled | None = None  # pull: the decode worker's read
+    pulled_at: float = 0.0
 
 
 def blame(e: TandemError, worker: WorkerState) -> TandemError:
@@ -183,7 +184,7 @@ async def pull_handoff(decode: WorkerState, prefill: WorkerState, request_id: st
             raise blame(e, prefill if lost else decode) from None
         if not isinstance(pulled, Pulled):
             raise Unavailable(f"{decode.name} answered a pull Open with {type(pulled).__name__}, not Pulled")
-        timings.pulled, timings.decode_cached = pulled, pulled.cached_tokens
+        timings.pulled, timings.pulled_at, timings.decode_cached = pulled, time.perf_counter(), pulled.cached_tokens
         prefill.client.unhold(request_id, source.hold)
         source = None
         async for tok in until_finished(opened, decode.name, request_id):

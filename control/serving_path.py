@@ -161,6 +161,9 @@ class DisaggregatedPath(ServingPath):
                     prefill_pending = False
                     p.inflight_tokens -= n_ctx
                     m.record_prefill(p.name, timings)
+                elif timings.pulled is not None and timings.pulled_at:
+                    m.record_pull(d.name, timings)
+                    timings.pulled_at = 0.0  # recorded once
                 yield tok
         finally:
             d.running -= 1

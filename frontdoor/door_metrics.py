@@ -33,6 +33,9 @@ class Metrics:
                                 ["worker", "transport"], registry=r)
         self.kv_seconds = Histogram("tandem_kv_transfer_seconds", "Wait for the KV handoff after prefill compute",
                                     ["worker"], buckets=_TOKEN, registry=r)
+        self.kv_wait = Histogram("tandem_kv_wait_seconds", "Decode-side wait for the KV: push, the writes "
+                                 "finishing after prefill compute; pull, first token to the decode worker's read done",
+                                 ["handoff"], buckets=_LATENCY, registry=r)
         self.pages_used = Gauge("tandem_kv_pages_used", "KV pages held by requests (a prefill worker's pool holds its prefix cache)", ["worker"], registry=r)
         self.pages_total = Gauge("tandem_kv_pages_total", "KV pages in the pool", ["worker"], registry=r)
         self.in_flight = Gauge("tandem_requests_in_flight", "Requests being served", registry=r)
@@ -65,6 +68,13 @@ class Metrics:
         self.prefill.labels(worker).observe(p.compute_seconds)
         self.kv_bytes.labels(worker, t.transport).inc(p.kv_bytes)
         self.kv_seconds.labels(worker).observe(p.kv_seconds)
+        if p.source is None and not p.finish_reason:
+            self.kv_wait.labels("push").observe(p.kv_seconds)
+
+    def record_pull(self, decode: str, t) -> None:
+        """The decode side of a pull handoff (an control.handoff.Timings whose Pulled arrived)."""
+        self.kv_wait.labels("pull").observe(t.pulled_at - t.first_token)
+        self.kv_bytes.labels(decode, t.transport).inc(t.pulled.kv_bytes)
 
     def record_worker(self, w) -> None:
         """A worker's pushed stats (an control.fleet.WorkerState)."""

@@ -152,6 +152,7 @@ async def pull_handoff(decode: WorkerState, prefill: WorkerState, request_id: st
                        params: SamplingParams, sent: list[int], timings: Timings) -> AsyncIterator[Token]:
     """The pull protocol (see above); yields the request's tokens after `sent`, raises a TandemError
     tagged with the failing worker."""
+    sent = list(sent)  # the caller appends every token it is given, the first one included: take them now
     held = prefill.client.prefill_held(Prefill(request_id, list(prompt_ids), params, list(sent), pull=True))
     source, prefilling, opened, done = None, True, None, False
     try:

@@ -41,13 +41,13 @@ def render(template: str, values: dict, where: str) -> str:
     return _PLACEHOLDER.sub(lambda m: str(values[m.group(1)]), template)
 
 
-TRANSPORT_CHOICES = ("shm", "nixl", "auto")  # auto: shm for writers on the decode worker's host, NIXL otherwise
+TRANSPORT_CHOICES = ("shm", "cuda_ipc", "nixl", "auto")  # auto: the one-host transport, and NIXL where installed
 HANDOFF_CHOICES = ("push", "pull")  # see control/handoff.py
 
 
 @dataclass(frozen=True)
 class RepoOptions:
-    transport: str = "shm"
+    transport: str | None = None  # None: the one-host transport for the decode pool's memory (shm or cuda_ipc)
     threads: int = 1  # torch threads per model instance
     kv_pool_bytes: int | None = None  # None: the decode profile's
     transfer_timeout_s: float = 30.0  # decode: a started request whose pages never arrive fails after this
@@ -59,22 +59,39 @@ class RepoOptions:
     prefix_cache: bool = True  # every pool keeps finished requests' full pages for reuse (engine/prefix_cache.py)
     prefill_pool_bytes: int | None = None  # prefill/: its own pool (long prompts, its cache); None: the decode pool's
     handoff: str = "push"  # push: prefill writes into decode's pages; pull: prefill holds them, decode reads
+    gpus: tuple[tuple[str, int], ...] = ()  # (model, GPU index) of models on a GPU (KIND_GPU); others: KIND_CPU
 
     def __post_init__(self):
-        if self.transport not in TRANSPORT_CHOICES:
+        if self.transport is not None and self.transport not in TRANSPORT_CHOICES:
             raise RenderError(f"unknown transport {self.transport!r}; allowed: {', '.join(TRANSPORT_CHOICES)}")
         if self.handoff not in HANDOFF_CHOICES:
             raise RenderError(f"unknown handoff mode {self.handoff!r}; allowed: {', '.join(HANDOFF_CHOICES)}")
+        unknown = sorted({m for m, _ in self.gpus} - set(MODELS))
+        if unknown or any(g < 0 for _, g in self.gpus):
+            raise RenderError(f"gpus {list(self.gpus)}: models are {', '.join(MODELS)} and GPU indices 0 or more")
 
 
-def _transports(choice: str) -> str:
-    """The transports a decode pool offers, for the config: auto offers NIXL where it is installed."""
-    if choice != "auto":
+def _transports(choice: str | None, gpu_pool: bool) -> str:
+    """The transports a decode pool offers, for the config. One host: shm for a pool in host memory,
+    cuda_ipc for one in GPU memory; auto adds NIXL where it is installed (for writers on other hosts)."""
+    local = "cuda_ipc" if gpu_pool else "shm"
+    if choice in ("shm", "cuda_ipc") and choice != local:
+        where = "GPU" if gpu_pool else "host"
+        raise RenderError(f"transport {choice} cannot reach a decode pool in {where} memory; use {local}, nixl or "
+                          f"auto (the decode worker's device decides where its pool lives)")
+    if choice in (None, "shm", "cuda_ipc"):
+        return local
+    if choice == "nixl":
         return choice
     import importlib.util
 
     nixl = any(importlib.util.find_spec(m) is not None for m in ("nixl", "nixl_cu12"))
-    return "shm,nixl" if nixl else "shm"
+    return f"{local},nixl" if nixl else local
+
+
+def instance_group(gpu: int | None) -> str:
+    """The config's instance group: one instance, on GPU `gpu` (Triton's numbering) or on the CPU."""
+    return "KIND_CPU count: 1" if gpu is None else f"KIND_GPU count: 1 gpus: [ {gpu} ]"
 
 
 def model_values(engines: str, opts: RepoOptions) -> dict[str, dict]:
@@ -89,23 +106,26 @@ def model_values(engines: str, opts: RepoOptions) -> dict[str, dict]:
         raise RenderError(f"{engines} holds {pm.backend} engines; this repository runs torch engines "
                           f"(TensorRT-LLM deployments use the trtllm-serve configs written by tandem build)")
     pool = opts.kv_pool_bytes if opts.kv_pool_bytes is not None else dm.profile.kv_pool_bytes
+    gpu = dict(opts.gpus)
     cpu_pass = pm.profile.cpu_pass_tokens or pm.profile.max_num_tokens
     cache = "on" if opts.prefix_cache else "off"
     return {
         "prefill": dict(name="prefill", engine_dir=prefill_dir, max_batch_size=pm.profile.max_batch_size,
                         max_queue_delay_us=pm.profile.max_queue_delay_us, max_num_tokens=pm.profile.max_num_tokens,
                         cpu_pass_tokens=cpu_pass, fault_write_delay_ms=opts.fault_write_delay_ms,
-                        threads=opts.threads, prefix_cache=cache, handoff=opts.handoff,
+                        threads=opts.threads, prefix_cache=cache, instance_group=instance_group(gpu.get("prefill")),
+                        handoff=opts.handoff,
                         pool_bytes=opts.prefill_pool_bytes if opts.prefill_pool_bytes is not None else pool),
-        "decode": dict(name="decode", engine_dir=decode_dir, transports=_transports(opts.transport),
+        "decode": dict(name="decode", engine_dir=decode_dir, transports=_transports(opts.transport, "decode" in gpu),
                        kv_pool_bytes=pool, max_batch_size=dm.profile.max_batch_size,
                        max_num_tokens=pm.profile.max_num_tokens, cpu_pass_tokens=cpu_pass,
                        chunk_tokens=opts.decode_chunk_tokens, transfer_timeout_s=opts.transfer_timeout_s,
-                       fence_timeout_s=opts.fence_timeout_s, threads=opts.threads, prefix_cache=cache),
+                       fence_timeout_s=opts.fence_timeout_s, threads=opts.threads, prefix_cache=cache,
+                       instance_group=instance_group(gpu.get("decode"))),
         "generate": dict(name="generate", engine_dir=prefill_dir, kv_pool_bytes=pool,
                          max_batch_size=opts.colocated_max_batch_size, max_num_tokens=pm.profile.max_num_tokens,
                          cpu_pass_tokens=cpu_pass, chunk_tokens=opts.chunk_tokens, threads=opts.threads,
-                         prefix_cache=cache),
+                         prefix_cache=cache, instance_group=instance_group(gpu.get("generate"))),
     }
 
 

@@ -26,15 +26,25 @@ def _roles(text: str) -> tuple[Role, ...]:
 @click.option("--out", default=None, help="Output folder (default: engines/<model name>).")
 @click.option("--roles", default="prefill,decode", show_default=True, help="Comma-separated roles to build.")
 @click.option("--backend", type=click.Choice(["torch", "tensorrt-llm"]), default="torch", show_default=True)
-@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default="float32", show_default=True)
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
+              help="Where the engines will run (auto: CUDA when visible); picks the default --dtype.")
+@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default=None,
+              help="Weights and KV dtype (default: bfloat16 for cuda, float32 for cpu).")
 @click.option("--tokens-per-page", type=click.IntRange(1, 1024), default=16, show_default=True)
 @click.option("--weight-quant", type=click.Choice(["none", "int8", "int8-dynamic"]), default="none",
               show_default=True, help="Decode role only: int8 weights (bandwidth-bound decode reads 4x fewer bytes).")
 @click.option("--dry-run", is_flag=True, help="Print what would be built and run; write nothing.")
 @click.option("--force", is_flag=True, help="Replace an output folder that holds a different model.")
-def build_command(model, out, roles, backend, dtype, tokens_per_page, weight_quant, dry_run, force):
+def build_command(model, out, roles, backend, device, dtype, tokens_per_page, weight_quant, dry_run, force):
     """Build role engines (prefill, decode) from one checkpoint."""
     from builder.build import BuildError, BuildRequest, build, default_out, plan
+    from tandem.devices import DeviceError, resolve_device
+
+    try:
+        device = resolve_device(device)
+    except DeviceError as e:
+        raise click.ClickException(str(e)) from None
+    dtype = dtype or ("bfloat16" if device == "cuda" else "float32")
 
     req = BuildRequest(model=model, out=out or default_out(model), roles=_roles(roles), dtype=dtype,
                        tokens_per_page=tokens_per_page, weight_quant=weight_quant, force=force)
@@ -60,23 +70,44 @@ def build_command(model, out, roles, backend, dtype, tokens_per_page, weight_qua
 @click.option("--engines", required=True, help="Folder with prefill/ and decode/ engines (from tandem build).")
 @click.option("--out", required=True, help="Model repository folder to write (replaced if it exists).")
 @click.option("--backend", type=click.Choice(["torch", "tensorrt-llm"]), default="torch", show_default=True)
-@click.option("--transport", type=click.Choice(["shm", "nixl", "auto"]), default="shm", show_default=True)
+@click.option("--transport", type=click.Choice(["shm", "cuda_ipc", "nixl", "auto"]), default=None,
+              help="Default: the one-host transport for the decode device (shm on cpu, cuda_ipc on cuda).")
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
+              help="cuda: KIND_GPU instance groups (auto: cuda when visible here).")
+@click.option("--gpu", "gpu_map", multiple=True, metavar="MODEL=INDEX",
+              help="cuda: the GPU of a model, e.g. --gpu prefill=0 --gpu decode=1 (default: 0 for each).")
 @click.option("--threads", type=click.IntRange(1, 256), default=1, show_default=True, help="Torch threads per instance.")
 @click.option("--kv-pool-bytes", type=click.IntRange(1 << 20), default=None, help="Decode KV pool size (default: profile).")
 @click.option("--chunk-tokens", type=click.IntRange(0), default=0, show_default=True,
               help="generate/ model: chunked-prefill budget per step (0 = prefill first).")
-@click.option("--handoff", type=click.Choice(["push", "pull"]), default="push", show_default=True, help="KV handoff: push (prefill writes into decode's pages) or pull (decode reads them from prefill's pool).")
-def repo_command(engines, out, backend, transport, threads, kv_pool_bytes, chunk_tokens, handoff):
-    """Render the Triton model repository (prefill/, decode/, generate/) for built engines."""
-    from builder.build import BuildError
-    from builder.repo import RenderError, RepoOptions, render_repo
+@click.option("--handoff", type=click.Choice(["push", "pull"]), default="push", show_default=True,
+              help="KV handoff: push (prefill writes into decode's pages) or pull (decode reads them from prefill's pool).")
+def repo_command(engines, out, backend, transport, device, gpu_map, threads, kv_pool_bytes, chunk_tokens, handoff):
+    """Render the Triton model repository (prefill/, decode/, generate/) for built engines.
 
+    `--device cuda` renders KIND_GPU instance groups; it may be given on a machine without CUDA (the
+    repository is for the machine that serves it), while `auto` asks this machine."""
+    from builder.build import BuildError
+    from builder.repo import MODELS, RenderError, RepoOptions, render_repo
+    from tandem.devices import DeviceError, resolve_device
+
+    try:
+        on_gpu = device == "cuda" or (device == "auto" and resolve_device("auto") == "cuda")
+    except DeviceError as e:
+        raise click.ClickException(str(e)) from None
+    gpus = dict.fromkeys(MODELS, 0) if on_gpu else {}
+    for item in gpu_map:
+        name, _, index = item.partition("=")
+        if not on_gpu or name not in MODELS or not index.isdigit():
+            raise click.BadParameter(f"{item!r}: give MODEL=INDEX with MODEL one of {', '.join(MODELS)}, "
+                                     f"with --device cuda", param_hint="--gpu")
+        gpus[name] = int(index)
     try:
         if backend == "tensorrt-llm":
             from builder.trtllm_build import render_trtllm_repo
 
             render_trtllm_repo(engines, out, log=click.echo)
-        models = render_repo(engines, out, RepoOptions(transport=transport, threads=threads,
+        models = render_repo(engines, out, RepoOptions(transport=transport, threads=threads, gpus=tuple(gpus.items()),
                                                        kv_pool_bytes=kv_pool_bytes, chunk_tokens=chunk_tokens,
                                                        handoff=handoff))
     except (RenderError, BuildError) as e:

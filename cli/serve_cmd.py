@@ -23,8 +23,11 @@ import click
 @click.option("--decode", type=click.IntRange(0, 64), default=None, help="Local decode workers (default 1).")
 @click.option("--replicas", type=click.IntRange(1, 64), default=None,
               help="colocated/chunked: co-located workers, each on its own cores (default 1).")
-@click.option("--transport", type=click.Choice(["shm", "nixl", "auto"]), default=None,
-              help="KV handoff: shm (one host), nixl, auto (shm on one host, NIXL across hosts).")
+@click.option("--transport", type=click.Choice(["shm", "cuda_ipc", "nixl", "auto"]), default=None,
+              help="KV handoff: shm (one host, CPU pool), cuda_ipc (one host, GPU pool), nixl, auto (the one-host "
+                   "one, and NIXL for other hosts). Default: the one-host transport for the decode device.")
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default=None,
+              help="Where local workers run (default auto: CUDA when visible); per role in the deployment file.")
 @click.option("--handoff", type=click.Choice(["push", "pull"]), default=None,
               help="KV handoff: push (prefill writes into decode's pages, default) or pull (decode reads them).")
 @click.option("--router", type=click.Choice(["least-loaded", "round-robin", "kv-aware"]), default=None)
@@ -37,14 +40,16 @@ import click
 @click.option("--kv-pool-bytes", type=click.IntRange(1 << 20), default=None, help="Decode KV pool per worker.")
 @click.option("--chunk-tokens", type=click.IntRange(1), default=None, help="Chunked mode: prompt tokens per step.")
 @click.option("--workdir", default=None, help="Where worker logs and the model repository go.")
-def serve_command(model, config_path, mode, prefill, decode, replicas, transport, handoff, router, host, grpc_port, http_port,
-                  model_name, served_model_name, kv_pool_bytes, chunk_tokens, workdir):
+def serve_command(model, config_path, mode, prefill, decode, replicas, transport, device, handoff, router, host,
+                  grpc_port, http_port, model_name, served_model_name, kv_pool_bytes, chunk_tokens, workdir):
     """Serve a model: prefill and decode workers in Triton, behind Triton gRPC and OpenAI HTTP."""
     from ops.deployment import DeploymentError, load_deployment
+    from ops.stack import local_gpus
 
     overrides = {k: v for k, v in {
-        "mode": mode, "prefill.count": prefill, "decode.count": decode, "replicas": replicas, "transport": transport,
-        "handoff.mode": handoff, "router": router, "front_door.served_model_name": served_model_name,
+        "mode": mode, "device": device, "prefill.count": prefill, "decode.count": decode, "replicas": replicas,
+        "transport": transport, "handoff.mode": handoff,
+        "router": router, "front_door.served_model_name": served_model_name,
         "front_door.host": host, "front_door.grpc_port": grpc_port, "front_door.http_port": http_port,
         "front_door.model_name": model_name, "kv_pool_bytes": kv_pool_bytes, "chunk_tokens": chunk_tokens,
     }.items() if v is not None}
@@ -53,6 +58,7 @@ def serve_command(model, config_path, mode, prefill, decode, replicas, transport
         overrides["engines" if is_engines else "model"] = model
     try:
         dep = load_deployment(config_path, overrides)
+        local_gpus(dep)  # CUDA asked for and absent: refused here, before anything starts
     except DeploymentError as e:
         raise click.ClickException(str(e)) from None
     try:

@@ -128,7 +128,7 @@ class Fleet:
             else:
                 why = "it ended its watch (shutting down?)"
             w.failures += 1
-            w.client.channel.reset(why)  # calls waiting on a stalled worker fail now and resume elsewhere
+            w.client.reset(why)  # calls waiting on a stalled worker fail now and resume elsewhere
             if w.healthy:
                 w.healthy = False
                 log.warning("worker %s (%s) at %s left routing: %s", w.name, w.role, w.url, why)

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from control.fleet import WorkerState
+from policies.routing import least_loaded_decode, least_queued_prefill
 from tandem.status import Unavailable
 
 
@@ -79,16 +80,22 @@ def _queued(w: WorkerState) -> int:
     return max(w.inflight_tokens, reported)
 
 
+def _by_name(workers: list[WorkerState], role: str) -> list[WorkerState]:
+    return sorted(_some(workers, role), key=lambda w: w.name)
+
+
 class LeastLoaded(Router):
+    """policies/routing.py's choice (ties by worker name)."""
+
     def pick_prefill(self, workers: list[WorkerState], tokens: int) -> WorkerState:
-        return min(_some(workers, "prefill"), key=lambda w: (_queued(w), w.name))
+        return least_queued_prefill(_by_name(workers, "prefill"), _queued)
 
     def pick_decode(self, workers: list[WorkerState], pages: int) -> WorkerState:
-        alive = _some(workers, "decode")
-        fitting = [w for w in alive if w.pages_free is None or w.pages_free >= pages]
+        alive = _by_name(workers, "decode")
+        d = least_loaded_decode(alive, fits=lambda w: w.pages_free is None or w.pages_free >= pages,
+                                running=lambda w: w.running, pages_free=lambda w: w.pages_free or 0)
         # none fits now: the one with the most free pages answers OUT_OF_PAGES or takes it
-        pool = fitting or [max(alive, key=lambda w: w.pages_free or 0)]
-        return min(pool, key=lambda w: (w.running, -(w.pages_free or 0), w.name))
+        return d or max(alive, key=lambda w: w.pages_free or 0)
 
 
 class RoundRobin(Router):

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 
 from control.channel import WorkerChannel
 from tandem.wire import (Abort, Ack, Flush, Open, Prefill, Prefilled, Pulled, Release, Reserved, Start, Stats, Token,
-                         Unhold, Watch, WorkerStats)
+                         Unhold, Watch, WorkerStats, WriterGone)
 
 CONTROL_TIMEOUT_S = 10.0  # a control call (start, release, stats) answered by no reply in this long: worker stalled
 
@@ -32,6 +32,10 @@ class WorkerClient:
 
     async def flush(self) -> Ack:
         return await self.channel.call(Flush(), CONTROL_TIMEOUT_S)
+
+    def reset(self, why: str) -> None:
+        """Fail every call waiting on this worker now (it stalled or left): they resume elsewhere."""
+        self.channel.reset(why)
 
     async def close(self) -> None:
         await self.channel.close()
@@ -64,6 +68,10 @@ class DecodeClient(WorkerClient):
     def release(self, request_id: str, lease: str, writer_closed: bool) -> None:
         """Fire and forget: the worker ends the request and answers its Open with CANCELLED."""
         self.channel.send(Release(request_id, lease, writer_closed))
+
+    def writer_gone(self, writer: str) -> None:
+        """Fire and forget: prefill worker `writer` is dead, so no lease waits on its writes any longer."""
+        self.channel.send(WriterGone(writer))
 
 
 class GenerateClient(DecodeClient):

@@ -15,12 +15,14 @@ max_tokens) up front, so an admitted request never runs out of pages mid-answer.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 
 import torch
 
 from engine.attention import KVWriter, PagedAttention, PoolWriter, PrefillAttention, StoppableAttention, TeeAttention
 from engine.config import ModelConfig
+from engine.cuda_graphs import DecodeGraphs
 from engine.errors import InvalidRequest
 from engine.kv_pool import TORCH_DTYPES, KVCache, PageAllocator
 from engine.model import LlamaModel
@@ -50,6 +52,7 @@ class Engine:
         self.cache = None
         self.allocator: PageAllocator | None = None
         self.prefix: PrefixCache | None = None
+        self.graphs: DecodeGraphs | None = None
         if cache is not None:
             self._use_pool(cache, prefix_cache)
         self.eos_ids = frozenset(self.cfg.eos_token_ids) | (
@@ -59,6 +62,12 @@ class Engine:
         """Give an engine loaded without a KV pool (a prefill worker) a local one of num_pages pages;
         `shared`: in owner-only shared memory, for readers in other processes (the pull handoff)."""
         self._use_pool(KVCache(self.kv_layout(), num_pages, self.device, shared=shared), prefix_cache)
+
+    def use_decode_graphs(self, batch_sizes: tuple[int, ...] | list[int], capture: bool = True) -> None:
+        """Run decode steps of up to max(batch_sizes) sequences on CUDA graphs captured at those padded
+        sizes (engine/cuda_graphs.py); larger batches, prompt chunks and passes with writers stay eager.
+        `capture=False` runs the same padded steps without graphs (any device)."""
+        self.graphs = DecodeGraphs(self.model, self.cache, batch_sizes, capture=capture)
 
     def _use_pool(self, cache: KVCache, prefix_cache: bool) -> None:
         self.cache = cache
@@ -135,17 +144,18 @@ class Engine:
         before each layer; once true the pass raises PassStopped and no sequence advances.
         """
         lens = [s.num_tokens for s in seqs]
-        dev = self.device
-        tokens = torch.tensor([t for s in seqs for t in s.all_ids], device=dev)  # [T]
-        positions = torch.cat([torch.arange(n, device=dev) for n in lens])  # [T]
-        rope_lens = torch.repeat_interleave(torch.tensor(lens, device=dev), torch.tensor(lens, device=dev))  # [T]
+        tpp = self.tokens_per_page
+        tables = [s.page_table[:-(-n // tpp)] for s, n in zip(seqs, lens)] if writers is None else []
+        tokens, positions, rope_lens, last, *tabs = self._upload(  # [T], [T], [T], [B], [pages] per sequence
+            [t for s in seqs for t in s.all_ids], [p for n in lens for p in range(n)],
+            [n for n in lens for _ in range(n)], list(itertools.accumulate(lens, initial=-1))[1:], *tables)
         if writers is None:
-            writers = [PoolWriter(self.cache, self._slots(s, 0, n)) for s, n in zip(seqs, lens)]
-        last = torch.tensor(lens, device=dev).cumsum(0) - 1  # [B]
+            writers = [PoolWriter(self.cache, tab[pos // tpp] * tpp + pos % tpp)  # [n] flat slot per token
+                       for tab, pos in zip(tabs, positions.split(lens))]
         attn = PrefillAttention(lens, writers)
         if stop is not None:
             attn = StoppableAttention(attn, stop)
-        logits = self.model.forward(tokens, positions, rope_lens, attn, last)
+        logits = self.model.forward(tokens, positions, rope_lens, attn, last, max_len=max(lens))
         for s, n in zip(seqs, lens):
             s.num_cached = n
         return self._sample(seqs, logits)
@@ -163,24 +173,27 @@ class Engine:
         With `writers`, each sequence's new K/V also go to its writer (at their positions). `stop`: as
         for `prefill` (the sequences' pages then hold partial K/V past their cached tokens).
         """
-        dev = self.device
         starts = [s.num_cached for s in seqs]
         ctx = [a + n for a, n in zip(starts, counts)]
         for s, c in zip(seqs, ctx):
             if c > s.num_tokens:
                 raise ValueError(f"request {s.request_id}: cannot process past token {s.num_tokens}")
         ids = [t for s, a, c in zip(seqs, starts, ctx) for t in s.all_ids[a:c]]
-        tokens = torch.tensor(ids, device=dev)  # [T]
-        counts_t = torch.tensor(counts, device=dev)
-        positions = torch.cat([torch.arange(a, c, device=dev) for a, c in zip(starts, ctx)])  # [T]
-        rope_lens = positions + 1 if len(ids) == len(seqs) else \
-            torch.repeat_interleave(torch.tensor(ctx, device=dev), counts_t)  # [T] sequence length per token
+        if self.graphs is not None and writers is None and stop is None and self.graphs.fits(len(seqs)) \
+                and all(n == 1 and c == s.num_tokens for s, n, c in zip(seqs, counts, ctx)):
+            logits = self.graphs.run(ids, starts, [s.page_table for s in seqs])  # [B, V]
+            for s, c in zip(seqs, ctx):
+                s.num_cached = c
+            return self._sample(seqs, logits)
+        tokens, positions, rope_lens, last = self._upload(  # [T], [T], [T] sequence length per token, [B]
+            ids, [p for a, c in zip(starts, ctx) for p in range(a, c)],
+            [c for c, n in zip(ctx, counts) for _ in range(n)], list(itertools.accumulate(counts, initial=-1))[1:])
         attn = PagedAttention(self.cache, [s.page_table for s in seqs], counts, ctx)
         if writers is not None:
             attn = TeeAttention(attn, counts, writers, starts)
         if stop is not None:
             attn = StoppableAttention(attn, stop)
-        logits = self.model.forward(tokens, positions, rope_lens, attn, counts_t.cumsum(0) - 1)  # [B, V]
+        logits = self.model.forward(tokens, positions, rope_lens, attn, last, max_len=max(ctx))  # [B, V]
         ready = []
         for i, (s, c) in enumerate(zip(seqs, ctx)):
             s.num_cached = c
@@ -193,11 +206,10 @@ class Engine:
                 outs[i] = out
         return outs
 
-    def _slots(self, seq: Sequence, start: int, end: int) -> torch.Tensor:
-        tpp = self.cache.layout.tokens_per_page
-        pos = torch.arange(start, end, device=self.device)
-        table = torch.tensor(seq.page_table, device=self.device)
-        return table[pos // tpp] * tpp + pos % tpp  # [end - start]
+    def _upload(self, *parts: list[int]) -> list[torch.Tensor]:
+        """A pass's host-side metadata in one copy to the device: an int64 view per list, in order."""
+        flat = torch.tensor([x for part in parts for x in part], dtype=torch.int64).to(self.device)
+        return list(flat.split([len(part) for part in parts]))
 
     def _sample(self, seqs: list[Sequence], logits: torch.Tensor) -> list[TokenOut]:
         tokens, logprobs = sample(logits, [s.params for s in seqs], [len(s.output_ids) for s in seqs],

@@ -8,7 +8,7 @@ import torch
 
 from engine.attention import PrefillAttention
 from engine.model import LlamaModel
-from engine.workers.prefill_worker import DiscardWriter
+from engine.transports.base import DiscardWriter
 
 
 @torch.inference_mode()

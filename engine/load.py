@@ -19,6 +19,7 @@ from engine.tokenizer import Tokenizer
 from tandem.kv_layout import KVLayout
 from tandem.digest import sha256_files
 from tandem.manifest import MANIFEST_FILE, EngineManifest, ManifestError, read_manifest
+from tandem.profiles import DECODE
 
 DEFAULT_KV_BYTES = 1 << 30  # 1 GiB of KV pages unless told otherwise
 DEFAULT_TOKENS_PER_PAGE = 16
@@ -26,7 +27,7 @@ DEFAULT_TOKENS_PER_PAGE = 16
 
 def torch_dtype(name: str) -> torch.dtype:
     if name not in TORCH_DTYPES:
-        raise ModelLoadError(f"dtype {name!r} is not supported; allowed: {', '.join(TORCH_DTYPES)}")
+        raise ModelLoadError(f"dtype {name!r} is not supported; allowed: auto, {', '.join(TORCH_DTYPES)}")
     return TORCH_DTYPES[name]
 
 
@@ -50,23 +51,36 @@ def verify_weights(folder: str, m: EngineManifest) -> None:
                              f"rebuild the engine with 'tandem build --force'")
 
 
-def load_engine(model: str, *, dtype: str = "float32", device: str = "cpu",
+def load_engine(model: str, *, dtype: str = "auto", device: str = "cpu",
                 tokens_per_page: int = DEFAULT_TOKENS_PER_PAGE, kv_bytes: int | None = DEFAULT_KV_BYTES,
-                shared_kv: bool = False, weight_quant: str = "none", prefix_cache: bool = True) -> Engine:
-    """Load weights and tokenizer, and allocate a KV pool of `kv_bytes` (None: no pool, prefill-only).
-    `prefix_cache` False: the pool keeps no page after its request (see engine/prefix_cache.py)."""
+                shared_kv: bool = False, weight_quant: str = "none", prefix_cache: bool = True,
+                cuda_graphs: bool | str = "auto") -> Engine:
+    """Load weights and tokenizer, and allocate a KV pool of `kv_bytes` (None: no pool, prefill-only)
+    on `device` (weights and pool alike: on "cuda" the pool is GPU memory).
+
+    `dtype` "auto": a role engine's own dtype (its manifest), else bfloat16 on CUDA and float32 on
+    CPU; float32 is the exactness reference on either. `prefix_cache` False: the pool keeps no page
+    after its request (see engine/prefix_cache.py). `cuda_graphs` (True, False, "auto" = on for a
+    CUDA engine with a pool): decode steps replay graphs captured at the padded batch sizes of the
+    role profile (a decode engine's manifest, else the default decode profile); see
+    engine/cuda_graphs.py.
+    """
     manifest = engine_manifest(model)
+    graph_sizes = DECODE.cuda_graph_batch_sizes
     if manifest is not None:
         if manifest.backend != "torch":
             raise ModelLoadError(f"{model} is a {manifest.backend} engine; the PyTorch engine runs 'torch' builds")
         verify_weights(model, manifest)
         dtype, tokens_per_page = manifest.dtype, manifest.kv_layout.tokens_per_page
         weight_quant = manifest.profile.weight_quant
+        graph_sizes = manifest.profile.cuda_graph_batch_sizes or graph_sizes
     ckpt = resolve(model)
-    tdt = torch_dtype(dtype)
     dev = torch.device(device)
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ModelLoadError("device 'cuda' asked for but no CUDA device is visible; use --device cpu")
+    dtype = _resolve_dtype(dtype, dev)
+    tdt = torch_dtype(dtype)
+    graphs = _want_graphs(cuda_graphs, dev, kv_bytes)
     lm = LlamaModel(ckpt.config, ckpt.load_weights(), dev, tdt, weight_quant)
     tokenizer = Tokenizer(ckpt.folder)
     cache = None
@@ -76,8 +90,30 @@ def load_engine(model: str, *, dtype: str = "float32", device: str = "cpu",
         num_pages = max(1, kv_bytes // (layout.bytes_per_token * tokens_per_page))
         cache = KVCache(layout, num_pages, dev, shared=shared_kv)
     identity = manifest.weights_digest if manifest is not None else _fingerprint(ckpt.weight_files())
-    return Engine(lm, tokenizer, cache, tokens_per_page, identity=f"{identity}|quant={weight_quant}",
-                  prefix_cache=prefix_cache)
+    engine = Engine(lm, tokenizer, cache, tokens_per_page, identity=f"{identity}|quant={weight_quant}",
+                    prefix_cache=prefix_cache)
+    if graphs and ckpt.config.rope_scaling.type != "dynamic":
+        engine.use_decode_graphs(graph_sizes)
+    elif graphs and cuda_graphs is True:
+        raise ModelLoadError("this model uses dynamic RoPE scaling, which CUDA graphs cannot replay; "
+                             "load it with cuda_graphs=False")
+    return engine
+
+
+def _resolve_dtype(dtype: str, dev: torch.device) -> str:
+    if dtype == "auto":
+        return "bfloat16" if dev.type == "cuda" else "float32"
+    return dtype
+
+
+def _want_graphs(cuda_graphs: bool | str, dev: torch.device, kv_bytes: int | None) -> bool:
+    """Whether to capture decode graphs; refuses a request that cannot be honoured."""
+    if cuda_graphs not in (True, False, "auto"):
+        raise ModelLoadError(f"cuda_graphs must be True, False or 'auto', got {cuda_graphs!r}")
+    if cuda_graphs is True and (dev.type != "cuda" or kv_bytes is None):
+        raise ModelLoadError("cuda_graphs=True needs a CUDA device and a KV pool (decode steps are what "
+                             "the graphs replay); use cuda_graphs='auto' or False")
+    return cuda_graphs is True or (cuda_graphs == "auto" and dev.type == "cuda" and kv_bytes is not None)
 
 
 def _fingerprint(weight_files: list[str]) -> str:

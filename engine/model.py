@@ -74,12 +74,15 @@ class LlamaModel:
 
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, seq_lens_for_rope: torch.Tensor,
-                attn: PrefillAttention | PagedAttention, last_rows: torch.Tensor) -> torch.Tensor:
-        """tokens, positions: [T] -> logits [B, V] at rows `last_rows` [B] (one per sequence)."""
+                attn: PrefillAttention | PagedAttention, last_rows: torch.Tensor,
+                max_len: int | None = None) -> torch.Tensor:
+        """tokens, positions: [T] -> logits [B, V] at rows `last_rows` [B] (one per sequence).
+
+        `max_len`: the longest sequence length in the pass, when known (see Rotary.cos_sin)."""
         c = self.cfg
         T = tokens.shape[0]
         x = self.embed[tokens]  # [T, D]
-        cos, sin = self.rotary.cos_sin(positions, seq_lens_for_rope, self.dtype)  # [T, hd] each
+        cos, sin = self.rotary.cos_sin(positions, seq_lens_for_rope, self.dtype, max_len)  # [T, hd] each
         qd, kvd = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
         for i, L in enumerate(self.layers):
             h = rms_norm(x, L.attn_norm, c.rms_norm_eps)  # [T, D]

@@ -73,17 +73,22 @@ class Rotary:
         return _base_inv_freq(base, dim).to(self.device)
 
     def cos_sin(self, positions: torch.Tensor, seq_lens: torch.Tensor | None = None,
-                dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin: [T, hd] for token positions [T]; seq_lens [T] matters only for dynamic scaling."""
-        if self.cfg.rope_scaling.type == "dynamic" and seq_lens is not None and \
-                int(seq_lens.max()) > (self.cfg.rope_scaling.original_max_position or self.cfg.max_position):
+                dtype: torch.dtype = torch.float32, max_len: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin: [T, hd] for token positions [T]; seq_lens [T] matters only for dynamic scaling.
+
+        `max_len`, when the caller knows it, is the largest of seq_lens (exactly, under dynamic scaling;
+        otherwise any bound above every position): it spares reading the maximum back from the device.
+        """
+        dynamic = self.cfg.rope_scaling.type == "dynamic" and seq_lens is not None
+        if dynamic and (max_len if max_len is not None else int(seq_lens.max())) > \
+                (self.cfg.rope_scaling.original_max_position or self.cfg.max_position):
             cos = torch.empty(len(positions), self.cfg.head_dim, device=self.device)
             sin = torch.empty_like(cos)
             for n in seq_lens.unique().tolist():
                 sel = seq_lens == n
                 cos[sel], sin[sel] = self._angles(positions[sel], self._dynamic_inv_freq(int(n)))
             return cos.to(dtype), sin.to(dtype)
-        self._ensure_table(int(positions.max()) + 1)
+        self._ensure_table(max_len if max_len is not None else int(positions.max()) + 1)
         return self._cos[positions].to(dtype), self._sin[positions].to(dtype)
 
 

@@ -7,12 +7,14 @@ so a full pool is an answer, not an unbounded queue in here), in one of two ways
 - `add_running(seq)`: K/V of everything but its newest token are in its pages (a remote prefill wrote
   them); the next decode step continues it.
 
-Each `step()` is one forward pass, by one of two policies for local prefill:
-- prefill-first (`chunk_tokens=None`): while prompts wait, one packed pass of as many of them as fit in
-  `pass_tokens` (the oldest first; a longer prompt runs alone) runs and the decodes stall for it;
+Each `step()` is one forward pass, by one of two policies for local prefill (policies/batching.py):
+- prefill-first (`chunk_tokens=None`): while prompts wait, one pass of the oldest of them that fit in
+  `pass_tokens` (a longer prompt runs alone) and in the batch runs, and the decodes stall for it;
   otherwise one decode step of every running sequence.
 - chunked (`chunk_tokens=N`): every pass decodes one token for each running sequence and adds up to N
-  prompt tokens of waiting prompts (oldest first), so a long prompt is spread over many passes.
+  prompt tokens of the prompts the batch has room for (oldest first), so a long prompt is spread over
+  many passes.
+The batch cap, `max_batch_size`, counts running sequences and prompts being prefilled here.
 The scheduler frees nothing: the caller releases a finished sequence's pages.
 """
 
@@ -23,6 +25,7 @@ from dataclasses import dataclass
 
 from engine.engine import Engine
 from engine.sequence import Sequence
+from policies.batching import admit, chunk_split
 
 
 @dataclass(frozen=True)
@@ -81,11 +84,8 @@ class Scheduler:
         return events
 
     def _prefill_first(self) -> list[TokenEvent]:
-        batch, tokens = [], 0
-        while self.waiting and (not batch or tokens + self._todo(self.waiting[0]) <= self.pass_tokens):
-            seq = self.waiting.popleft()
-            batch.append(seq)
-            tokens += self._todo(seq)
+        n = admit(self.waiting, self._todo, self.pass_tokens, self.max_batch_size - len(self.running))
+        batch = [self.waiting.popleft() for _ in range(n)]
         if batch:
             return self._prefill(batch)
         return self._decode() if self.running else []
@@ -107,15 +107,10 @@ class Scheduler:
         return [TokenEvent(s, t, lp) for s, (t, lp) in zip(batch, self.engine.decode_step(batch))]
 
     def _mixed(self) -> list[TokenEvent]:
-        seqs, counts = list(self.running), [1] * len(self.running)
-        budget = self.chunk_tokens
-        for seq in self.waiting:
-            if budget == 0:
-                break
-            n = min(budget, self._todo(seq))
-            seqs.append(seq)
-            counts.append(n)
-            budget -= n
+        admitted = list(self.waiting)[:max(0, self.max_batch_size - len(self.running))]
+        chunks = chunk_split([self._todo(s) for s in admitted], self.chunk_tokens)
+        seqs = list(self.running) + admitted[:len(chunks)]
+        counts = [1] * len(self.running) + chunks
         if not seqs:
             return []
         events = []

@@ -3,11 +3,16 @@
     model: smollm2-135m            # or a checkpoint path; engines are built into `engines` if missing
     engines: engines/smollm2-135m  # optional: a folder with prefill/ and decode/ role engines
     mode: disaggregated            # or colocated / chunked (the baselines)
+    device: auto                   # cpu, cuda, or auto (CUDA when a CUDA device is visible)
     prefill: {count: 1}            # local Triton instances to start ...
     decode: {count: 1, urls: []}   # ... and/or running ones elsewhere (host:grpc_port), or
                                    # dns: name:port (each address it resolves to; re-resolved every 5 s)
+                                   # per role: device (default: the top-level one) and the GPUs its
+                                   # local workers take in turn, e.g. {count: 2, device: cuda, gpus: [0, 1]}
+                                   # (default: every visible GPU; several workers may share one)
     replicas: 1                    # colocated / chunked: co-located workers, each on its own cores
-    transport: shm                 # shm (one host), nixl, or auto (shm on one host, NIXL across hosts)
+    transport: null                # shm (one host, CPU pool), cuda_ipc (one host, GPU pool), nixl, or auto
+                                   # (the one-host one, and NIXL across hosts); null: the one-host one
     router: least-loaded           # or round-robin, or kv-aware (prefix-cache overlap against load)
     local_prefill_tokens: 0        # a decode worker lacking at most this many prompt tokens prefills them
                                    # itself, no prefill worker involved (conditional disaggregation; 0: never)
@@ -45,6 +50,15 @@ class WorkerPool(_Strict):
     count: int = Field(1, ge=0, le=64)
     urls: list[str] = []  # Triton gRPC endpoints (host:port) of workers started elsewhere (`tandem worker`)
     dns: str | None = None  # host:port; every address the name resolves to is a worker (a headless Service)
+    device: Literal["auto", "cpu", "cuda"] | None = None  # None: the deployment's `device`
+    gpus: list[int] = []  # local workers take these GPUs in turn (worker i: gpus[i % len]); []: every visible GPU
+
+    @field_validator("gpus")
+    @classmethod
+    def _gpu_indices(cls, gpus: list[int]) -> list[int]:
+        if any(g < 0 for g in gpus):
+            raise ValueError(f"gpus {gpus}: GPU indices are 0 or more")
+        return gpus
 
     @field_validator("urls")
     @classmethod
@@ -100,10 +114,12 @@ class Deployment(_Strict):
     model: str = "smollm2-135m"
     engines: str | None = None
     mode: Literal["disaggregated", "colocated", "chunked"] = "disaggregated"
+    device: Literal["auto", "cpu", "cuda"] = "auto"  # every local worker's, unless its role says otherwise
     prefill: WorkerPool = WorkerPool()
     decode: WorkerPool = WorkerPool()
     replicas: int = Field(1, ge=1, le=64)
-    transport: Literal["shm", "nixl", "auto"] = "shm"
+    # null: the one-host transport for the decode pool's memory (shm on the CPU, cuda_ipc on a GPU)
+    transport: Literal["shm", "cuda_ipc", "nixl", "auto"] | None = None
     router: Literal["least-loaded", "round-robin", "kv-aware"] = "least-loaded"
     local_prefill_tokens: int = Field(DEFAULT_LOCAL_PREFILL_TOKENS, ge=0)
     prefix_cache: PrefixCacheConfig = PrefixCacheConfig()
@@ -126,10 +142,23 @@ class Deployment(_Strict):
                 pool = getattr(self, role)
                 if pool.count + len(pool.urls) < 1 and not pool.dns:
                     raise ValueError(f"disaggregated mode needs at least one {role} worker (count, urls or dns)")
-        if self.handoff.mode == "pull" and self.transport == "nixl":
-            raise ValueError("handoff mode pull reads K/V over shm within one host (it has no NIXL READ side yet); "
-                             "use transport shm or auto, or handoff mode push")
+        if self.handoff.mode == "pull" and (self.transport in ("nixl", "cuda_ipc") or self.role_device("prefill") == "cuda"):
+            raise ValueError("handoff mode pull reads K/V over shm from a prefill pool in host memory, within one host "
+                             "(no NIXL READ or cuda_ipc read side yet); use transport shm or auto with CPU prefill "
+                             "workers, or handoff mode push")
+        for role in ("prefill", "decode"):
+            pool = getattr(self, role)
+            if pool.gpus and (pool.device or self.device) == "cpu":
+                raise ValueError(f"{role}.gpus {pool.gpus} given for device cpu; set {role}.device: cuda (or auto)")
         return self
+
+    def role_device(self, role: str) -> str:
+        """The device choice (auto, cpu, cuda) of a role's local workers; `generate` follows `device`."""
+        pool = getattr(self, role, None) if role in ("prefill", "decode") else None
+        return (pool.device if pool is not None else None) or self.device
+
+    def role_gpus(self, role: str) -> list[int]:
+        return list(getattr(self, role).gpus) if role in ("prefill", "decode") else []
 
     @property
     def engines_dir(self) -> str:

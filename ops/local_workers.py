@@ -2,7 +2,8 @@
 
 One model repository is rendered for the deployment; each Triton instance loads only its role's
 model from it. Workers are pinned to disjoint CPU cores where there are enough cores (round-robin
-single cores otherwise), with as many torch threads as cores.
+single cores otherwise), with as many torch threads as cores. Workers of a CUDA role each get a GPU
+and see it as their device 0 (ops/gpu_plan.py).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from builder.repo import RepoOptions, render_repo
+from ops.gpu_plan import worker_env
 from ops.triton_process import TritonError, TritonServer
 
 
@@ -65,6 +67,7 @@ class WorkerSet:
     workdir: str
     counts: dict[str, int]
     options: RepoOptions = field(default_factory=RepoOptions)
+    gpus: dict[str, tuple[int, ...]] = field(default_factory=dict)  # CUDA roles' GPUs (ops/gpu_plan.role_gpus)
     cpus: list[int] | None = None
     nice: int = 0  # the servers' CPU priority below ours (TritonServer.nice)
     detached: bool = False  # True: the servers outlive this process (tandem workers up)
@@ -78,7 +81,9 @@ class WorkerSet:
         specs = plan_cpus(self.counts, self.cpus)
         self.specs = {s.name: s for s in specs}
         threads = min(len(s.cpus) for s in specs)
-        render_repo(self.engines, self.repo, RepoOptions(**{**self.options.__dict__, "threads": threads}))
+        on_gpu = tuple((role, 0) for role in self.gpus)  # each worker sees its own GPU as device 0
+        render_repo(self.engines, self.repo, RepoOptions(**{**self.options.__dict__, "threads": threads,
+                                                            "gpus": on_gpu}))
 
     @property
     def repo(self) -> str:
@@ -90,7 +95,8 @@ class WorkerSet:
             if self._closed:
                 raise WorkerSetClosed(f"not starting {name}: the workers are being stopped")
             server = TritonServer(self.repo, (spec.role,), name=spec.name, cpus=spec.cpus, nice=self.nice,
-                                  log_dir=self.workdir, tied=not self.detached).launch()
+                                  log_dir=self.workdir, tied=not self.detached,
+                                  env=worker_env(self.gpus, spec.role, spec.index)).launch()
             self.servers[name] = server
         return server
 

@@ -33,6 +33,8 @@ from control.router import ROUTERS
 from frontdoor.served_model import ServedModel
 from control.orchestrator import Orchestrator
 from ops.supervisor import Supervisor
+from ops.gpu_plan import check_fits, gpu_totals, planned_bytes, role_bytes, role_gpus
+from tandem.devices import DeviceError
 from ops.local_workers import WorkerSet
 from tandem.manifest import EngineManifest, ManifestError, check_pair, read_manifest
 from tandem.secret import PARAMETER as SECRET_PARAMETER
@@ -74,6 +76,15 @@ def worker_counts(dep: Deployment) -> dict[str, int]:
     return {"generate": dep.replicas}
 
 
+def local_gpus(dep: Deployment) -> dict[str, tuple[int, ...]]:
+    """The GPUs of the deployment's local CUDA workers (ops/gpu_plan.py); DeploymentError naming CUDA when
+    the deployment asks for CUDA and this machine has none."""
+    try:
+        return role_gpus(dep, worker_counts(dep))
+    except DeviceError as e:
+        raise DeploymentError(str(e)) from None
+
+
 class Stack:
     def __init__(self, dep: Deployment, workdir: str | None = None, log=print):
         self.dep = dep
@@ -90,9 +101,15 @@ class Stack:
     async def start(self) -> None:
         dep = self.dep
         loop = asyncio.get_running_loop()
+        gpus = local_gpus(dep)  # before anything slow: CUDA asked for and absent is refused at once
         engines = await loop.run_in_executor(None, ensure_engines, dep, self.log)
         manifest = read_manifest(os.path.join(engines, "decode"))
         counts = worker_counts(dep)
+        if gpus:
+            try:
+                check_fits(planned_bytes(gpus, counts, *role_bytes(dep, engines)), gpu_totals(gpus))
+            except DeviceError as e:
+                raise DeploymentError(str(e)) from None
         options = RepoOptions(transport=dep.transport, kv_pool_bytes=dep.kv_pool_bytes,
                               chunk_tokens=dep.chunk_tokens if dep.mode == "chunked" else 0,
                               transfer_timeout_s=dep.handoff.transfer_timeout_s,
@@ -100,7 +117,7 @@ class Stack:
                               prefill_pool_bytes=dep.prefix_cache.prefill_pool_bytes, handoff=dep.handoff.mode)
         for name in remove_stale_segments() + remove_orphaned_triton_regions():
             self.log(f"removed shared memory {name} left by a process that is gone")
-        self.workers = WorkerSet(engines, self.workdir, counts, options, nice=dep.worker_nice)
+        self.workers = WorkerSet(engines, self.workdir, counts, options, gpus=gpus, nice=dep.worker_nice)
         if any(counts.values()):  # none: every worker is remote (`tandem worker` elsewhere)
             self.log(f"starting {', '.join(f'{n} {r}' for r, n in counts.items() if n)} worker(s) ({dep.mode}) ...")
             await loop.run_in_executor(None, self.workers.prepare)

@@ -22,7 +22,6 @@ import time
 from control.fleet import Fleet, WorkerState
 from ops.triton_process import TritonServer
 from ops.local_workers import WorkerSet
-from tandem.wire import WriterGone
 
 log = logging.getLogger("tandem.supervisor")
 BACKOFF_S = (1.0, 2.0, 4.0, 8.0, 16.0, 30.0)
@@ -131,7 +130,7 @@ class Supervisor:
         if not name.startswith("prefill-"):
             return
         for d in self.fleet.role("decode"):
-            d.client.channel.send(WriterGone(name))
+            d.client.writer_gone(name)
 
     async def close(self) -> None:
         self._closed = True

@@ -1,4 +1,4 @@
-"""Start and stop real Triton Inference Server processes (the binary shipped in `nvidia-pytriton`).
+"""Start and stop real Triton Inference Server processes (which binary: ops/triton_binary.py).
 
 The server runs our model repository with the python backend. Its stub processes use the `python3`
 first on PATH, so this environment's bin/ goes first and `import torch` works inside model.py.
@@ -8,10 +8,8 @@ the pinning). `stop` ends the whole process group and removes shared memory its 
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import secrets
-import shutil
 import signal
 import socket
 import subprocess
@@ -22,55 +20,19 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 
-from engine.checkpoint import cache_dir
 from engine.shm_region import (SHM_PREFIX, mapped_shm_files, owner_alive, process_started_at,
                                 remove_orphaned_triton_regions, remove_stale_segments)
+from ops.triton_binary import TritonError, find_triton
 from tandem.secret import is_loopback
 
 
 _PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # where `orchestrator` imports from
 
 
-class TritonError(RuntimeError):
-    """The server could not be found, did not start, or did not become ready (with its log tail)."""
-
-
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _pytriton_root() -> tuple[str, str]:
-    spec = importlib.util.find_spec("pytriton")  # locate without importing it
-    if spec is None or not spec.submodule_search_locations:
-        raise TritonError("Triton is not installed: pip install nvidia-pytriton (it ships the tritonserver binary)")
-    root = os.path.join(list(spec.submodule_search_locations)[0], "tritonserver")
-    libs = os.path.join(os.path.dirname(os.path.dirname(root)), "nvidia_pytriton.libs")
-    return root, libs
-
-
-def backend_dir() -> str:
-    """A backend directory whose python/ holds the backend library and the stub for this Python."""
-    root, _ = _pytriton_root()
-    version = f"{sys.version_info.major}.{sys.version_info.minor}"
-    stub = os.path.join(root, "python_backend_stubs", version, "triton_python_backend_stub")
-    if not os.path.isfile(stub):
-        raise TritonError(f"nvidia-pytriton has no python backend stub for Python {version}")
-    target = os.path.join(cache_dir(), "triton-backends", f"py{version}")
-    python = os.path.join(target, "python")
-    if not os.path.isfile(os.path.join(python, "triton_python_backend_stub")):
-        os.makedirs(os.path.dirname(target), exist_ok=True)
-        tmp = tempfile.mkdtemp(dir=os.path.dirname(target))
-        os.makedirs(os.path.join(tmp, "python"))
-        for name in ("libtriton_python.so", "triton_python_backend_utils.py"):
-            shutil.copy2(os.path.join(root, "backends", "python", name), os.path.join(tmp, "python", name))
-        shutil.copy2(stub, os.path.join(tmp, "python", "triton_python_backend_stub"))
-        if os.path.exists(target):
-            shutil.rmtree(tmp)
-        else:
-            os.replace(tmp, target)
-    return target
 
 
 @dataclass
@@ -110,10 +72,10 @@ class TritonServer:
         return os.path.join(self.log_dir or tempfile.gettempdir(), f"tandem-{self.name}-{self.grpc_port}.log")
 
     def command(self) -> list[str]:
-        root, _ = _pytriton_root()
+        binary = find_triton()
         h = self.host
-        cmd = [os.path.join(root, "bin", "tritonserver"), f"--model-repository={os.path.abspath(self.repository)}",
-               f"--backend-directory={backend_dir()}", "--model-control-mode=explicit",
+        cmd = [binary.path, f"--model-repository={os.path.abspath(self.repository)}",
+               f"--backend-directory={binary.backends}", "--model-control-mode=explicit",
                f"--grpc-address={h}", f"--grpc-port={self.grpc_port}",
                f"--http-address={h}", f"--http-port={self.http_port}",
                f"--metrics-address={h}", f"--metrics-port={self.metrics_port}",
@@ -144,10 +106,11 @@ class TritonServer:
 
     def launch(self) -> "TritonServer":
         """Start the process without waiting for readiness (see wait_ready)."""
-        _, libs = _pytriton_root()
+        libs = find_triton().libs
         env = dict(os.environ, **self.env)
         env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
-        env["LD_LIBRARY_PATH"] = libs + os.pathsep + env.get("LD_LIBRARY_PATH", "")
+        if libs:
+            env["LD_LIBRARY_PATH"] = libs + os.pathsep + env.get("LD_LIBRARY_PATH", "")
         if self.cpus:
             env.setdefault("OMP_NUM_THREADS", str(len(self.cpus)))
         wrap = [sys.executable, "-m", "ops.child_exec"]  # pins and ties it; see child_exec.py

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""KV handoff benchmark, shm and NIXL side by side in one run (default model's KV layout).
+"""KV handoff benchmark, shm and NIXL side by side in one run (default model's KV layout); with
+`--device cuda`, cuda_ipc and NIXL with GPU memory (pools, K/V and engine on the GPU; not yet run on one).
 
 For a 512- and a 4096-token prompt it prints:
 - handoff throughput: all 30 layers' K/V written by this process into pages of a pool owned by
@@ -7,7 +8,7 @@ For a 512- and a 4096-token prompt it prints:
 - TTFT of prefill with the handoff (K/V written layer by layer during the pass) vs prefill alone
   (K/V discarded), both in this process with the pool in the other.
 
-    python scripts/bench_handoff.py [--threads 2] [--repeats 3]
+    python scripts/bench_handoff.py [--threads 2] [--repeats 3] [--device cuda]
 """
 
 from __future__ import annotations
@@ -39,11 +40,16 @@ def layout() -> KVLayout:
     return KVLayout(num_layers=30, num_kv_heads=3, head_dim=64, dtype="float32", tokens_per_page=16)
 
 
-def pool_process(transport: str, pages: int) -> None:
+def sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def pool_process(transport: str, pages: int, device: str) -> None:
     """The decode side: owns a pool, prints its descriptor, then leases a fence slot per 'lease' line."""
     proto = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)
-    cache = KVCache(layout(), pages, shared=transport == "shm")
+    cache = KVCache(layout(), pages, device=device, shared=transport == "shm")
     cache.data.fill_(0)  # fault every page in, as a long-running decode worker's pool would be
     host = PoolHost(cache, (transport,))
     proto.write(json.dumps(asdict(host.descriptor)) + "\n")
@@ -71,10 +77,11 @@ def pool_process(transport: str, pages: int) -> None:
 class Pool:
     """The pool process, seen from the writer's side."""
 
-    def __init__(self, transport: str, wrap: list[str] = ()):
+    def __init__(self, transport: str, wrap: list[str] = (), device: str = "cpu"):
         """`wrap`: a command prefix for the pool process (e.g. another network namespace, and its UCX env)."""
         self.transport = transport
-        self.proc = subprocess.Popen([*wrap, sys.executable, __file__, "--pool", transport, "--threads", "1"],
+        self.proc = subprocess.Popen([*wrap, sys.executable, __file__, "--pool", transport, "--threads", "1",
+                                      "--device", device],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self.descriptor = parse(PoolDescriptor, json.loads(self.proc.stdout.readline()))
 
@@ -90,11 +97,11 @@ class Pool:
         self.proc.wait(timeout=30)
 
 
-def layer_kv(n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def layer_kv(n: int, device: str = "cpu") -> list[tuple[torch.Tensor, torch.Tensor]]:
     """What a prefill pass of n tokens produces: per layer K and V, [n, kv_heads, head_dim] each."""
     lay = layout()
-    return [(torch.randn(n, lay.num_kv_heads, lay.head_dim), torch.randn(n, lay.num_kv_heads, lay.head_dim))
-            for _ in range(lay.num_layers)]
+    return [(torch.randn(n, lay.num_kv_heads, lay.head_dim, device=device),
+             torch.randn(n, lay.num_kv_heads, lay.head_dim, device=device)) for _ in range(lay.num_layers)]
 
 
 def throughput(s, pool: Pool, kv: list, repeats: int) -> float:
@@ -118,10 +125,12 @@ def memcpy_gbs(kv: list, repeats: int) -> float:
     dst = [(torch.empty_like(k), torch.empty_like(v)) for k, v in kv]
     best = float("inf")
     for r in range(repeats + 1):
+        sync(kv[0][0].device.type)
         t = time.perf_counter()
         for (k, v), (dk, dv) in zip(kv, dst):
             dk.copy_(k)
             dv.copy_(v)
+        sync(kv[0][0].device.type)
         if r:
             best = min(best, time.perf_counter() - t)
     return kv[0][0].shape[0] * layout().bytes_per_token / best / 1e9
@@ -129,7 +138,7 @@ def memcpy_gbs(kv: list, repeats: int) -> float:
 
 def ttft(engine, s, prompt: list[int], pool: Pool | None, repeats: int) -> float:
     """Best seconds for one prefill pass (with the handoff when `pool` is given)."""
-    from engine.workers.prefill_worker import DiscardWriter
+    from engine.transports.base import DiscardWriter
     from tandem.sampling_params import SamplingParams
 
     best = float("inf")
@@ -139,6 +148,7 @@ def ttft(engine, s, prompt: list[int], pool: Pool | None, repeats: int) -> float
         t = time.perf_counter()
         engine.prefill([seq], [writer])
         writer.finish()
+        sync(engine.device.type)
         best = min(best, time.perf_counter() - t)
     return best
 
@@ -150,26 +160,29 @@ def main() -> None:
     ap.add_argument("--pool", help=argparse.SUPPRESS)
     ap.add_argument("--transports", default=None, help="comma-separated (default: shm, and nixl if installed)")
     ap.add_argument("--pool-wrap", default="", help="command prefix for the pool process (scripts/bench_multihost.py)")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                    help="where pools, K/V and the engine live (cuda: default transports cuda_ipc and nixl)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     pages = layout().pages_for(max(LENGTHS))
     if args.pool:
-        return pool_process(args.pool, pages)
+        return pool_process(args.pool, pages, args.device)
     from engine.load import load_engine
 
-    base = load_engine("smollm2-135m", kv_bytes=None)
+    base = load_engine("smollm2-135m", device=args.device, kv_bytes=None)
     words = ("The orchard behind the old mill grows apples, pears and plums in long rows. " * 400).strip()
     prompts = {n: base.tokenizer.encode(words)[:n] for n in LENGTHS}
-    transports = args.transports.split(",") if args.transports else ["shm"] + (["nixl"] if nixl_available() else [])
+    local = "cuda_ipc" if args.device == "cuda" else "shm"
+    transports = args.transports.split(",") if args.transports else [local] + (["nixl"] if nixl_available() else [])
     print(f"threads={args.threads}  KV: {layout().bytes_per_token} bytes/token (30 layers, 3 KV heads, 64 dims, fp32)")
     print(f"{'transport':>9} {'tokens':>6} {'MB':>7} {'handoff GB/s':>13} {'memcpy GB/s':>12} {'ratio':>6} "
           f"{'TTFT alone s':>13} {'TTFT+handoff s':>15} {'added':>7}")
     for name in transports:
-        pool = Pool(name, shlex.split(args.pool_wrap))
+        pool = Pool(name, shlex.split(args.pool_wrap), args.device)
         try:
-            s = sender(name, layout())
+            s = sender(name, layout(), device=args.device)
             for n in LENGTHS:
-                kv = layer_kv(n)
+                kv = layer_kv(n, args.device)
                 gbs = throughput(s, pool, kv, args.repeats)
                 mem = memcpy_gbs(kv, args.repeats)
                 alone = ttft(base, s, prompts[n], None, args.repeats)

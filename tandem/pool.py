@@ -2,10 +2,12 @@
 and a source in it (pull: K/V held in the prefill worker's pool for the decode worker to read).
 
 A decode worker publishes one `PoolDescriptor`; it names every transport the pool can be reached by
-(`shm` on its own host, `nixl` from anywhere UCX reaches) and the host it lives on, so a prefill worker
-picks per pair: shm when both are on one host, NIXL otherwise (or what the deployment forces).
-The NIXL part holds the agent's memory keys: whoever has it can write the pool, so a descriptor only
-ever travels on the control channel and is never echoed in an error message.
+(`shm` or `cuda_ipc` on its own host, for a pool in host or GPU memory; `nixl` from anywhere UCX reaches)
+and the host it lives on, so a prefill worker picks per pair: the one-host transport when both are on
+one host, NIXL otherwise (or what the deployment forces).
+The NIXL and CUDA IPC parts are access keys (agent memory keys, an IPC memory handle): whoever has one
+can write the pool, so a descriptor only ever travels on the control channel and is never echoed in an
+error message.
 """
 
 from __future__ import annotations
@@ -30,6 +32,23 @@ class NixlPool:
     metadata: str  # base64 of the agent's metadata (memory keys: never log it)
     base: int  # address of the registered pool in the decode process
     bytes: int
+    memory: str = "DRAM"  # NIXL memory type of the pool: DRAM (host) or VRAM (GPU)
+    device_id: int = 0  # VRAM: the GPU index in the decode process
+
+
+@dataclass(frozen=True)
+class CudaIpcPool:
+    """A pool in GPU memory, exported by torch's `UntypedStorage._share_cuda_()`; bytes travel as base64."""
+
+    device_uuid: str  # the GPU holding it (device numbering differs between processes; the UUID does not)
+    handle: str  # base64 of the cudaIpcMemHandle of the allocation that holds the pool (never log it)
+    storage_bytes: int  # size of the pool's storage ...
+    offset_bytes: int  # ... and where it starts in that allocation
+    ref_counter: str  # base64 of the name of torch's shared reference counter of the export
+    ref_counter_offset: int
+    event: str  # base64 of the cudaIpcEventHandle torch records with the export ("" when none)
+    event_sync: bool  # whether the opener must wait on that event before its first use
+    fence: str  # /dev/shm name of the fence table (as ShmPool's: cuda_ipc writers share the decode worker's host)
 
 
 @dataclass(frozen=True)
@@ -46,10 +65,11 @@ class PoolDescriptor:
     shm: ShmPool | None = None
     nixl: NixlPool | None = None
     inproc: InprocPool | None = None
+    cuda_ipc: CudaIpcPool | None = None
 
     @property
     def transports(self) -> tuple[str, ...]:
-        return tuple(n for n in ("shm", "nixl", "inproc") if getattr(self, n) is not None)
+        return tuple(n for n in ("shm", "cuda_ipc", "nixl", "inproc") if getattr(self, n) is not None)
 
 
 @dataclass(frozen=True)

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import os
+import secrets
 
 import pytest
 import torch
 
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+# Every process this session starts inherits the tag, so leak checks count only what this session
+# made: other sessions (another engineer's test run on the same machine) are not ours to judge.
+SESSION_TAG = f"TANDEM_TEST_SESSION={os.environ.setdefault('TANDEM_TEST_SESSION', secrets.token_hex(6))}"
 
 
 def pytest_collection_modifyitems(config, items):
@@ -64,16 +69,42 @@ def built_engines(tmp_path_factory):
     return out
 
 
+def _session_pid(pid: str) -> bool:
+    """Whether process `pid` belongs to this test session (this process, or one started with its tag)."""
+    if int(pid) == os.getpid():
+        return True
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return SESSION_TAG.encode() in f.read().split(b"\0")
+    except OSError:
+        return False
+
+
+def _maps_of(pid: str) -> set[str]:
+    try:
+        with open(f"/proc/{pid}/maps") as f:
+            return {line.split(None, 5)[5].strip().replace(" (deleted)", "") for line in f if " /dev/shm/" in line}
+    except (OSError, IndexError):
+        return set()
+
+
 def _leftovers() -> set[str]:
-    """Our shm segments, Triton's shm regions, and tritonserver / stub processes alive now."""
+    """This session's shm segments, Triton shm regions and tritonserver / stub processes alive now.
+
+    A segment or region is another session's when only processes of other sessions map it."""
     import subprocess
 
     from engine.shm_region import our_segments
 
-    found = {f"shared memory segment {s}" for s in our_segments()}
-    found |= {f"Triton shared memory {n}" for n in os.listdir("/dev/shm") if n.startswith("triton_python_backend")}
+    foreign = set()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        if not _session_pid(pid):
+            foreign |= _maps_of(pid)
+    names = [f"shared memory segment {s}" for s in our_segments()]
+    names += [f"Triton shared memory {n}" for n in os.listdir("/dev/shm") if n.startswith("triton_python_backend")]
+    found = {n for n in names if f"/dev/shm/{n.rsplit(' ', 1)[1]}" not in foreign}
     ps = subprocess.run(["pgrep", "-f", "tritonserver|triton_python_backend_stub"], capture_output=True, text=True)
-    return found | {f"process {pid}" for pid in ps.stdout.split()}
+    return found | {f"process {pid}" for pid in ps.stdout.split() if _session_pid(pid)}
 
 
 def leak_snapshot() -> set[str]:

@@ -55,6 +55,13 @@ def test_workers_follow_the_worker_contract_with_triton_readiness_checks(name):
         assert env["UCX_NET_DEVICES"] == "eth0" and "sm" not in env["UCX_TLS"].split(",")
         low, high = map(int, env["UCX_TCP_PORT_RANGE"].split("-"))
         assert 1024 < low <= high < 65536
+        if name == "nvidia":  # engines on their reserved GPU, CUDA IPC between the two containers' GPUs
+            assert flag(cmd, "--device") == "cuda" and svc["ipc"] == "host"
+            (gpu,) = svc["deploy"]["resources"]["reservations"]["devices"]
+            assert gpu["capabilities"] == ["gpu"] and len(gpu["device_ids"]) == 1
+            assert {"cuda_copy", "cuda_ipc"} <= set(env["UCX_TLS"].split(","))
+        else:
+            assert "--device" not in cmd
     orch = services["orchestrator"]
     assert "127.0.0.1:8000/health" in " ".join(orch["healthcheck"]["test"])
     assert all(orch["depends_on"][r]["condition"] == "service_healthy" for r in ("prefill", "decode"))

@@ -10,9 +10,9 @@ Two sides, a handful of methods, and one state enum:
   writing, and `finish` raises it. `finish` returns only when every layer landed; `abort` stops a writer
   and, for notifying transports, tells the decode side that this writer is closed.
 
-Fencing (see control/handoff.py for the whole argument): shm and inproc writers check the lease's
-epoch in the fence table (engine/transports/fence.py) around every copy, so a revoke is final at once
-(`strict_fence`). A NIXL writer writes one-sided into remote memory and cannot be checked; its fence is
+Fencing (see control/handoff.py for the whole argument): shm, cuda_ipc and inproc writers check the
+lease's epoch in the fence table (engine/transports/fence.py) around every copy (cuda_ipc holds it until
+its copy's completion event), so a revoke is final at once (`strict_fence`). A NIXL writer writes one-sided into remote memory and cannot be checked; its fence is
 its own close notice (sent after its last WRITE completed), so the decode side keeps a released lease's
 pages out of use until that notice arrives or the writer is known dead.
 """
@@ -160,6 +160,27 @@ class LayerWriter(ABC):
     @abstractmethod
     def abort(self) -> None:
         """Stop; wait until nothing is in flight; tell the decode side this writer is closed."""
+
+
+class DiscardWriter:
+    """No destination: compute the first token only (a benchmark baseline, or a probe)."""
+
+    bytes_written = 0
+
+    def write_layer(self, layer: int, k: torch.Tensor, v: torch.Tensor, start: int = 0) -> None:
+        return None
+
+    def stop(self) -> None:
+        return None
+
+    def settle(self) -> None:
+        return None
+
+    def finish(self) -> None:
+        return None
+
+    def abort(self) -> None:
+        return None
 
 
 class KVSender(ABC):

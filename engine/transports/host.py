@@ -1,8 +1,9 @@
 """A decode worker's KV pool as writers see it: the transports that reach it, lease slots and the fence.
 
-The pool is one KVCache (in shared memory when shm is offered). `PoolHost` publishes one descriptor
-naming every transport, picks the transport for each lease from where its writer runs (shm on the same
-host, NIXL otherwise, unless the deployment forces one), and hands out fence slots: a slot is armed
+The pool is one KVCache (in shared memory when shm is offered, in GPU memory for cuda_ipc). `PoolHost`
+publishes one descriptor naming every transport, picks the transport for each lease from where its
+writer runs (shm or cuda_ipc on the same host, NIXL otherwise, unless the deployment forces one), and
+hands out fence slots: a slot is armed
 when a destination is handed out and free again only after its writer is fenced out.
 """
 
@@ -39,9 +40,10 @@ class PoolHost:
                                          host=self.host, **parts)
 
     def choose(self, writer_host: str) -> str:
-        """The transport a writer on `writer_host` uses: shm (or inproc) when it can map the pool, else NIXL."""
+        """The transport a writer on `writer_host` uses: the one-host one (shm, cuda_ipc; inproc in tests) when
+        it shares this pool's host identity, else NIXL."""
         local = writer_host == self.host
-        for name in ("inproc", "shm") if local else ():
+        for name in ("inproc", "shm", "cuda_ipc") if local else ():
             if name in self.endpoints:
                 return name
         if "nixl" in self.endpoints:

@@ -22,6 +22,10 @@ NAME = "inproc"
 _IDS = itertools.count()
 
 
+def unavailable() -> str:
+    return ""
+
+
 class InprocEndpoint(PoolEndpoint):
     name = NAME
     notifies = True
@@ -77,7 +81,7 @@ class InprocWriter(LayerWriter):
 class InprocSender(KVSender):
     name = NAME
 
-    def __init__(self, layout: KVLayout, registry: dict):
+    def __init__(self, layout: KVLayout, registry: dict, device: str = "cpu"):
         super().__init__(layout)
         self.registry = registry
 

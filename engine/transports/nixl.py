@@ -4,7 +4,8 @@ The decode pool is registered memory. The prefill worker copies each layer's K/V
 staging area laid out in pages, posts a WRITE of those pages into the reserved remote pages, and goes
 on computing; `finish` waits for every WRITE and then notifies the decode worker (`done`); `abort` waits
 for what is in flight and sends `closed`. Those notices are this transport's fence (see base.py).
-The same code moves DRAM to DRAM here and VRAM to VRAM over NVLink/RDMA on GPU nodes.
+A pool in GPU memory is registered as VRAM (and a prefill worker on a GPU stages in VRAM), so UCX moves
+it GPU to GPU (NVLink/RDMA with GPUDirect where present); only DRAM to DRAM has run here (no GPU).
 
 Settings learned the hard way: UCX backend with `ucx_error_handling_mode: none` (shared-memory-only
 transports do not start otherwise); no progress thread (it spins a core), we poll with back-off; UCX on
@@ -57,11 +58,20 @@ def available() -> bool:
     return any(importlib.util.find_spec(m) is not None for m in ("nixl", "nixl_cu12"))
 
 
-def _descs(agent, base: int, block_ids, block_bytes: int):
+def unavailable() -> str:
+    return "" if available() else "NIXL is not installed (pip install --no-deps nixl-cu12)"
+
+
+def memory_of(t: torch.Tensor) -> tuple[str, int]:
+    """NIXL's memory type and device id of a tensor: ("VRAM", GPU index) or ("DRAM", 0)."""
+    return ("VRAM", t.device.index or 0) if t.device.type == "cuda" else ("DRAM", 0)
+
+
+def _descs(agent, base: int, block_ids, block_bytes: int, memory: str = "DRAM", device_id: int = 0):
     ids = np.asarray(block_ids, dtype=np.uint64)
     rows = np.stack([base + ids * np.uint64(block_bytes), np.full(len(ids), block_bytes, np.uint64),
-                     np.zeros(len(ids), np.uint64)], axis=1)  # (address, length, device id)
-    return agent.get_xfer_descs(rows, "DRAM")
+                     np.full(len(ids), device_id, np.uint64)], axis=1)  # (address, length, device id)
+    return agent.get_xfer_descs(rows, memory)
 
 
 class NixlEndpoint(PoolEndpoint):
@@ -69,9 +79,7 @@ class NixlEndpoint(PoolEndpoint):
     notifies = True
     strict_fence = False  # one-sided writes: the fence is the writer's close notice
 
-    def __init__(self, cache: KVCache):
-        if cache.device.type != "cpu":
-            raise ValueError("this build registers host (DRAM) pools; GPU pools need VRAM registration")
+    def __init__(self, cache: KVCache, fence_name: str = "", registry: dict | None = None):
         self.cache = cache
         self.agent_name = f"decode-{os.getpid()}-{secrets.token_hex(4)}"
         self.agent = _agent(self.agent_name)
@@ -79,8 +87,10 @@ class NixlEndpoint(PoolEndpoint):
         self.metadata = base64.b64encode(self.agent.get_agent_metadata()).decode()
 
     def part(self) -> NixlPool:
+        memory, device_id = memory_of(self.cache.data)
         return NixlPool(agent=self.agent_name, metadata=self.metadata, base=self.cache.data.data_ptr(),
-                        bytes=self.cache.data.numel() * self.cache.data.element_size())
+                        bytes=self.cache.data.numel() * self.cache.data.element_size(), memory=memory,
+                        device_id=device_id)
 
     def needs_progress(self) -> bool:
         return True  # UCX's TCP transport moves incoming WRITEs only while this side polls too
@@ -131,6 +141,8 @@ class NixlWriter(LayerWriter):
         ks, vs = staged[:n_pages], staged[n_pages:]
         self.sender.copy_in(ks, k)
         self.sender.copy_in(vs, v)
+        if self.sender.staging.is_cuda:  # the WRITE reads staging outside torch's streams: the copies must be in
+            torch.cuda.current_stream(self.sender.staging.device).synchronize()
         remote = [((layer * 2 + kv) * self.num_pages + p) for kv in (0, 1) for p in dest]
         self._post(staged, remote)
         self.bytes_written += 2 * k.numel() * k.element_size()
@@ -207,24 +219,25 @@ class _Peer:
     def __init__(self, agent, part: NixlPool, layout: KVLayout, num_pages: int):
         self.name = agent.add_remote_agent(base64.b64decode(part.metadata)).decode()
         blocks = layout.num_layers * 2 * num_pages  # block (layer, k|v, page) = (layer * 2 + kv) * pages + page
-        self.prep = agent.prep_xfer_dlist(self.name, _descs(agent, part.base, range(blocks), layout.page_bytes),
-                                          "DRAM")
+        descs = _descs(agent, part.base, range(blocks), layout.page_bytes, part.memory, part.device_id)
+        self.prep = agent.prep_xfer_dlist(self.name, descs, part.memory)
 
 
 class NixlSender(KVSender):
     name = NAME
 
-    def __init__(self, layout: KVLayout):
+    def __init__(self, layout: KVLayout, registry: dict | None = None, device: str = "cpu"):
         super().__init__(layout)
         self.agent = _agent(f"prefill-{os.getpid()}-{secrets.token_hex(4)}")
         pages = max(2, STAGING_BYTES // layout.page_bytes)
-        # staging: [pages, tokens_per_page, kv_heads, head_dim], registered once
+        # staging: [pages, tokens_per_page, kv_heads, head_dim], registered once, beside the K/V it stages
         self.staging = torch.zeros(pages, layout.tokens_per_page, layout.num_kv_heads, layout.head_dim,
-                                   dtype=TORCH_DTYPES[layout.dtype])
+                                   dtype=TORCH_DTYPES[layout.dtype], device=device)
         self.staging_base = self.staging.data_ptr()
         self.reg = self.agent.register_memory(self.staging)
-        self.local_prep = self.agent.prep_xfer_dlist(
-            "NIXL_INIT_AGENT", _descs(self.agent, self.staging_base, range(pages), layout.page_bytes), "DRAM")
+        memory, device_id = memory_of(self.staging)
+        self.local_prep = self.agent.prep_xfer_dlist("NIXL_INIT_AGENT", _descs(
+            self.agent, self.staging_base, range(pages), layout.page_bytes, memory, device_id), memory)
         self.free = PageAllocator(pages)
         self.peers: dict[str, _Peer] = {}  # by the descriptor's agent name
         self.writers: list[NixlWriter] = []

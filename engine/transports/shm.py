@@ -28,10 +28,14 @@ NAME = "shm"
 OVERLAP_MIN_BYTES = 4 << 20  # a layer's K+V below this is copied inline
 
 
+def unavailable() -> str:
+    return ""  # POSIX shared memory is always here
+
+
 class ShmEndpoint(PoolEndpoint):
     name = NAME
 
-    def __init__(self, cache: KVCache, fence_name: str):
+    def __init__(self, cache: KVCache, fence_name: str, registry: dict | None = None):
         if cache.shm is None:
             raise ValueError("the shm transport needs a KV pool created with shared=True")
         self.cache = cache
@@ -107,7 +111,7 @@ class ShmWriter(LayerWriter):
 class ShmSender(KVSender):
     name = NAME
 
-    def __init__(self, layout: KVLayout):
+    def __init__(self, layout: KVLayout, registry: dict | None = None, device: str = "cpu"):
         super().__init__(layout)
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kv-shm")
         self.overlap = len(os.sched_getaffinity(0)) > 1  # one core: a copy thread could only take turns

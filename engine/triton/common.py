@@ -47,6 +47,14 @@ class Params:
         return float(self.str(key))
 
 
+def instance_device(args: dict) -> str:
+    """Where Triton placed this instance: `cuda:N` for a KIND_GPU instance (N in this process's numbering:
+    a local worker sees its own GPU as 0, see ops/gpu_plan.py), else `cpu`."""
+    if args.get("model_instance_kind") == "GPU":
+        return f"cuda:{int(args['model_instance_device_id'])}"
+    return "cpu"
+
+
 def pass_budget(params: Params, device: torch.device) -> int:
     """Prompt tokens per prefill pass: the profile's max_num_tokens, capped on CPU (see profiles.py)."""
     budget = params.int("max_num_tokens")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from engine.load import load_engine
 from engine.transports.host import PoolHost
-from engine.triton.common import Auth, Params, dispatch, end_server, pass_budget, setup_threads
+from engine.triton.common import Auth, Params, instance_device, dispatch, end_server, pass_budget, setup_threads
 from engine.workers.decode_worker import DecodeWorker
 from tandem.wire import Flush, Open, Release, Start, Stats, Watch, WriterGone
 
@@ -31,8 +31,8 @@ class TritonPythonModel:
         self.auth = Auth()  # before anything slow: a bad secret fails the load at once
         setup_threads(p)
         transports = tuple(t for t in p.str("transports").split(",") if t)
-        self.engine = load_engine(p.str("engine_dir"), kv_bytes=p.int("kv_pool_bytes"), shared_kv="shm" in transports,
-                                  prefix_cache=p.str("prefix_cache") == "on")
+        self.engine = load_engine(p.str("engine_dir"), device=instance_device(args), kv_bytes=p.int("kv_pool_bytes"),
+                                  shared_kv="shm" in transports, prefix_cache=p.str("prefix_cache") == "on")
         self.pool = PoolHost(self.engine.cache, transports)
         chunk = p.int("chunk_tokens")
         self.worker = DecodeWorker(self.engine, self.pool, role="decode", max_batch_size=p.int("max_batch_size"),

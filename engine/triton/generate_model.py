@@ -7,7 +7,7 @@ the prefill-first policy or chunked prefill (`chunk_tokens` > 0): see engine/sch
 from __future__ import annotations
 
 from engine.load import load_engine
-from engine.triton.common import Auth, Params, dispatch, end_server, pass_budget, setup_threads
+from engine.triton.common import Auth, Params, instance_device, dispatch, end_server, pass_budget, setup_threads
 from engine.triton.decode_model import handlers
 from engine.workers.decode_worker import DecodeWorker
 
@@ -17,7 +17,7 @@ class TritonPythonModel:
         p = Params(args)
         self.auth = Auth()  # before anything slow: a bad secret fails the load at once
         setup_threads(p)
-        engine = load_engine(p.str("engine_dir"), kv_bytes=p.int("kv_pool_bytes"),
+        engine = load_engine(p.str("engine_dir"), device=instance_device(args), kv_bytes=p.int("kv_pool_bytes"),
                              prefix_cache=p.str("prefix_cache") == "on")
         chunk = p.int("chunk_tokens")
         # the same prefill pass budget as the disaggregated prefill worker: a fair baseline

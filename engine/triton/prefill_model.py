@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from engine.load import load_engine
 from engine.transports.host import PoolHost
-from engine.triton.common import Auth, Params, dispatch, end_server, pass_budget, setup_threads
+from engine.triton.common import Auth, Params, instance_device, dispatch, end_server, pass_budget, setup_threads
 from engine.workers.prefill_worker import PrefillWorker
 from tandem.wire import Abort, Flush, Prefill, Stats, Unhold, Watch
 
@@ -18,7 +18,7 @@ class TritonPythonModel:
         p = Params(args)
         self.auth = Auth()  # before anything slow: a bad secret fails the load at once
         setup_threads(p)
-        engine = load_engine(p.str("engine_dir"), kv_bytes=None)
+        engine = load_engine(p.str("engine_dir"), device=instance_device(args), kv_bytes=None)
         budget = pass_budget(p, engine.device)
         caching = p.str("prefix_cache") == "on"
         pull = p.str("handoff") == "pull"

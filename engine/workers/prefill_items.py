@@ -1,5 +1,5 @@
 """The pieces a prefill worker (engine/workers/prefill_worker.py) moves through its queue: one queued request,
-the writers that stand in for a real transport, and sending cached pages a destination lacks."""
+the writer that slows a real transport down (fault injection), and sending cached pages a destination lacks."""
 
 from __future__ import annotations
 
@@ -13,27 +13,6 @@ from engine.sequence import Sequence
 from engine.transports import LayerWriter
 from engine.workers.sink import Responder
 from tandem.wire import Prefill
-
-
-class DiscardWriter:
-    """No destination: compute the first token only (a benchmark baseline, or a probe)."""
-
-    bytes_written = 0
-
-    def write_layer(self, layer: int, k: torch.Tensor, v: torch.Tensor, start: int = 0) -> None:
-        return None
-
-    def stop(self) -> None:
-        return None
-
-    def settle(self) -> None:
-        return None
-
-    def finish(self) -> None:
-        return None
-
-    def abort(self) -> None:
-        return None
 
 
 class SlowWriter:

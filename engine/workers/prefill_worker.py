@@ -1,7 +1,7 @@
 """The prefill worker: prompts in, first tokens out, K/V written straight into a decode worker's pages.
 
 A request is submitted (its writer opened into the destination pages) and queued. Each step of the
-loop runs one pass of at most `pass_tokens` tokens, either
+loop runs one pass of at most `pass_tokens` tokens (the rules: policies/prefill_passes.py), either
 - a packed pass of whole prompts (the oldest first, then the shortest that fit), each layer's K/V
   going to the writers as it is computed, or
 - the next chunk of one long prompt (longer than a pass), prefilled against a local KV pool and
@@ -37,14 +37,16 @@ from engine.attention import PassStopped
 from engine.engine import Engine
 from engine.errors import OutOfPages
 from engine.transports import KVSender, sender
-from engine.transports.host import PoolHost
 from engine.errors import InvalidRequest
+from engine.transports.base import DiscardWriter
+from engine.transports.host import PoolHost
 from engine.workers.cache_feed import CacheFeed
 from engine.workers.holds import Holds
 from engine.workers.loop import Loop
-from engine.workers.prefill_items import DiscardWriter, PrefillItem, SlowWriter, send_cached
+from engine.workers.prefill_items import PrefillItem, SlowWriter, send_cached
 from engine.workers.sink import Responder
 from engine.workers.watchers import Watchers
+from policies.prefill_passes import PassTurn, chunk_tokens, pack
 from tandem.pool import host_identity
 from tandem.status import Cancelled, TandemError
 from tandem.wire import Ack, Prefill, Prefilled, WorkerStats
@@ -58,7 +60,7 @@ class PrefillWorker:
         self.engine = engine
         self.pass_tokens = pass_tokens
         tpp = engine.cache.layout.tokens_per_page if engine.cache is not None else 1
-        self.chunk_tokens = max(tpp, pass_tokens // tpp * tpp)  # chunks start on page boundaries
+        self.chunk_tokens = chunk_tokens(pass_tokens, tpp)
         self.caching = engine.prefix is not None and engine.prefix.enabled
         self.write_delay_s = write_delay_s
         self.registry = registry  # inproc transport (tests)
@@ -69,7 +71,7 @@ class PrefillWorker:
         self.active: dict[str, PrefillItem] = {}  # every request not yet answered (queued or in a pass), by id
         self.lock = threading.Lock()
         self._order = itertools.count()
-        self._long_turn = False
+        self.turn = PassTurn()
         self.feed = CacheFeed(max(1024, 2 * engine.allocator.num_pages)) if self.caching else None
         self.watchers = Watchers(self.stats, feed=self.feed)
         self.holds = Holds(pool, next(iter(pool.endpoints)), lambda it: self._release(it, computed=True)) \
@@ -144,7 +146,7 @@ class PrefillWorker:
     def _writer(self, msg: Prefill):
         dest = msg.destination
         if dest.transport not in self.senders:
-            self.senders[dest.transport] = sender(dest.transport, self.layout, self.registry)
+            self.senders[dest.transport] = sender(dest.transport, self.layout, self.registry, str(self.engine.device))
         w = self.senders[dest.transport].writer(dest, msg.request_id)
         return SlowWriter(w, self.write_delay_s) if self.write_delay_s > 0 else w
 
@@ -168,15 +170,14 @@ class PrefillWorker:
             dropped = self._drop_cancelled()
             longs = [it for it in self.queue if it.chunked]
             shorts = [it for it in self.queue if not it.chunked]
-            take_long = bool(longs) and (self._long_turn or not shorts)
-            group = [longs[0]] if take_long else self._pack(shorts) if shorts else []
+            take_long = self.turn.take_long(bool(longs), bool(shorts))
+            group = [longs[0]] if take_long else pack(shorts, self._todo, self.pass_tokens) if shorts else []
             for it in group:
                 self.queue.remove(it)
                 if (self.caching or it.msg.pull) and not take_long:
                     if (err := self._reserve(it)) is not None and it.msg.pull:
                         full.append((it, err))  # a pull prompt lives in the pool: no room, no pass
             group = [it for it in group if it not in {x for x, _ in full}]
-            self._long_turn = not take_long
         for it in dropped:
             self._end_cancelled(it)
         for it, err in full:
@@ -237,15 +238,6 @@ class PrefillWorker:
         with self.lock:
             if self.active.get(it.msg.request_id) is it:
                 del self.active[it.msg.request_id]
-
-    def _pack(self, shorts: list[PrefillItem]) -> list[PrefillItem]:
-        """The oldest waiting prompt, then the shortest others that fit the pass (by tokens to compute)."""
-        group, tokens = [shorts[0]], self._todo(shorts[0])
-        for it in sorted(shorts[1:], key=self._todo):
-            if tokens + self._todo(it) <= self.pass_tokens:
-                group.append(it)
-                tokens += self._todo(it)
-        return group
 
     def _packed(self, group: list[PrefillItem]) -> None:
         """One pass: pooled items continue against their pages (cached prefix), the others straight

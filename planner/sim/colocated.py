@@ -1,5 +1,5 @@
 """A simulated co-located engine (engine/workers/decode_worker.py with no pool for writers), with the two
-batching policies of engine/scheduler.py.
+batching policies of engine/scheduler.py (policies/batching.py).
 
 A request is opened here by the orchestrator (replicas.py) only when its pages fit: Open reserves
 pages for prompt + max_tokens at once (or is answered OUT_OF_PAGES, and the request waits outside,
@@ -12,9 +12,7 @@ see waiting.py), and the prompt joins the waiting queue; it is seen at the next 
 Pages are freed when the request finishes.
 
 The batch cap (`max_batch`: running + being prefilled) is the rendered model repository's
-`max_batch_size`. Note: the worker in engine/workers/decode_worker.py does not apply it to locally
-prefilled requests at present (only pages and the orchestrator's max_in_flight bound them); the
-loads of our benchmarks stay within it per replica.
+`max_batch_size`, as in the engine's scheduler.
 """
 
 from __future__ import annotations
@@ -27,6 +25,7 @@ from planner.sim.batch import RunningBatch
 from planner.sim.events import EventLoop
 from planner.sim.pages import PagePool
 from planner.sim.request import SimRequest
+from policies.batching import admit, chunk_split
 
 
 class ColocatedSim:
@@ -77,15 +76,9 @@ class ColocatedSim:
 
     def _admit(self, token_budget: float) -> list[SimRequest]:
         """Waiting prompts (their pages are held) for this step, oldest first, within the budget."""
-        out, tokens = [], 0
         room = self.max_batch - self.batch.size - len(self.prefilling)
-        while self.waiting and len(out) < room:
-            req = self.waiting[0]
-            if out and tokens + req.prompt_len > token_budget:
-                break
-            out.append(self.waiting.popleft())
-            tokens += req.prompt_len
-        return out
+        n = admit(self.waiting, lambda r: r.prompt_len, token_budget, room)
+        return [self.waiting.popleft() for _ in range(n)]
 
     def _prefill_first(self) -> None:
         now = self.loop.now
@@ -103,13 +96,8 @@ class ColocatedSim:
         for req in self._admit(float("inf")):
             req.prefill_start = now
             self.prefilling.append([req, 0])
-        chunks, budget = [], self.chunk_tokens
-        for req, done in self.prefilling:
-            if budget == 0:
-                break
-            n = min(budget, req.prompt_len - done)
-            chunks.append((done, n))
-            budget -= n
+        split = chunk_split([req.prompt_len - done for req, done in self.prefilling], self.chunk_tokens)
+        chunks = [(done, n) for (_, done), n in zip(self.prefilling, split)]
         rows = self.batch.size
         if chunks or rows:
             self._run(self.costs.mixed_time(chunks, rows, self.batch.context_tokens), self._mixed_end, chunks, rows)

@@ -4,9 +4,9 @@ A request's life: a decode worker with free pages for prompt + max_tokens reserv
 has them the request waits in the orchestrator and retries after pages are freed: waiting.py); a
 prefill worker takes its prompt; when its first token and K/V are ready (pass end plus the handoff's
 tail) it joins that decode worker's batch.
-Routing is least-loaded, as in control/router.py: the decode worker with room that holds the
-fewest requests (then the most free pages), and the prefill worker with the fewest prompt tokens
-queued or in flight.
+Routing is least-loaded, by the router's own rules (policies/routing.py): the decode worker with
+room that holds the fewest requests (then the most free pages), and the prefill worker with the
+fewest prompt tokens queued or in flight.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from planner.sim.pages import PagePool
 from planner.sim.sim_prefill import Link, PrefillSim
 from planner.sim.request import SimRequest
 from planner.sim.waiting import FleetWait
+from policies.routing import least_loaded_decode, least_queued_prefill
 
 
 def pool_pages(profile: Profile, devices: int = 1) -> int:
@@ -60,14 +61,13 @@ class Disaggregated:
     def _try_open(self, req: SimRequest) -> bool:
         """Reserve pages on the least-loaded decode worker that has them and queue the prompt on the
         prefill worker with the fewest prompt tokens; False when no decode worker has the pages."""
-        fits = [(d.holding, d.pool.used, i) for i, d in enumerate(self.decode) if d.can_reserve(req)]
-        if not fits:
+        d = least_loaded_decode(self.decode, fits=lambda d: d.can_reserve(req), running=lambda d: d.holding,
+                                pages_free=lambda d: d.pool.num_pages - d.pool.used)
+        if d is None:
             return False
-        d = self.decode[min(fits)[2]]
         d.reserve(req)
         self._decoder[req.index] = d
-        p = min(range(len(self.prefill)), key=lambda i: (self.prefill[i].load_tokens, i))
-        self.prefill[p].submit(req)
+        least_queued_prefill(self.prefill, lambda p: p.load_tokens).submit(req)
         return True
 
     def _ready(self, req: SimRequest) -> None:

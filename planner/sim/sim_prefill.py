@@ -1,10 +1,6 @@
-"""A simulated prefill worker, with the pass rules of engine/workers/prefill_worker.py, and its KV link.
-
-Queue: FIFO. Each pass takes at most `pass_tokens` tokens and is either
-- a packed pass of whole prompts: the oldest waiting prompt, then the shortest others that still fit;
-- or, for a prompt longer than `pass_tokens`, its next chunk of `chunk_tokens` (pass_tokens rounded
-  down to a multiple of tokens_per_page). The long prompt being chunked stays the oldest long one.
-When long and short prompts both wait, passes alternate (long, short, long, ...).
+"""A simulated prefill worker and its KV link. Its passes are chosen by the prefill worker's own rules
+(policies/prefill_passes.py: packed passes of whole prompts, chunks of long ones, alternating); the
+long prompt being chunked stays the oldest long one.
 
 Handoff: K/V are written layer by layer while the pass computes, so the transfer is hidden behind
 the pass except where the link is slower. The link is a FIFO resource of `gbytes_per_s`: a pass's
@@ -22,6 +18,7 @@ from collections import deque
 from collections.abc import Callable
 
 from planner.costs import PassCosts
+from policies.prefill_passes import PassTurn, chunk_tokens, pack
 from planner.sim.events import EventLoop
 from planner.sim.request import SimRequest
 
@@ -57,7 +54,7 @@ class PrefillSim:
         self.costs = costs
         self.link = link
         self.pass_tokens = pass_tokens
-        self.chunk_tokens = max(tokens_per_page, pass_tokens // tokens_per_page * tokens_per_page)
+        self.chunk_tokens = chunk_tokens(pass_tokens, tokens_per_page)
         self.kv_bytes_per_token = kv_bytes_per_token
         self.on_ready = on_ready
         self.shorts: list[_Item] = []  # in arrival order
@@ -65,7 +62,7 @@ class PrefillSim:
         self.load_tokens = 0  # prompt tokens queued or in flight (routing)
         self.busy = False
         self._pending = False
-        self._long_turn = False
+        self.turn = PassTurn()
         self.passes = 0
 
     def submit(self, req: SimRequest) -> None:
@@ -83,8 +80,7 @@ class PrefillSim:
         self._pending = False
         if self.busy or not (self.shorts or self.longs):
             return
-        take_long = bool(self.longs) and (self._long_turn or not self.shorts)
-        self._long_turn = not take_long
+        take_long = self.turn.take_long(bool(self.longs), bool(self.shorts))
         if take_long:
             it = self.longs[0]
             group, chunks = [it], [(it.done, min(self.chunk_tokens, it.req.prompt_len - it.done))]
@@ -100,20 +96,10 @@ class PrefillSim:
         self.loop.at(now + self.costs.prefill_time(chunks), self._end, group, chunks, now)
 
     def _pack(self) -> list[_Item]:
-        """The oldest waiting prompt, then the shortest others that fit; removed from the queue."""
-        first = self.shorts[0]
-        group, room = [first], self.pass_tokens - first.req.prompt_len
-        if room > 0 and len(self.shorts) > 1:
-            for it in sorted(self.shorts[1:], key=lambda x: x.req.prompt_len):  # stable: oldest first on ties
-                if it.req.prompt_len > room:
-                    break
-                group.append(it)
-                room -= it.req.prompt_len
-        if len(group) == 1:
-            self.shorts.pop(0)
-        else:
-            taken = set(map(id, group))
-            self.shorts = [it for it in self.shorts if id(it) not in taken]
+        """The prompts of a packed pass, removed from the queue."""
+        group = pack(self.shorts, lambda it: it.req.prompt_len, self.pass_tokens)
+        taken = set(map(id, group))
+        self.shorts = [it for it in self.shorts if id(it) not in taken]
         return group
 
     def _end(self, group: list[_Item], chunks: list[tuple[int, int]], start: float) -> None:

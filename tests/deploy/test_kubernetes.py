@@ -196,6 +196,10 @@ def test_gpu_overlay_adds_gpus_nvidia_image_and_placement_to_workers_only(tree):
         (c,) = spec["containers"]
         assert c["resources"]["limits"]["nvidia.com/gpu"] == "1" and c["image"].startswith("tandem-gpu")
         assert spec["nodeSelector"] and any(t["key"] == "nvidia.com/gpu" for t in spec["tolerations"])
+        cmd = c["command"]
+        assert cmd[cmd.index("--device") + 1] == "cuda" and spec["hostIPC"] is True  # its engine on its GPU
+        base = cpu[f"tandem-{role}"]["spec"]["template"]["spec"]["containers"][0]["command"]
+        assert cmd == base + ["--device", "cuda"] and "--device" not in base  # the GPU command is the base's + device
         env = {e["name"]: e["value"] for e in c["env"]}
         assert "cuda_copy" in env["UCX_TLS"] and env["UCX_TCP_PORT_RANGE"]  # patched one, kept the rest
         assert [p["name"] for p in c["ports"]] == ["http", "grpc", "metrics"]

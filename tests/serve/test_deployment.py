@@ -16,6 +16,7 @@ def test_example_file_and_overrides(tmp_path):
     assert dep.mode == "disaggregated" and dep.prefill.count == 1 and dep.decode.count == 2
     assert dep.front_door.http_port == 9000 and dep.front_door.grpc_port == 8001
     assert dep.front_door.host == "127.0.0.1"
+    assert dep.device == "auto" and dep.transport is None  # the one-host transport for wherever decode runs
 
 
 @pytest.mark.parametrize("text, message", [
@@ -23,7 +24,7 @@ def test_example_file_and_overrides(tmp_path):
     ("front_door: {grpc_prot: 1}\n", "front_door.grpc_prot: Extra inputs are not permitted"),
     ("mode: turbo\n", "mode: Input should be 'disaggregated', 'colocated' or 'chunked'"),
     ("prefill: {count: 0}\n", "needs at least one prefill worker"),
-    ("transport: tcp\n", "transport: Input should be 'shm', 'nixl' or 'auto'"),
+    ("transport: tcp\n", "transport: Input should be 'shm', 'cuda_ipc', 'nixl' or 'auto'"),
     ("- a list\n", "must be a mapping"),
     ("key: [unclosed\n", "cannot read deployment file"),
 ])

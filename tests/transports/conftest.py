@@ -1,4 +1,7 @@
-"""Fixtures that run a transport's pool side in another process (in-process for `inproc`)."""
+"""Fixtures that run a transport's pool side in another process (in-process for `inproc`).
+
+GPU transports (`cuda_ipc`, and `nixl-vram`: NIXL with the pool registered as GPU memory) are marked
+`gpu`: collected everywhere, run only where CUDA is (tests/conftest.py skips them elsewhere)."""
 
 from __future__ import annotations
 
@@ -16,19 +19,21 @@ from engine.transports.host import PoolHost
 from engine.transports.nixl import available as nixl_available
 from tandem.pool import Destination, PoolDescriptor
 from tandem.wire import parse
-from tests.transports.peer import LAYOUT, NUM_PAGES
+from tests.transports.peer import LAYOUT, NUM_PAGES, device_of, transport_name
 
 PEER = os.path.join(os.path.dirname(__file__), "peer.py")
-TRANSPORTS = ["inproc", "shm", pytest.param("nixl", marks=pytest.mark.skipif(
-    not nixl_available(), reason="NIXL not installed (pip install --no-deps nixl-cu12)"))]
+_NO_NIXL = pytest.mark.skipif(not nixl_available(), reason="NIXL not installed (pip install --no-deps nixl-cu12)")
+TRANSPORTS = ["inproc", "shm", pytest.param("nixl", marks=_NO_NIXL), pytest.param("cuda_ipc", marks=pytest.mark.gpu),
+              pytest.param("nixl-vram", marks=[pytest.mark.gpu, _NO_NIXL])]
 
 
 class RemotePool:
     """The pool side in a child process."""
 
-    def __init__(self, transport: str):
-        self.transport = transport
-        self.proc = subprocess.Popen([sys.executable, PEER, "pool", transport], stdin=subprocess.PIPE,
+    def __init__(self, kind: str):
+        self.kind = kind
+        self.transport = transport_name(kind)
+        self.proc = subprocess.Popen([sys.executable, PEER, "pool", kind], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True)
         self.descriptor = parse(PoolDescriptor, self._read()["descriptor"])
 
@@ -110,7 +115,13 @@ def pool(transport):
 
 
 @pytest.fixture
-def kv_sender(transport, pool):
-    s = sender(transport, LAYOUT, getattr(pool, "registry", None))
+def kv_device(transport) -> str:
+    """Where the writer's K/V live: on the GPU for GPU transports (device-to-device copies)."""
+    return device_of(transport)
+
+
+@pytest.fixture
+def kv_sender(transport, pool, kv_device):
+    s = sender(transport_name(transport), LAYOUT, getattr(pool, "registry", None), kv_device)
     yield s
     s.close()

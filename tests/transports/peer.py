@@ -1,13 +1,15 @@
 """A transport peer in its own process, driven over stdin/stdout with JSON lines (test helper).
 
     python peer.py pool  TRANSPORT          -> prints {"descriptor": ...}; then answers commands:
+                                               (TRANSPORT nixl-vram: nixl with the pool in GPU memory)
         {"cmd": "lease"}                       -> {"slot": s, "epoch": e}   (a fence slot armed for a writer)
         {"cmd": "revoke", "slot": s}           -> {"fenced": bool}           (True: no write of it can land now)
         {"cmd": "poll"}                        -> {"done": {id: checksum at arrival}, "closed": [[slot, epoch]...]}
         {"cmd": "pages", "ids": [...]}         -> {"data": nested list [layers][2][pages][...]}
         {"cmd": "exit"}
     python peer.py write TRANSPORT          -> reads {"destination":..., "request_id":..., "seed":..., "tokens":...,
-                                               "crash_after": layer or -1} and writes; exits 0 when done.
+                                               "crash_after": layer or -1} and writes; exits 0 when done
+                                               (GPU transports write K/V that live on the GPU).
 """
 
 from __future__ import annotations
@@ -28,6 +30,15 @@ from tandem.wire import parse
 
 LAYOUT = KVLayout(num_layers=3, num_kv_heads=2, head_dim=8, dtype="float32", tokens_per_page=4)
 NUM_PAGES = 24
+GPU_TRANSPORTS = {"cuda_ipc": "cuda_ipc", "nixl-vram": "nixl"}  # test id -> transport; pool and K/V on the GPU
+
+
+def transport_name(kind: str) -> str:
+    return GPU_TRANSPORTS.get(kind, kind)
+
+
+def device_of(kind: str) -> str:
+    return "cuda" if kind in GPU_TRANSPORTS else "cpu"
 
 
 def layer_data(seed: int, layer: int, tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -45,9 +56,9 @@ def say(obj) -> None:
 PROTO = sys.stdout
 
 
-def run_pool(transport: str) -> None:
-    cache = KVCache(LAYOUT, NUM_PAGES, shared=transport == "shm")
-    host = PoolHost(cache, (transport,))
+def run_pool(kind: str) -> None:
+    cache = KVCache(LAYOUT, NUM_PAGES, device=device_of(kind), shared=kind == "shm")
+    host = PoolHost(cache, (transport_name(kind),))
     say({"descriptor": asdict(host.descriptor)})
     seen: dict[str, float] = {}
     closed: set = set()
@@ -61,25 +72,26 @@ def run_pool(transport: str) -> None:
         elif cmd["cmd"] == "poll":
             notices = host.poll()
             for rid in notices.ready:
-                seen[rid] = float(cache.data.abs().sum())  # what was visible when the notice arrived
+                seen[rid] = float(cache.data.abs().sum().cpu())  # what was visible when the notice arrived
             closed |= notices.closed
             say({"done": seen, "closed": sorted(closed)})
         elif cmd["cmd"] == "pages":
-            say({"data": cache.data[:, :, cmd["ids"]].tolist()})
+            say({"data": cache.data[:, :, cmd["ids"]].cpu().tolist()})
         elif cmd["cmd"] == "exit":
             break
     host.close()
     cache.close()
 
 
-def run_write(transport: str) -> None:
+def run_write(kind: str) -> None:
     job = json.loads(sys.stdin.readline())
-    s = sender(transport, LAYOUT)
+    device = device_of(kind)
+    s = sender(transport_name(kind), LAYOUT, device=device)
     w = s.writer(parse(Destination, job["destination"]), job["request_id"])
     for layer in range(LAYOUT.num_layers):
         if layer == job.get("crash_after", -1):
             os._exit(17)  # die mid-transfer, without cleanup, like a killed worker
-        w.write_layer(layer, *layer_data(job["seed"], layer, job["tokens"]))
+        w.write_layer(layer, *(x.to(device) for x in layer_data(job["seed"], layer, job["tokens"])))
     w.finish()
     say({"state": w.state.value, "bytes": w.bytes_written})
     s.close()

@@ -1,4 +1,4 @@
-"""One conformance suite that every KV transport passes (inproc, shm, nixl)."""
+"""One conformance suite that every KV transport passes (inproc, shm, nixl; cuda_ipc and nixl-vram on a GPU)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,12 @@ from engine.transports import sender
 from engine.transports.base import TransferState
 from tandem.status import LeaseLost, TransferFailed
 from tests.transports.conftest import PEER
-from tests.transports.peer import LAYOUT, layer_data
+from tests.transports.peer import LAYOUT, layer_data, transport_name
+
+
+def notifies(kind: str) -> bool:
+    """Transports whose decode side learns of a finished request by a notice (the others by the reply)."""
+    return transport_name(kind) in ("nixl", "inproc")
 
 
 def expected_pages(seed: int, tokens: int, start: int = 0) -> torch.Tensor:
@@ -29,10 +34,10 @@ def expected_pages(seed: int, tokens: int, start: int = 0) -> torch.Tensor:
     return out.view(LAYOUT.num_layers, 2, n, LAYOUT.tokens_per_page, LAYOUT.num_kv_heads, LAYOUT.head_dim)
 
 
-def write_all(s, dest, rid: str, seed: int, tokens: int):
+def write_all(s, dest, rid: str, seed: int, tokens: int, device: str = "cpu"):
     w = s.writer(dest, rid)
     for layer in range(LAYOUT.num_layers):
-        w.write_layer(layer, *layer_data(seed, layer, tokens))
+        w.write_layer(layer, *(x.to(device) for x in layer_data(seed, layer, tokens)))
     w.finish()
     return w
 
@@ -47,28 +52,29 @@ def wait_for(pool, rid: str, timeout: float = 10.0) -> dict:
     return pool.poll()
 
 
-def test_pages_land_in_order_and_exactly(transport, pool, kv_sender):
+def test_pages_land_in_order_and_exactly(transport, pool, kv_sender, kv_device):
     pages = [7, 2, 19]  # scattered, not ascending: token order must follow the page table
-    w = write_all(kv_sender, pool.destination(pages), "req-a", seed=1, tokens=10)
+    w = write_all(kv_sender, pool.destination(pages), "req-a", seed=1, tokens=10, device=kv_device)
     assert w.state is TransferState.DONE
     assert w.bytes_written == 2 * LAYOUT.num_layers * 10 * LAYOUT.num_kv_heads * LAYOUT.head_dim * 4
-    if transport != "shm":  # notifying transports: the notice arrives, and only after all the data
+    if notifies(transport):  # notifying transports: the notice arrives, and only after all the data
         done = wait_for(pool, "req-a")["done"]
         assert done["req-a"] == pytest.approx(float(expected_pages(1, 10).abs().sum()), rel=1e-5)
     assert torch.equal(pool.pages(pages), expected_pages(1, 10))
 
 
-def test_positions_before_the_destination_start_are_skipped(pool, kv_sender):
+def test_positions_before_the_destination_start_are_skipped(pool, kv_sender, kv_device):
     """A decode worker that already holds a prefix (start) gets only the rest."""
     pages = [4, 5, 6]
-    write_all(kv_sender, pool.destination(pages, start=LAYOUT.tokens_per_page), "req-s", seed=2, tokens=10)
+    write_all(kv_sender, pool.destination(pages, start=LAYOUT.tokens_per_page), "req-s", seed=2, tokens=10,
+              device=kv_device)
     assert torch.equal(pool.pages(pages), expected_pages(2, 10, start=LAYOUT.tokens_per_page))
 
 
-def test_concurrent_writers_into_disjoint_pages(transport, pool, kv_sender):
-    s2 = sender(transport, LAYOUT, getattr(pool, "registry", None))
-    jobs = [(kv_sender, pool.destination([0, 1, 2]), "req-1", 11, 12),
-            (s2, pool.destination([3, 4]), "req-2", 12, 7)]
+def test_concurrent_writers_into_disjoint_pages(transport, pool, kv_sender, kv_device):
+    s2 = sender(transport_name(transport), LAYOUT, getattr(pool, "registry", None), kv_device)
+    jobs = [(kv_sender, pool.destination([0, 1, 2]), "req-1", 11, 12, kv_device),
+            (s2, pool.destination([3, 4]), "req-2", 12, 7, kv_device)]
     errors = []
 
     def run(job):
@@ -84,9 +90,9 @@ def test_concurrent_writers_into_disjoint_pages(transport, pool, kv_sender):
         t.join()
     s2.close()
     assert not errors
-    for _, dest, rid, seed, tokens in jobs:
+    for _, dest, rid, seed, tokens, _ in jobs:
         assert torch.equal(pool.pages(dest.page_ids), expected_pages(seed, tokens)), rid
-    if transport != "shm":
+    if notifies(transport):
         assert {"req-1", "req-2"} <= set(wait_for(pool, "req-2")["done"])
 
 
@@ -102,7 +108,7 @@ def test_abort_sends_no_completion_and_closes_the_writer(transport, pool, kv_sen
     polled = pool.poll()
     assert "req-x" not in polled["done"]
     assert torch.equal(pool.pages([5, 6]), before)
-    if transport == "nixl":  # the NIXL fence: the decode side learns that this writer is closed
+    if transport_name(transport) == "nixl":  # the NIXL fence: the decode side learns that this writer is closed
         deadline = time.monotonic() + 5
         while [dest.slot, dest.epoch] not in polled["closed"] and time.monotonic() < deadline:
             polled = pool.poll()
@@ -110,9 +116,9 @@ def test_abort_sends_no_completion_and_closes_the_writer(transport, pool, kv_sen
 
 
 def test_a_revoked_lease_gets_no_write(transport, pool, kv_sender):
-    """The strict fence (shm, inproc): after the decode side revokes the slot, nothing lands, and the
-    writer says LEASE_LOST. NIXL writes one-sided and is fenced by its close notice instead."""
-    if transport == "nixl":
+    """The strict fence (shm, cuda_ipc, inproc): after the decode side revokes the slot, nothing lands, and
+    the writer says LEASE_LOST. NIXL writes one-sided and is fenced by its close notice instead."""
+    if transport_name(transport) == "nixl":
         pytest.skip("NIXL's fence is the writer's close notice (test_abort_sends_no_completion...)")
     dest = pool.destination([8, 9])
     w = kv_sender.writer(dest, "req-r")
@@ -161,8 +167,10 @@ def test_a_pool_that_does_not_exist_is_refused(transport, pool, kv_sender):
     d = dest.pool
     part = {"shm": lambda: dataclasses.replace(d.shm, segment="tandem-no-such-pool"),
             "inproc": lambda: dataclasses.replace(d.inproc, id="no-such-pool"),
-            "nixl": lambda: dataclasses.replace(d.nixl, agent="decode-nobody", metadata="bm90IG1ldGFkYXRh")}
-    bad = dataclasses.replace(dest, pool=dataclasses.replace(d, **{transport: part[transport]()}))
+            "nixl": lambda: dataclasses.replace(d.nixl, agent="decode-nobody", metadata="bm90IG1ldGFkYXRh"),
+            "cuda_ipc": lambda: dataclasses.replace(d.cuda_ipc, handle="bm90IGEgaGFuZGxl")}
+    name = transport_name(transport)
+    bad = dataclasses.replace(dest, pool=dataclasses.replace(d, **{name: part[name]()}))
     with pytest.raises(TransferFailed):
         kv_sender.writer(bad, "r")
 

@@ -1,0 +1,27 @@
+"""Least-loaded routing: which decode worker reserves a request's pages, which prefill worker takes
+its prompt. Used by control/router.py (LeastLoaded, and KvAware's prefill choice) and by
+planner/sim/disaggregated.py.
+
+Workers are compared by what the caller passes in; ties go to the earlier worker in the given
+order (callers order them by name, or by index in the simulator).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+W = TypeVar("W")
+
+
+def least_loaded_decode(workers: Sequence[W], *, fits: Callable[[W], bool], running: Callable[[W], int],
+                        pages_free: Callable[[W], int]) -> W | None:
+    """Of the workers with room for the request (`fits`), the one streaming the fewest requests, then
+    the one with the most free pages; None when no worker has room."""
+    room = [w for w in workers if fits(w)]
+    return min(room, key=lambda w: (running(w), -pages_free(w))) if room else None
+
+
+def least_queued_prefill(workers: Sequence[W], queued: Callable[[W], int]) -> W:
+    """The prefill worker with the fewest prompt tokens queued or in its pass (`workers` not empty)."""
+    return min(workers, key=queued)

@@ -26,8 +26,9 @@ import torch
 
 from engine.kv_pool import KVCache
 from engine.shm_region import SHM_DIR
+from engine.transports.base import pool_part
 from engine.transports.fence import FenceGuard
-from tandem.kv_layout import KVLayout, check_kv_compatible
+from tandem.kv_layout import KVLayout
 from tandem.pool import PullSource
 from tandem.status import Cancelled, TransferFailed
 
@@ -44,13 +45,7 @@ class KVReader(ABC):
 
     def check(self, source: PullSource):
         """The source pool's part for this transport; TransferFailed if absent or incompatible."""
-        part = getattr(source.pool, self.name, None)
-        if part is None:  # never echo the descriptor: it may hold another pool's access keys
-            raise TransferFailed(f"source pool offers {list(source.pool.transports)}, not {self.name!r}")
-        try:
-            check_kv_compatible(self.layout, source.pool.layout)
-        except ValueError as e:
-            raise TransferFailed(str(e)) from None
+        part = pool_part(source.pool, self.name, self.layout, "source")
         bad = [p for p in source.page_ids if not 0 <= p < source.pool.num_pages]
         if not source.page_ids or bad or self.layout.pages_for(source.tokens) > len(source.page_ids):
             raise TransferFailed(f"request {source.request_id}: source pages must be pages of a pool with "

@@ -17,6 +17,8 @@ import click
 
 @click.command("serve")
 @click.option("--model", default=None, help="smollm2-135m, a checkpoint path, or an engines folder (prefill/ + decode/).")
+@click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]), default=None,
+              help="Weights and KV of engines built from --model (default auto: bfloat16 on CUDA, else float32).")
 @click.option("--config", "config_path", default=None, help="Deployment YAML (flags given here override it).")
 @click.option("--mode", type=click.Choice(["disaggregated", "colocated", "chunked"]), default=None)
 @click.option("--prefill", type=click.IntRange(0, 64), default=None, help="Local prefill workers (default 1).")
@@ -40,14 +42,14 @@ import click
 @click.option("--kv-pool-bytes", type=click.IntRange(1 << 20), default=None, help="Decode KV pool per worker.")
 @click.option("--chunk-tokens", type=click.IntRange(1), default=None, help="Chunked mode: prompt tokens per step.")
 @click.option("--workdir", default=None, help="Where worker logs and the model repository go.")
-def serve_command(model, config_path, mode, prefill, decode, replicas, transport, device, handoff, router, host,
+def serve_command(model, dtype, config_path, mode, prefill, decode, replicas, transport, device, handoff, router, host,
                   grpc_port, http_port, model_name, served_model_name, kv_pool_bytes, chunk_tokens, workdir):
     """Serve a model: prefill and decode workers in Triton, behind Triton gRPC and OpenAI HTTP."""
     from ops.deployment import DeploymentError, load_deployment
     from ops.stack import local_gpus
 
     overrides = {k: v for k, v in {
-        "mode": mode, "device": device, "prefill.count": prefill, "decode.count": decode, "replicas": replicas,
+        "mode": mode, "dtype": dtype, "device": device, "prefill.count": prefill, "decode.count": decode, "replicas": replicas,
         "transport": transport, "handoff.mode": handoff,
         "router": router, "front_door.served_model_name": served_model_name,
         "front_door.host": host, "front_door.grpc_port": grpc_port, "front_door.http_port": http_port,

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import time
 from dataclasses import dataclass, field
@@ -39,6 +40,7 @@ class WorkerState:
     inflight_tokens: int = 0  # our own count: prompt tokens sent and not yet answered (prefill)
     running: int = 0  # our own count: requests holding pages or streaming (decode, generate)
     failures: int = 0  # consecutive failed watch connections
+    slot: str = ""  # stable name for metrics: <role>-<n>, the lowest n free when it joined (an address is not)
     watcher: asyncio.Task | None = field(default=None, repr=False)
 
     @property
@@ -77,10 +79,18 @@ class Fleet:
     def add(self, name: str, role: str, url: str) -> WorkerState:
         if name in self.workers:
             raise ValueError(f"worker {name!r} is already in the fleet")
-        w = WorkerState(name, role, url, CLIENTS[role](url, self.auth))
+        w = WorkerState(name, role, url, CLIENTS[role](url, self.auth), slot=self._free_slot(name, role))
         self.workers[name] = w
         w.watcher = asyncio.get_running_loop().create_task(self._watch(w), name=f"watch-{name}")
         return w
+
+    def _free_slot(self, name: str, role: str) -> str:
+        """A local worker's own name (prefill-0, ...) is its slot; a remote one (role@address) gets the
+        lowest `role-rN` no other worker holds, so a restarted pod at a new address takes its place."""
+        if "@" not in name:
+            return name
+        taken = {w.slot for w in self.workers.values()}
+        return next(s for n in itertools.count() if (s := f"{role}-r{n}") not in taken)
 
     async def replace(self, name: str, url: str) -> WorkerState:
         """A worker restarted elsewhere (new ports): route to the new one under the same name. Calls still

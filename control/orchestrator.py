@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
@@ -22,7 +23,7 @@ from frontdoor.admission import Admission
 from frontdoor.door_metrics import Metrics
 from control.serving_path import ServingPath
 from frontdoor.requests import GenerationRequest, Limits, Prepared, prepare
-from tandem.status import TandemError, Unavailable, status_of
+from tandem.status import Status, TandemError, Unavailable, status_of
 
 
 @dataclass(frozen=True)
@@ -49,63 +50,67 @@ class Orchestrator:
     def refuse_if_closed(self, ahead: int = 0) -> None:
         """Raise at once when no new request can be taken (draining, or over an admission limit with
         `ahead` more requests on their way in): the front doors call this before they read a request's
-        body, so a refusal costs almost nothing."""
-        self._refuse_if_draining()
-        self.admission.check(ahead)
+        body, so a refusal costs almost nothing. A refusal is counted in the metrics."""
+        try:
+            self._refuse_if_draining()
+            self.admission.check(ahead)
+        except TandemError as e:
+            self.metrics.refused(status_of(e))
+            raise
 
     def _refuse_if_draining(self) -> None:
         if self.draining:
             raise Unavailable("the server is shutting down; send the request to another replica")
 
     async def prepare(self, req: GenerationRequest) -> Prepared:
-        self._refuse_if_draining()
-        loop = asyncio.get_running_loop()
-        with self.admission.prepare():  # checks the limits, then holds a place until `stream` admits it
-            return await loop.run_in_executor(self._pool, prepare, req, self.tokenizer, self.limits)
+        """The validated, tokenized request; a refusal (draining, over a limit, invalid) is counted."""
+        arrived = time.perf_counter()
+        try:
+            self._refuse_if_draining()
+            loop = asyncio.get_running_loop()
+            with self.admission.prepare():  # checks the limits, then holds a place until `stream` admits it
+                prep = await loop.run_in_executor(self._pool, prepare, req, self.tokenizer, self.limits)
+        except TandemError as e:
+            self.metrics.refused(status_of(e))
+            raise
+        return dataclasses.replace(prep, arrived=arrived)
 
     async def stream(self, prep: Prepared) -> AsyncIterator[Delta]:
         """Text deltas of one request; raises a TandemError (nothing is ever streamed twice)."""
-        self._refuse_if_draining()
-        ticket = self.admission.admit(len(prep.prompt_ids))  # ResourceExhausted at once when over a limit
-        m, mode = self.metrics, self.mode
+        meter = self.metrics.start(prep.arrived or time.perf_counter())
+        try:
+            self._refuse_if_draining()
+            ticket = self.admission.admit(len(prep.prompt_ids))  # ResourceExhausted at once when over a limit
+        except TandemError as e:
+            meter.failed(status_of(e))
+            raise
+        meter.admitted(len(prep.prompt_ids))
         text = TextStream(self.tokenizer, prep.params.stop)
         timeout = prep.request.timeout_s or self.timeout_s
-        t0 = time.perf_counter()
-        first = last = None
         n = 0
-        m.in_flight.inc()
         try:
             tokens = self.path.serve(prep, time.monotonic() + timeout)
             async with contextlib.aclosing(tokens) as stream:
                 async for tok in stream:
-                    now = time.perf_counter()
                     piece = text.add(tok.token) if tok.token is not None else ""
                     if tok.finish_reason:
                         piece += text.flush()
                     if tok.token is not None:
                         n += 1
-                        m.tokens.labels(mode).inc()
-                        if first is None:
-                            first = now
+                        meter.token()
+                        if n == 1:
                             ticket.first_token()
-                            m.ttft.labels(mode).observe(now - t0)
-                        else:
-                            m.itl.labels(mode).observe(now - last)
-                        last = now
                     cached = min(tok.cached_tokens, len(prep.prompt_ids)) if n == 1 and tok.token is not None else 0
                     yield Delta(piece, tok.token, tok.logprob, tok.finish_reason, cached)
                     if tok.finish_reason:
+                        meter.done(tok.finish_reason)
                         break
         except TandemError as e:
-            m.failures.labels(status_of(e).value).inc()
+            meter.failed(status_of(e))
             raise
         finally:
             ticket.close()
-            m.in_flight.dec()
-        end = time.perf_counter()
-        m.e2e.labels(mode).observe(end - t0)
-        if n > 1:
-            m.tpot.labels(mode).observe((end - first) / (n - 1))
+            meter.failed(Status.CANCELLED)  # the client left (the stream closed early); no-op if it ended
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

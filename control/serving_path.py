@@ -112,7 +112,7 @@ class ServingPath(ABC):
     async def _local(self, w: WorkerState, prep, sent: list[int], request_id: str) -> AsyncIterator[Token]:
         """The request on one decode or co-located worker that prefills it itself (against its cache)."""
         w.running += 1
-        self.metrics.requests.labels(w.name, w.role).inc()
+        self.metrics.requests.labels(w.slot, w.role).inc()
         done = False
         opened = w.client.open(Open(request_id, list(prep.prompt_ids), prep.params, list(sent), local_prefill=True))
         try:
@@ -145,7 +145,7 @@ class DisaggregatedPath(ServingPath):
         if p is None:
             if not demand.local_on(d):  # no prefill worker, and too much for the decode worker to compute
                 raise NoWorker("no healthy prefill worker")
-            self.metrics.local_prefills.labels(d.name).inc()
+            self.metrics.local_prefills.labels(d.slot).inc()
             async for tok in self._local(d, prep, sent, request_id):
                 yield tok
             return
@@ -153,16 +153,16 @@ class DisaggregatedPath(ServingPath):
         d.running += 1
         p.inflight_tokens += n_ctx
         prefill_pending = True
-        m.requests.labels(d.name, "decode").inc()
-        m.requests.labels(p.name, "prefill").inc()
+        m.requests.labels(d.slot, "decode").inc()
+        m.requests.labels(p.slot, "prefill").inc()
         try:
             async for tok in self.handoff(d, p, request_id, prep.prompt_ids, prep.params, sent, timings):
                 if prefill_pending:
                     prefill_pending = False
                     p.inflight_tokens -= n_ctx
-                    m.record_prefill(p.name, timings)
+                    m.record_prefill(p.slot, timings)
                 elif timings.pulled is not None and timings.pulled_at:
-                    m.record_pull(d.name, timings)
+                    m.record_pull(d.slot, timings)
                     timings.pulled_at = 0.0  # recorded once
                 yield tok
         finally:

@@ -46,6 +46,7 @@ class Prepared:
     request: GenerationRequest
     prompt_ids: list[int]
     params: SamplingParams
+    arrived: float = 0.0  # time.perf_counter() when it reached the door (its latencies count from here)
 
 
 @dataclass(frozen=True)

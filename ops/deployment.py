@@ -113,6 +113,10 @@ class PrefixCacheConfig(_Strict):
 class Deployment(_Strict):
     model: str = "smollm2-135m"
     engines: str | None = None
+    # weights and KV of engines built from `model` (explicit `engines` are used as they were built):
+    # auto is bfloat16 when a role's workers run on CUDA, float32 (exact against transformers) otherwise;
+    # a bf16 checkpoint served in float32 costs twice its size per role copy
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     mode: Literal["disaggregated", "colocated", "chunked"] = "disaggregated"
     device: Literal["auto", "cpu", "cuda"] = "auto"  # every local worker's, unless its role says otherwise
     prefill: WorkerPool = WorkerPool()

@@ -34,13 +34,22 @@ from frontdoor.served_model import ServedModel
 from control.orchestrator import Orchestrator
 from ops.supervisor import Supervisor
 from ops.gpu_plan import check_fits, gpu_totals, planned_bytes, role_bytes, role_gpus
-from tandem.devices import DeviceError
+from tandem.devices import DeviceError, resolve_device
 from ops.local_workers import WorkerSet
 from tandem.manifest import EngineManifest, ManifestError, check_pair, read_manifest
 from tandem.secret import PARAMETER as SECRET_PARAMETER
 from tandem.secret import load_secret
 
 log = logging.getLogger("tandem.serve")
+
+
+def engine_dtype(dep: Deployment) -> str:
+    """The dtype to build `dep.model` in: its own, or for `auto` bfloat16 when any role's local workers
+    run on CUDA (memory-bound decode reads half the bytes) and float32 otherwise (exact on CPU)."""
+    if dep.dtype != "auto":
+        return dep.dtype
+    on_cuda = any(resolve_device(dep.role_device(r)) == "cuda" for r in ("prefill", "decode"))
+    return "bfloat16" if on_cuda else "float32"
 
 
 def ensure_engines(dep: Deployment, log=print) -> str:
@@ -50,7 +59,7 @@ def ensure_engines(dep: Deployment, log=print) -> str:
     have = all(os.path.isfile(os.path.join(folder, r, "manifest.json")) for r in ("prefill", "decode"))
     if not (have and dep.engines):
         try:
-            build(BuildRequest(model=dep.model, out=folder), log=log)
+            build(BuildRequest(model=dep.model, out=folder, dtype=engine_dtype(dep)), log=log)
         except BuildError as e:
             raise DeploymentError(str(e)) from None
     try:
@@ -126,10 +135,11 @@ class Stack:
             await asyncio.gather(*[loop.run_in_executor(None, self.workers.wait_ready, name)
                                    for name in self.workers.specs])
         self._record_workers()
-        metrics = Metrics(dep.mode, manifest.kv_layout.tokens_per_page)
+        metrics = Metrics(dep.mode, manifest.kv_layout.tokens_per_page, served_name(dep, manifest))
         secret = load_secret()
         auth = ((SECRET_PARAMETER, secret),) if secret else ()
-        self.fleet = Fleet(dep.health.heartbeat_s, dep.health.stall_s, auth=auth, on_stats=metrics.record_worker)
+        self.fleet = Fleet(dep.health.heartbeat_s, dep.health.stall_s, auth=auth)
+        metrics.workers.watch(self.fleet)
         self.supervisor = Supervisor(self.workers, self.fleet, dep.health.stall_restart_s,
                                      on_restart=lambda name, server: self._record_workers())
         self.fleet.on_change = self.supervisor.on_health

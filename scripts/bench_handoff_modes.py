@@ -36,7 +36,7 @@ from engine.tokenizer import Tokenizer  # noqa: E402
 from ops.serve_process import ServeProcess  # noqa: E402
 
 MODES = ("push", "pull")
-_PAGES = re.compile(r'^tandem_kv_pages_used\{worker="([\w-]+)"\} ([\d.e+-]+)', re.M)
+_PAGES = re.compile(r'^tandem_kv_pages_used\{worker="[\w-]+",role="(\w+)"\} ([\d.e+-]+)', re.M)
 _WAIT = re.compile(r'^tandem_kv_wait_seconds_(sum|count)\{handoff="(\w+)"\} ([\d.e+-]+)', re.M)
 
 
@@ -55,8 +55,7 @@ async def sample_pages(http: str, every_s: float, out: list, stop: asyncio.Event
     while not stop.is_set():
         text = await asyncio.to_thread(scrape, http)
         roles: dict[str, float] = {}
-        for worker, v in _PAGES.findall(text):
-            role = worker.rsplit("-", 1)[0]
+        for role, v in _PAGES.findall(text):
             roles[role] = roles.get(role, 0.0) + float(v)
         out.append((time.perf_counter() - t0, roles))
         try:

@@ -151,8 +151,8 @@ def make_turns_client(protocol: str, url: str, model: str = "ensemble"):
 
 
 # Running totals read from the front door between rounds: what each round cost, by difference.
-COUNTERS = {"kv_bytes": "tandem_kv_transfer_bytes_total", "hit_pages": "tandem_prefix_cache_hit_pages",
-            "miss_pages": "tandem_prefix_cache_miss_pages", "local_prefills": "tandem_local_prefills_total"}
+COUNTERS = {"kv_bytes": "tandem_kv_transfer_bytes_total", "hit_pages": "tandem_prefix_cache_hit_pages_total",
+            "miss_pages": "tandem_prefix_cache_miss_pages_total", "local_prefills": "tandem_local_prefills_total"}
 
 
 def read_counters(metrics_url: str) -> dict[str, float]:

@@ -70,3 +70,36 @@ def test_a_decode_worker_dying_mid_stream_loses_no_token(served_2p2d, default_en
     # still serving, on what is left
     status, body = post(served_2p2d.http, "/v1/completions", {"prompt": PROMPTS[0], "max_tokens": 8, "temperature": 0})
     assert status == 200 and body["choices"][0]["text"]
+
+
+def test_a_sampled_request_resumes_with_exactly_its_own_tokens(served_2p2d, default_engine):
+    """Temperature 0.8 with a seed: the decode worker serving it dies mid-stream, the stream resumes on
+    the other one, and the client gets exactly the tokens the request gives without any failure (the
+    sampler draws token n from (seed, n) alone, so the resumed worker draws what the dead one would)."""
+    prompt = "Tell me a story about a fox and a crow."
+    params = {"temperature": 0.8, "top_p": 0.95, "seed": 1234, "max_tokens": 80}
+    want = run_generation(default_engine, default_engine.tokenizer.encode(prompt),
+                          SamplingParams(max_tokens=80, temperature=0.8, top_p=0.95, seed=1234))
+    assert len(want.token_ids) == 80  # long enough to be interrupted
+    status, body = post(served_2p2d.http, "/v1/completions", {"prompt": prompt, **params})
+    assert status == 200 and body["choices"][0]["text"] == want.text  # the uninterrupted answer
+
+    def recoveries() -> float:
+        with urllib.request.urlopen(served_2p2d.http + "/metrics") as r:
+            return sum(float(n) for n in re.findall(r"^tandem_recoveries_total\{[^}]*\} ([\d.]+)", r.read().decode(), re.M))
+
+    before, sent = recoveries(), worker_requests(served_2p2d.http)
+
+    def kill_the_decode_worker_serving_it():
+        time.sleep(1.5)  # a few tokens in
+        now = worker_requests(served_2p2d.http)
+        busy = next(w for w in sorted(now) if w.startswith("decode") and now[w] > sent.get(w, 0))
+        os.killpg(served_2p2d.workers()[busy]["pid"], signal.SIGKILL)
+
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        killer = pool.submit(kill_the_decode_worker_serving_it)
+        status, events = post(served_2p2d.http, "/v1/completions", {"prompt": prompt, "stream": True, **params})
+        killer.result()
+    assert status == 200
+    assert "".join(e["choices"][0]["text"] for e in events) == want.text
+    assert recoveries() > before  # it really was resumed, not served whole before the kill

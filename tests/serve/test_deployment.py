@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 
 import pytest
@@ -25,6 +26,7 @@ def test_example_file_and_overrides(tmp_path):
     ("mode: turbo\n", "mode: Input should be 'disaggregated', 'colocated' or 'chunked'"),
     ("prefill: {count: 0}\n", "needs at least one prefill worker"),
     ("transport: tcp\n", "transport: Input should be 'shm', 'cuda_ipc', 'nixl' or 'auto'"),
+    ("dtype: fp8\n", "dtype: Input should be 'auto', 'float32', 'bfloat16' or 'float16'"),
     ("- a list\n", "must be a mapping"),
     ("key: [unclosed\n", "cannot read deployment file"),
 ])
@@ -57,3 +59,13 @@ def test_serve_refuses_a_bad_deployment_without_starting_anything(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "cli.main", "serve", "--config", str(path)], capture_output=True,
                           text=True, timeout=60)
     assert proc.returncode != 0 and "needs at least one decode worker" in proc.stderr
+
+
+def test_serve_builds_engines_in_the_dtype_asked_for(tmp_path, monkeypatch):
+    """`tandem serve --dtype bfloat16` (deployment `dtype:`) reaches the build: both role engines hold bf16."""
+    from tandem.manifest import read_manifest
+
+    monkeypatch.chdir(tmp_path)
+    dep = load_deployment(None, {"dtype": "bfloat16"})
+    folder = ensure_engines(dep, log=lambda *_: None)
+    assert [read_manifest(os.path.join(folder, r)).dtype for r in ("prefill", "decode")] == ["bfloat16"] * 2

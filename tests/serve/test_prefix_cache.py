@@ -64,7 +64,8 @@ def complete(url: str, prompt: str) -> tuple[str, dict]:
 def metric(http: str, name: str) -> dict[str, float]:
     with urllib.request.urlopen(http + "/metrics") as r:
         text = r.read().decode()
-    return {m.group(1): float(m.group(2)) for m in re.finditer(rf'^{name}\{{worker="([\w-]+)"\}} ([\d.e+-]+)', text, re.M)}
+    return {m.group(1): float(m.group(2))
+            for m in re.finditer(rf'^{name}\{{role="\w+",worker="([\w-]+)"\}} ([\d.e+-]+)', text, re.M)}
 
 
 def settled(http: str, timeout_s: float = 15.0) -> dict[str, float]:
@@ -114,14 +115,13 @@ def test_eviction_in_a_pool_too_small_for_the_working_set(stack, default_engine)
     with concurrent.futures.ThreadPoolExecutor(3) as pool:
         got = list(pool.map(lambda p: complete(stack.http, p)[0], prompts + prompts[::-1]))
     assert got == want + want[::-1]
-    assert metric(stack.http, "tandem_prefix_cache_evicted_pages")["decode-0"] > 0
+    assert metric(stack.http, "tandem_prefix_cache_evicted_pages_total")["decode-0"] > 0
     assert all(v == 0 for v in settled(stack.http).values())  # no page leaked
     cached, total = metric(stack.http, "tandem_prefix_cache_pages"), metric(stack.http, "tandem_kv_pages_total")
     assert 0 < cached["decode-0"] <= total["decode-0"]
-    hits, misses = metric(stack.http, "tandem_prefix_cache_hit_pages"), metric(stack.http, "tandem_prefix_cache_miss_pages")
-    rate = metric(stack.http, "tandem_prefix_cache_hit_rate")
-    for w in hits:
-        assert rate[w] == pytest.approx(hits[w] / (hits[w] + misses[w]) if hits[w] + misses[w] else 0.0)
+    hits = metric(stack.http, "tandem_prefix_cache_hit_pages_total")
+    misses = metric(stack.http, "tandem_prefix_cache_miss_pages_total")
+    assert hits["decode-0"] > 0 and misses["decode-0"] > 0  # the same prompts came back; the first time missed
 
 
 def test_operators_can_flush_every_cache(stack):

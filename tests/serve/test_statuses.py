@@ -6,6 +6,7 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import os
+import re
 import signal
 import time
 import urllib.request
@@ -138,4 +139,4 @@ def test_a_dead_worker_is_a_retryable_503_on_both_doors(small):
     finally:
         c.close()
     with urllib.request.urlopen(small.http + "/metrics") as r:
-        assert 'tandem_request_failures_total{status="UNAVAILABLE"}' in r.read().decode()
+        assert re.search(r'^tandem_request_failures_total\{model="[\w.-]+",status="UNAVAILABLE"\} [1-9]', r.read().decode(), re.M)

@@ -80,7 +80,9 @@ def build_command(model, out, roles, backend, device, dtype, tokens_per_page, we
 @click.option("--kv-pool-bytes", type=click.IntRange(1 << 20), default=None, help="Decode KV pool size (default: profile).")
 @click.option("--chunk-tokens", type=click.IntRange(0), default=0, show_default=True,
               help="generate/ model: chunked-prefill budget per step (0 = prefill first).")
-def repo_command(engines, out, backend, transport, device, gpu_map, threads, kv_pool_bytes, chunk_tokens):
+@click.option("--handoff", type=click.Choice(["push", "pull"]), default="push", show_default=True,
+              help="KV handoff: push (prefill writes into decode's pages) or pull (decode reads them from prefill's pool).")
+def repo_command(engines, out, backend, transport, device, gpu_map, threads, kv_pool_bytes, chunk_tokens, handoff):
     """Render the Triton model repository (prefill/, decode/, generate/) for built engines.
 
     `--device cuda` renders KIND_GPU instance groups; it may be given on a machine without CUDA (the
@@ -106,7 +108,8 @@ def repo_command(engines, out, backend, transport, device, gpu_map, threads, kv_
 
             render_trtllm_repo(engines, out, log=click.echo)
         models = render_repo(engines, out, RepoOptions(transport=transport, threads=threads, gpus=tuple(gpus.items()),
-                                                       kv_pool_bytes=kv_pool_bytes, chunk_tokens=chunk_tokens))
+                                                       kv_pool_bytes=kv_pool_bytes, chunk_tokens=chunk_tokens,
+                                                       handoff=handoff))
     except (RenderError, BuildError) as e:
         raise click.ClickException(str(e)) from None
     click.echo(f"rendered {', '.join(models)} into {out}")

@@ -24,7 +24,8 @@ from engine.attention import KVWriter, PagedAttention, PoolWriter, PrefillAttent
 from engine.config import ModelConfig
 from engine.cuda_graphs import DecodeGraphs
 from engine.errors import InvalidRequest
-from engine.kv_pool import TORCH_DTYPES, KVCache, PageAllocator
+from engine.kv_pool import TORCH_DTYPES, KVCache
+from engine.page_allocator import PageAllocator
 from engine.model import LlamaModel
 from engine.prefix_cache import PrefixCache
 from engine.sampler import report, sample

@@ -20,7 +20,7 @@ Not thread-safe: the worker calls it under the lock that guards its allocator.
 
 from __future__ import annotations
 
-from engine.kv_pool import PageAllocator
+from engine.page_allocator import PageAllocator
 from engine.sequence import Sequence
 from tandem.prefix import extend_page_hashes
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from engine.kv_pool import PageAllocator  # noqa: E402
+from engine.page_allocator import PageAllocator  # noqa: E402
 from control.prefix_index import PrefixIndex  # noqa: E402
 from tandem.prefix import engine_salt, extend_page_hashes, hashes_from_hex, hashes_to_hex, page_hashes  # noqa: E402
 

@@ -23,7 +23,9 @@ import time
 import numpy as np
 import torch
 
-from engine.kv_pool import TORCH_DTYPES, KVCache, PageAllocator
+from engine.kv_pool import TORCH_DTYPES, KVCache
+
+from engine.page_allocator import PageAllocator
 from engine.transports.base import (KVSender, LayerWriter, Notices, PoolEndpoint, TransferState, copy_into_pages,
                                     page_runs)
 from tandem.kv_layout import KVLayout

@@ -16,7 +16,7 @@ import threading
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 
-from engine.kv_pool import PageAllocator
+from engine.page_allocator import PageAllocator
 
 
 @dataclass

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from engine.errors import OutOfPages
-from engine.kv_pool import KVCache, PageAllocator
+from engine.kv_pool import KVCache
+from engine.page_allocator import PageAllocator
 from tandem.sampling_params import SamplingParams
 from engine.shm_region import our_segments
 from tandem.kv_layout import KVLayout

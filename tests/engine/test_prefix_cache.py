@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from engine.errors import OutOfPages
-from engine.kv_pool import PageAllocator, PageState
+from engine.page_allocator import PageAllocator, PageState
 from tandem.prefix import engine_salt, page_hashes
 
 SALT = engine_salt("sha256:test", {"tokens_per_page": 4})

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from engine.errors import OutOfPages
-from engine.kv_pool import PageAllocator, PageState
+from engine.page_allocator import PageAllocator, PageState
 
 POOL = 6
 HASHES = [bytes([i]) * 16 for i in range(8)]  # few distinct hashes, so matches and duplicates are common

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from engine.errors import OutOfPages
-from engine.kv_pool import PageAllocator
+from engine.page_allocator import PageAllocator
 from engine.prefix_cache import PrefixCache
 from engine.sequence import Sequence
 from engine.workers.cache_feed import CacheFeed

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from engine.kv_pool import PageAllocator
+from engine.page_allocator import PageAllocator
 from control.prefix_index import PrefixIndex
 from tandem.prefix import engine_salt, page_hashes
 

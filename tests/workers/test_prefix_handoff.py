@@ -12,7 +12,8 @@ import pytest
 
 from engine.engine import Engine
 from engine.errors import OutOfPages
-from engine.kv_pool import KVCache, PageState
+from engine.kv_pool import KVCache
+from engine.page_allocator import PageState
 from engine.tokenizer import ChatMessage
 from engine.transports.host import PoolHost
 from engine.workers.decode_worker import DecodeWorker

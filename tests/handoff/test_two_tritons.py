@@ -273,3 +273,41 @@ def test_an_unhold_ends_the_held_call_and_a_stale_source_reads_nothing(workers, 
     assert len(end) == 1 and isinstance(end[0], Ack)
     assert isinstance(err, LeaseLost)
     assert pstats.pages_held == 0 and dstats.pages_used == 0 and dstats.reserved == 0
+
+
+def test_a_pull_attempt_left_early_ends_its_hold_and_then_its_lease(workers, default_engine):
+    """PullAttempt.__aexit__: an attempt left after its first token ends its hold (Unhold); one left after
+    the decode worker read the K/V ends its decode lease (Release); nothing stays held on either worker."""
+    pull_only(workers)
+    ids = default_engine.tokenizer.encode_chat([ChatMessage("user", "Write two sentences about the moon.")])
+    params = SamplingParams(max_tokens=50)
+
+    async def settled(p, d):
+        for _ in range(100):
+            ps, ds = await p.client.stats(), await d.client.stats()
+            if ps.pages_held == ps.pages_used == 0 and ds.pages_used == ds.reserved == 0:
+                break
+            await asyncio.sleep(0.1)
+        return ps, ds
+
+    async def run():
+        p, d = await pair(workers)
+        try:
+            async with PullAttempt(d, p, "left-first", ids, params, [], Timings()) as h:
+                first = await h.next()
+                held = (await p.client.stats()).pages_held
+            after_first = await settled(p, d)
+            timings = Timings()
+            async with PullAttempt(d, p, "left-second", ids, params, [], timings) as h:
+                await h.next()
+                second = await h.next()
+                leased = (await d.client.stats()).pages_used
+            return first, held, after_first, second, timings, leased, await settled(p, d)
+        finally:
+            await closing(p, d)
+
+    first, held, (p1, d1), second, timings, leased, (p2, d2) = asyncio.run(run())
+    assert first.finish_reason is None and held > 0
+    assert p1.pages_held == p1.pages_used == 0 and d1.pages_used == 0
+    assert second.finish_reason is None and timings.pulled is not None and leased > 0
+    assert p2.pages_held == p2.pages_used == 0 and d2.pages_used == d2.reserved == 0

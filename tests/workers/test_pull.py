@@ -19,7 +19,7 @@ from engine.workers.decode_worker import DecodeWorker
 from engine.workers.prefill_worker import PrefillWorker
 from tandem.sampling_params import SamplingParams
 from tandem.status import LeaseLost, Status, status_of
-from tandem.wire import Ack, Open, Prefill, Prefilled, Pulled, Release
+from tandem.wire import Ack, Open, Prefill, Prefilled, Pulled, Release, Token
 from tests.conftest import complete
 from tests.workers.test_handoff import PROMPTS, ListSink, wait_until
 from tests.workers.test_prefix_handoff import QUESTIONS, SYSTEM, chat
@@ -57,6 +57,7 @@ class PullPair:
         assert self.prefill.unhold(rid, first.source.hold).found
         assert psink.finished.wait(5) and isinstance(psink.replies[-1], Ack)  # the held call ends with its hold
         assert dsink.finished.wait(60) and dsink.error is None, dsink.error
+        self.streamed = [r for r in dsink.replies if isinstance(r, Token) and r.token is not None]
         return [first.token] + dsink.tokens, first, pulled
 
     def close(self) -> None:
@@ -73,6 +74,21 @@ def pull_pair(default_engine):
     yield p
     p.close()
     assert p.d_engine.allocator.num_used == 0 and p.p_engine.allocator.num_used == 0, "leaked pages"
+
+
+def test_pull_carries_logprobs_and_penalized_samples_as_one_engine_computes_them(default_engine, pull_pair):
+    params = SamplingParams(max_tokens=8, temperature=0.8, seed=11, repetition_penalty=1.3, logprobs=True,
+                            top_logprobs=2, prompt_logprobs=True)
+    ids = default_engine.tokenizer.encode("The capital of France is Paris. The capital of Germany is")
+    want = complete(default_engine, ids, params)
+    out, first, _ = pull_pair.run(ids, "r", params)
+    assert out == want.output_ids  # the penalty and the seeded sampler read the same history after the read
+    assert [r.logprob for r in first.prompt_logprobs] == pytest.approx([r.logprob for r in want.prompt_logprobs],
+                                                                       abs=1e-4)
+    assert len(first.top.top_ids) == 2
+    streamed = pull_pair.streamed
+    assert [first.logprob] + [t.logprob for t in streamed] == pytest.approx(want.output_logprobs, abs=1e-4)
+    assert all(len(t.top.top_ids) == 2 and not t.prompt_logprobs for t in streamed)
 
 
 def test_pull_greedy_equals_single_engine_short_and_chunked_prompts(default_engine, pull_pair):

@@ -104,7 +104,7 @@ def model_values(engines: str, opts: RepoOptions) -> dict[str, dict]:
         raise RenderError(str(e)) from None
     if pm.backend != "torch" or dm.backend != "torch":
         raise RenderError(f"{engines} holds {pm.backend} engines; this repository runs torch engines "
-                          f"(TensorRT-LLM deployments use the trtllm-serve configs written by tandem build)")
+                          f"(render TensorRT-LLM role engines with `tandem repo --backend tensorrt-llm`)")
     pool = opts.kv_pool_bytes if opts.kv_pool_bytes is not None else dm.profile.kv_pool_bytes
     gpu = dict(opts.gpus)
     cpu_pass = pm.profile.cpu_pass_tokens or pm.profile.max_num_tokens
@@ -132,22 +132,36 @@ def model_values(engines: str, opts: RepoOptions) -> dict[str, dict]:
 def render_repo(engines: str, out: str, opts: RepoOptions = RepoOptions()) -> list[str]:
     """Write the repository to `out` (replacing what was there); return the model names."""
     values = model_values(engines, opts)
+
+    def fill(tmp: str) -> None:
+        for model in MODELS:
+            write_model(os.path.join(tmp, model), os.path.join(TEMPLATES, model), values[model], f"{model}/config.pbtxt")
+
+    write_replacing(out, fill)
+    return list(MODELS)
+
+
+def write_model(folder: str, template_dir: str, values: dict, where: str) -> None:
+    """A model folder: template_dir's config.pbtxt rendered with `values`, beside its 1/model.py."""
+    with open(os.path.join(template_dir, "config.pbtxt"), encoding="utf-8") as f:
+        text = render(f.read(), values, where)
+    os.makedirs(os.path.join(folder, "1"))
+    with open(os.path.join(folder, "config.pbtxt"), "w", encoding="utf-8") as f:
+        f.write(text)
+    shutil.copyfile(os.path.join(template_dir, "1", "model.py"), os.path.join(folder, "1", "model.py"))
+
+
+def write_replacing(out: str, fill) -> None:
+    """`fill(folder)` a temporary folder beside `out`, then rename it to `out`, replacing what was there;
+    nothing is left behind when `fill` fails."""
     parent = os.path.dirname(os.path.abspath(out)) or "."
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix=".repo-", dir=parent)
     try:
-        for model in MODELS:
-            src = os.path.join(TEMPLATES, model)
-            with open(os.path.join(src, "config.pbtxt"), encoding="utf-8") as f:
-                text = render(f.read(), values[model], f"{model}/config.pbtxt")
-            os.makedirs(os.path.join(tmp, model, "1"))
-            with open(os.path.join(tmp, model, "config.pbtxt"), "w", encoding="utf-8") as f:
-                f.write(text)
-            shutil.copyfile(os.path.join(src, "1", "model.py"), os.path.join(tmp, model, "1", "model.py"))
+        fill(tmp)
         if os.path.exists(out):
             shutil.rmtree(out)
         os.replace(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return list(MODELS)

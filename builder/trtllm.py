@@ -1,5 +1,10 @@
 """TensorRT-LLM role configs, validated by schema models that mirror TensorRT-LLM's field names.
 
+The LLM-API mirror (LlmApiOptions and its parts) follows `TorchLlmArgs`, `KvCacheConfig`,
+`CudaGraphConfig` and `CacheTransceiverConfig` in tensorrt_llm/llmapi/llm_args.py of TensorRT-LLM 1.2.1
+(the fields Tandem writes; engine/trtllm/api_surface.json lists them with the source read, and
+tests/builder/test_trtllm_repo.py keeps the two in step).
+
 `tensorrt_llm` is never imported here: its wheels are not installable from PyPI, so the configs are
 generated and checked against these mirrors everywhere, and only executed where it is installed.
 Each model rejects unknown keys, as TensorRT-LLM's own LLM-API argument models do.
@@ -45,6 +50,7 @@ class CudaGraphConfig(_Strict):
 class CacheTransceiverConfig(_Strict):
     backend: Literal["DEFAULT", "UCX", "NIXL", "MPI", "MOONCAKE"] | None = None
     max_tokens_in_buffer: int | None = Field(None, ge=1)
+    kv_transfer_timeout_ms: int | None = Field(None, ge=1)  # a pull not done by then is cancelled
 
 
 class LlmApiOptions(_Strict):
@@ -58,6 +64,17 @@ class LlmApiOptions(_Strict):
     kv_cache_config: KvCacheConfig = KvCacheConfig()
     cuda_graph_config: CudaGraphConfig | None = None
     cache_transceiver_config: CacheTransceiverConfig | None = None
+
+
+def load_role_options(path: str) -> dict:
+    """The LLM-API options of a role YAML, checked by the mirror (unknown keys refused), as plain data."""
+    import yaml
+
+    with open(path, encoding="utf-8") as f:
+        data = yaml.safe_load(f)
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: a role YAML is a mapping of LLM-API options, got {type(data).__name__}")
+    return LlmApiOptions(**data).model_dump(exclude_none=True)
 
 
 class DisaggServers(_Strict):

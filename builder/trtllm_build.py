@@ -1,7 +1,12 @@
 """`tandem build --backend tensorrt-llm`: per-role TensorRT-LLM configs next to the checkpoint.
 
-    engines/NAME/prefill/   HF checkpoint files + llm_api_options.yaml (context server)
-    engines/NAME/decode/    HF checkpoint files + llm_api_options.yaml (generation server)
+    engines/NAME/prefill/   HF checkpoint files + llm_api_options.yaml (context role)
+    engines/NAME/decode/    HF checkpoint files + llm_api_options.yaml (generation role)
+
+The role folders are what `tandem repo --backend tensorrt-llm` turns into Tandem's Triton workers
+(builder/trtllm_repo.py); the files below serve the same engines without Tandem, through TensorRT-LLM's
+own `trtllm-serve disaggregated`:
+
     engines/NAME/disagg_config.yaml        for `trtllm-serve disaggregated` (and .compose.yaml for deploy/)
     engines/NAME/launch_trtllm.sh          the three trtllm-serve commands
     engines/NAME/trtllm_build_legacy.sh    the legacy convert_checkpoint + trtllm-build commands
@@ -25,12 +30,14 @@ from builder.trtllm import (CacheTransceiverConfig, ConvertCheckpointArgs, CudaG
 from tandem.roles import Role
 
 CTX_PORT, GEN_PORT, FRONT_PORT = 8101, 8102, 8000
+KV_TRANSFER_TIMEOUT_MS = 30_000  # TensorRT-LLM's own bound on a context side's held K/V (Tandem aborts sooner)
 
 
 def role_options(role: Role, req: BuildRequest, max_seq_len: int) -> LlmApiOptions:
     p = role_profile(role, req.weight_quant)
     kv = KvCacheConfig(tokens_per_block=req.tokens_per_page)
-    transceiver = CacheTransceiverConfig(backend="NIXL", max_tokens_in_buffer=max(p.max_num_tokens, max_seq_len))
+    transceiver = CacheTransceiverConfig(backend="NIXL", max_tokens_in_buffer=max(p.max_num_tokens, max_seq_len),
+                                         kv_transfer_timeout_ms=KV_TRANSFER_TIMEOUT_MS)
     if role is Role.PREFILL:
         # context server: big packed passes, no overlap scheduler (required for context-only), no CUDA graphs
         return LlmApiOptions(max_batch_size=p.max_batch_size, max_num_tokens=p.max_num_tokens, max_seq_len=max_seq_len,
@@ -118,7 +125,8 @@ def build_trtllm(req: BuildRequest, dry_run: bool, log=print) -> None:
     why = trtllm_runnable()
     if why:
         log(f"not executed: {why}. The configs were checked against Tandem's mirror of TensorRT-LLM's schema; "
-            f"run {os.path.join(req.out, 'launch_trtllm.sh')} on a GPU node.")
+            f"on GPU nodes, render Tandem's Triton workers with `tandem repo --backend tensorrt-llm --engines "
+            f"{req.out}` (or run TensorRT-LLM's own server: {os.path.join(req.out, 'launch_trtllm.sh')}).")
         return
     _check_with_trtllm(options)
     log("configs accepted by TensorRT-LLM's own argument models")
@@ -155,10 +163,3 @@ def _check_with_trtllm(options: dict) -> None:  # pragma: no cover - needs Tenso
 
     for role, o in options.items():
         TorchLlmArgs(model="unused", **o.model_dump(exclude_none=True))
-
-
-def render_trtllm_repo(engines: str, out: str, log=print) -> None:
-    """TensorRT-LLM roles are served by trtllm-serve, not by this repository's python models."""
-    raise BuildError(f"a Triton repository for TensorRT-LLM engines is not rendered by this version: serve them "
-                     f"with the trtllm-serve workers `tandem build --backend tensorrt-llm` configured "
-                     f"({os.path.join(engines, 'launch_trtllm.sh')})")

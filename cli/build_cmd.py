@@ -82,8 +82,17 @@ def build_command(model, out, roles, backend, device, dtype, tokens_per_page, we
               help="generate/ model: chunked-prefill budget per step (0 = prefill first).")
 @click.option("--handoff", type=click.Choice(["push", "pull"]), default="push", show_default=True,
               help="KV handoff: push (prefill writes into decode's pages) or pull (decode reads them from prefill's pool).")
-def repo_command(engines, out, backend, transport, device, gpu_map, threads, kv_pool_bytes, chunk_tokens, handoff):
-    """Render the Triton model repository (prefill/, decode/, generate/) for built engines.
+@click.option("--prefill-workers", type=click.IntRange(1), default=1, show_default=True,
+              help="tensorrt-llm: prefill engines (prefill_0...).")
+@click.option("--decode-workers", type=click.IntRange(1), default=1, show_default=True,
+              help="tensorrt-llm: decode engines (decode_0...).")
+@click.option("--gpus-per-node", type=click.IntRange(1), default=8, show_default=True,
+              help="tensorrt-llm: GPUs per node, for the engines' GPU assignment.")
+def repo_command(engines, out, backend, transport, device, gpu_map, threads, kv_pool_bytes, chunk_tokens,
+                 handoff, prefill_workers, decode_workers, gpus_per_node):
+    """Render the Triton model repository for built engines: prefill/, decode/, generate/ (torch), or one
+    repository per TensorRT-LLM worker, prefill_0/.. decode_0/.. (tensorrt-llm, any xPyD; every engine
+    on a GPU, its handoff TensorRT-LLM's own pull).
 
     `--device cuda` renders KIND_GPU instance groups; it may be given on a machine without CUDA (the
     repository is for the machine that serves it), while `auto` asks this machine."""
@@ -91,6 +100,9 @@ def repo_command(engines, out, backend, transport, device, gpu_map, threads, kv_
     from builder.repo import MODELS, RenderError, RepoOptions, render_repo
     from tandem.devices import DeviceError, resolve_device
 
+    if backend == "tensorrt-llm":
+        _render_trtllm(engines, out, prefill_workers, decode_workers, gpus_per_node)
+        return
     try:
         on_gpu = device == "cuda" or (device == "auto" and resolve_device("auto") == "cuda")
     except DeviceError as e:
@@ -103,13 +115,20 @@ def repo_command(engines, out, backend, transport, device, gpu_map, threads, kv_
                                      f"with --device cuda", param_hint="--gpu")
         gpus[name] = int(index)
     try:
-        if backend == "tensorrt-llm":
-            from builder.trtllm_build import render_trtllm_repo
-
-            render_trtllm_repo(engines, out, log=click.echo)
         models = render_repo(engines, out, RepoOptions(transport=transport, threads=threads, gpus=tuple(gpus.items()),
                                                        kv_pool_bytes=kv_pool_bytes, chunk_tokens=chunk_tokens,
                                                        handoff=handoff))
     except (RenderError, BuildError) as e:
         raise click.ClickException(str(e)) from None
     click.echo(f"rendered {', '.join(models)} into {out}")
+
+
+def _render_trtllm(engines: str, out: str, prefill_workers: int, decode_workers: int, gpus_per_node: int) -> None:
+    from builder.repo import RenderError
+    from builder.trtllm_repo import render_trtllm_repo
+
+    try:
+        workers = render_trtllm_repo(engines, out, prefill_workers, decode_workers, gpus_per_node)
+    except RenderError as e:
+        raise click.ClickException(str(e)) from None
+    click.echo(f"rendered {', '.join(workers)} into {out}")

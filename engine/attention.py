@@ -124,11 +124,8 @@ class PagedAttention:
         for n in q_lens:
             starts.append(starts[-1] + n)
         self.total = starts[-1]
-        slots = []
-        for t, n, c in zip(page_tables, q_lens, ctx_lens):
-            pos = torch.arange(c - n, c, device=dev)
-            slots.append(torch.tensor(t, device=dev)[pos // tpp] * tpp + pos % tpp)
-        self.slots = torch.cat(slots)  # [T] where each new token's K/V go
+        slots = [t[p // tpp] * tpp + p % tpp for t, n, c in zip(page_tables, q_lens, ctx_lens) for p in range(c - n, c)]
+        self.slots = torch.tensor(slots, device=dev)  # [T] where each new token's K/V go (one tensor made per pass)
         dec = [b for b, n in enumerate(q_lens) if n == 1]
         self.decode_rows = torch.tensor([starts[b] for b in dec], device=dev)  # [Bd] rows of the packed batch
         self.decode = self._group([page_tables[b] for b in dec], [1] * len(dec), [ctx_lens[b] for b in dec], dev)
@@ -137,7 +134,9 @@ class PagedAttention:
         self.all_decode = len(dec) == len(q_lens)
 
     def _group(self, tables: list[list[int]], q_lens: list[int], ctx_lens: list[int], dev):
-        """(page tables [B, P], mask [B, 1, Q, P * tpp]) for sequences attended together."""
+        """(page tables [B, P], additive mask [B, 1, Q, P * tpp]: 0 where a query sees a key, -inf
+        elsewhere) for sequences attended together. Made once per pass in the pool's dtype, so no layer
+        converts a boolean mask again."""
         if not tables:
             return None
         tpp = self.cache.layout.tokens_per_page
@@ -148,7 +147,9 @@ class PagedAttention:
         q = max(q_lens)
         qpos = torch.tensor([c - n for n, c in zip(q_lens, ctx_lens)], device=dev)[:, None] + \
             torch.arange(q, device=dev)[None, :]  # [B, Q] absolute position of each query
-        return padded, (keys[None, None, :] <= qpos[:, :, None])[:, None]  # [B, P], [B, 1, Q, L]
+        hidden = (keys[None, None, :] > qpos[:, :, None])[:, None]  # [B, 1, Q, L]
+        mask = torch.zeros(hidden.shape, dtype=self.cache.data.dtype, device=dev).masked_fill_(hidden, float("-inf"))
+        return padded, mask  # [B, P], [B, 1, Q, L]
 
     def _attend(self, layer: int, group, q: torch.Tensor) -> torch.Tensor:
         """q: [B, H, Q, hd] -> [B, H, Q, hd] over the group's gathered pages."""

@@ -19,39 +19,35 @@ TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16":
 class KVCache:
     """Page storage for all layers. `k(layer)`/`v(layer)`: [pages, tokens_per_page, kv_heads, head_dim]."""
 
-    def __init__(self, layout: KVLayout, num_pages: int, device: torch.device | str = "cpu",
-                 shared: bool = False):
+    def __init__(self, layout: KVLayout, num_pages: int, device: torch.device | str = "cpu", shared: bool = False):
         self.layout = layout
         self.num_pages = num_pages
         self.device = torch.device(device)
-        self.shape = (layout.num_layers, 2, num_pages, layout.tokens_per_page, layout.num_kv_heads,
-                      layout.head_dim)
+        self.shape = (layout.num_layers, 2, num_pages, layout.tokens_per_page, layout.num_kv_heads, layout.head_dim)
         dtype = TORCH_DTYPES[layout.dtype]
         self.shm: SharedBuffer | None = None
         if shared:
             if self.device.type != "cpu":
                 raise ValueError("a shared-memory KV pool lives in host memory; use device 'cpu'")
-            nbytes = layout.page_bytes * 2 * layout.num_layers * num_pages
-            self.shm = SharedBuffer.create(nbytes, tag="kv")
+            self.shm = SharedBuffer.create(layout.page_bytes * 2 * layout.num_layers * num_pages, tag="kv")
             self.data = self.shm.tensor(dtype, self.shape)
         else:
             self.data = torch.zeros(self.shape, dtype=dtype, device=self.device)
-        # Flat per-layer views: [layers, 2, pages * tokens_per_page, kv_heads, head_dim]
-        self.flat = self.data.view(layout.num_layers, 2, num_pages * layout.tokens_per_page,
-                                   layout.num_kv_heads, layout.head_dim)
+        # views made once (not a dispatch per layer and pass): [2, pages, tpp, kv_heads, head_dim] per layer,
+        self._layer = list(self.data)  # and its k / v slots [pages * tpp, kv_heads, head_dim]
+        self._k_slots = [layer[0].flatten(0, 1) for layer in self._layer]
+        self._v_slots = [layer[1].flatten(0, 1) for layer in self._layer]
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
         """k, v: [T, kv_heads, head_dim] stored at flat slots [T] (page * tokens_per_page + row)."""
-        self.flat[layer, 0].index_copy_(0, slots, k)
-        self.flat[layer, 1].index_copy_(0, slots, v)
+        self._k_slots[layer].index_copy_(0, slots, k)
+        self._v_slots[layer].index_copy_(0, slots, v)
 
     def gather_pages(self, layer: int, tables: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """tables: [B, P] page ids -> k, v: [B, P * tokens_per_page, kv_heads, head_dim], in page order."""
-        B, P = tables.shape
-        shape = (B, P * self.layout.tokens_per_page, self.layout.num_kv_heads, self.layout.head_dim)
-        flat = tables.flatten()
-        return (self.data[layer, 0].index_select(0, flat).view(shape),
-                self.data[layer, 1].index_select(0, flat).view(shape))
+        kv = self._layer[layer].index_select(1, tables.flatten())  # [2, B*P, tpp, kv_heads, head_dim]: one copy
+        kv = kv.view(2, tables.shape[0], -1, *kv.shape[3:])  # [2, B, P*tpp, kv_heads, head_dim]
+        return kv[0], kv[1]
 
     def pages(self, page_ids: list[int]) -> torch.Tensor:
         """A copy of the given pages of all layers: [layers, 2, len(page_ids), tpp, kv_heads, head_dim]."""
@@ -64,7 +60,7 @@ class KVCache:
     def close(self) -> None:
         """Release the storage; a shared pool's segment is unlinked (it is ours)."""
         if self.shm is not None:
-            del self.flat, self.data
+            del self.data, self._layer, self._k_slots, self._v_slots
             self.shm.close()
             self.shm.unlink()
             self.shm = None

@@ -20,10 +20,11 @@ from engine.rope import Rotary, apply_rotary
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """x: [T, D] -> [T, D]; statistics in fp32 whatever the model dtype."""
-    xf = x.float()
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * xf.to(x.dtype)
+    """x: [T, D] -> [T, D]; statistics in fp32 whatever the model dtype, the weight applied after the
+    cast back, as Hugging Face's Llama does (the same ops in the same order: equal bit for bit)."""
+    xf = x if x.dtype == torch.float32 else x.float()  # no conversion op in fp32
+    xf = xf * torch.rsqrt((xf * xf).mean(-1, keepdim=True).add_(eps))  # xf * xf: pow(2) without its scalar casts
+    return weight * (xf if x.dtype == torch.float32 else xf.to(x.dtype))
 
 
 @dataclass
@@ -84,17 +85,17 @@ class LlamaModel:
         T = tokens.shape[0]
         x = self.embed[tokens]  # [T, D]
         cos, sin = self.rotary.cos_sin(positions, seq_lens_for_rope, self.dtype, max_len)  # [T, hd] each
-        qd, kvd = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+        cos, sin = cos[:, None, :], sin[:, None, :]  # [T, 1, hd]: broadcast over heads, shaped once per pass
+        H, Hkv, hd = c.num_heads, c.num_kv_heads, c.head_dim
         for i, L in enumerate(self.layers):
             h = rms_norm(x, L.attn_norm, c.rms_norm_eps)  # [T, D]
-            q, k, v = L.qkv(h).split((qd, kvd, kvd), dim=-1)  # [T, qd], [T, kvd], [T, kvd]
-            q = apply_rotary(q.view(T, c.num_heads, c.head_dim), cos, sin)  # [T, H, hd]
-            k = apply_rotary(k.view(T, c.num_kv_heads, c.head_dim), cos, sin)  # [T, Hkv, hd]
-            v = v.reshape(T, c.num_kv_heads, c.head_dim)  # [T, Hkv, hd]
-            x = x + L.o(attn.attend(i, q, k, v))  # [T, D]
+            qkv = L.qkv(h).view(T, H + 2 * Hkv, hd)  # [T, H + 2*Hkv, hd]: q heads, k heads, v heads
+            qk = apply_rotary(qkv[:, :H + Hkv], cos, sin)  # [T, H + Hkv, hd]: q and k rotated in one go
+            q, k, v = qk[:, :H], qk[:, H:], qkv[:, H + Hkv:]  # [T, H, hd], [T, Hkv, hd], [T, Hkv, hd]
+            x += L.o(attn.attend(i, q, k, v))  # [T, D]; x is this pass's own tensor, updated in place
             h = rms_norm(x, L.mlp_norm, c.rms_norm_eps)
-            gate, up = L.gate_up(h).chunk(2, dim=-1)  # [T, I] each
-            x = x + L.down(F.silu(gate) * up)  # [T, D]
+            gate, up = L.gate_up(h).chunk(2, dim=-1)  # [T, I] each, views of one fresh tensor
+            x += L.down(F.silu(gate, inplace=True).mul_(up))  # [T, D]
         x = rms_norm(x[last_rows], self.norm, c.rms_norm_eps)  # [B, D]
         return self.lm_head(x)  # [B, V]
 

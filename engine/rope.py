@@ -48,21 +48,26 @@ class Rotary:
         elif rs.type == "llama3":
             inv_freq = _llama3_inv_freq(inv_freq, cfg)
         self.inv_freq = inv_freq.to(device)  # [hd/2] fp32
-        self._table_len = 0
-        self._cos = self._sin = torch.empty(0)
+        self._tables: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor]] = {}  # dtype -> cos, signed sin [N, hd]
 
-    def _ensure_table(self, n: int) -> None:
-        if n <= self._table_len:
-            return
-        n = max(n, 2 * self._table_len, 256)
-        self._cos, self._sin = self._angles(torch.arange(n, device=self.device), self.inv_freq)
-        self._table_len = n
+    def _table(self, n: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and signed sin for positions [0, >= n), computed in fp32 and kept in `dtype`."""
+        cos, sin = self._tables.get(dtype, (None, None))
+        if cos is None or cos.shape[0] < n:
+            size = max(n, 2 * (cos.shape[0] if cos is not None else 0), 256)
+            cos, sin = self._angles(torch.arange(size, device=self.device), self.inv_freq)
+            cos, sin = cos.to(dtype), sin.to(dtype)
+            self._tables[dtype] = cos, sin
+        return cos, sin
 
     @staticmethod
     def _angles(pos: torch.Tensor, inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos [N, hd], and sin [N, hd] with its first half negated (what `apply_rotary` multiplies)."""
         freqs = pos.float()[:, None] * inv_freq[None, :]  # [N, hd/2]
         emb = torch.cat((freqs, freqs), dim=-1)  # [N, hd]
-        return emb.cos(), emb.sin()
+        sin = emb.sin()
+        sin[:, : sin.shape[1] // 2].neg_()
+        return emb.cos(), sin
 
     def _dynamic_inv_freq(self, seq_len: int) -> torch.Tensor:
         rs, dim = self.cfg.rope_scaling, self.cfg.head_dim
@@ -74,7 +79,7 @@ class Rotary:
 
     def cos_sin(self, positions: torch.Tensor, seq_lens: torch.Tensor | None = None,
                 dtype: torch.dtype = torch.float32, max_len: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin: [T, hd] for token positions [T]; seq_lens [T] matters only for dynamic scaling.
+        """cos, signed sin: [T, hd] for token positions [T]; seq_lens [T] matters only for dynamic scaling.
 
         `max_len`, when the caller knows it, is the largest of seq_lens (exactly, under dynamic scaling;
         otherwise any bound above every position): it spares reading the maximum back from the device.
@@ -88,12 +93,16 @@ class Rotary:
                 sel = seq_lens == n
                 cos[sel], sin[sel] = self._angles(positions[sel], self._dynamic_inv_freq(int(n)))
             return cos.to(dtype), sin.to(dtype)
-        self._ensure_table(max_len if max_len is not None else int(positions.max()) + 1)
-        return self._cos[positions].to(dtype), self._sin[positions].to(dtype)
+        cos, sin = self._table(max_len if max_len is not None else int(positions.max()) + 1, dtype)
+        return cos[positions], sin[positions]
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [T, heads, hd]; cos/sin: [T, hd] -> rotated x: [T, heads, hd]."""
+    """x: [T, heads, hd]; cos, signed sin (from `Rotary.cos_sin`): [T, 1, hd] -> rotated x: [T, heads, hd].
+
+    Equals x * cos + rotate_half(x) * sin with rotate_half(x) = (-x2, x1), bit for bit: the sign sits
+    in the table instead of in an extra negation of x.
+    """
     half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)  # [T, heads, hd]
-    return x * cos[:, None, :] + rotated * sin[:, None, :]
+    swapped = torch.cat((x[..., half:], x[..., :half]), dim=-1)  # [T, heads, hd]
+    return (x * cos).add_(swapped.mul_(sin))

@@ -15,6 +15,8 @@ before this: it carries no id and writes no access line; the 429 counters count 
 
 from __future__ import annotations
 
+import contextlib
+import inspect
 import time
 
 import grpc
@@ -89,35 +91,42 @@ def _failed_status(context) -> str:
     return code.name if isinstance(code, grpc.StatusCode) and code is not grpc.StatusCode.OK else "CANCELLED"
 
 
+@contextlib.asynccontextmanager
+async def _recorded(context, given: str | None, method: str, restore: bool):
+    """A call's id current while its body runs, sent back first, and its access line at the end.
+    `restore`: put the previous id back after (a unary call); a streaming call's task ends with it."""
+    started = time.perf_counter()
+    record, token = begin(chosen_id(given))
+    status = "OK"
+    try:
+        await context.send_initial_metadata(((METADATA, record.request_id),))
+        yield
+    except BaseException:
+        status = _failed_status(context)
+        raise
+    finally:
+        log_access("grpc", method, status, started, record, context.peer())
+        if restore:
+            end(token)
+
+
 def _unary(behavior, given: str | None, method: str):
     async def wrapped(request, context):
-        started = time.perf_counter()
-        record, token = begin(chosen_id(given))
-        status = "OK"
-        try:
-            await context.send_initial_metadata(((METADATA, record.request_id),))
+        async with _recorded(context, given, method, restore=True):
             return await behavior(request, context)
-        except BaseException:
-            status = _failed_status(context)
-            raise
-        finally:
-            log_access("grpc", method, status, started, record, context.peer())
-            end(token)
     return wrapped
 
 
 def _streaming(behavior, given: str | None, method: str):
-    async def wrapped(request, context):
-        started = time.perf_counter()
-        record, _ = begin(chosen_id(given))
-        status = "OK"
-        try:
-            await context.send_initial_metadata(((METADATA, record.request_id),))
-            async for response in behavior(request, context):
-                yield response
-        except BaseException:
-            status = _failed_status(context)
-            raise
-        finally:  # the call's own task ends with it: nothing to restore (and a reset from another task fails)
-            log_access("grpc", method, status, started, record, context.peer())
-    return wrapped
+    """A streaming method either yields its responses or writes them (context.write) and returns."""
+    if inspect.isasyncgenfunction(behavior):
+        async def wrapped(request, context):
+            async with _recorded(context, given, method, restore=False):
+                async for response in behavior(request, context):
+                    yield response
+        return wrapped
+
+    async def writing(request, context):
+        async with _recorded(context, given, method, restore=False):
+            await behavior(request, context)
+    return writing

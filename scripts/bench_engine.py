@@ -1,23 +1,28 @@
 #!/usr/bin/env python3
-"""Engine benchmark: this engine vs Hugging Face transformers, in one run, same machine and threads.
+"""Engine benchmark: this engine vs Hugging Face transformers and llama.cpp, in one run, same threads.
 
-Prints decode tokens/s at several batch sizes (transformers: padded batch through `generate`, same
-prompts), prefill tokens/s for one long prompt (transformers: one forward), and the memory-bandwidth
-floor of a batch-1 decode step (weight bytes / measured read bandwidth). This machine is shared and
-noisy, so only the ratios within one run mean anything.
+For each dtype: decode tokens/s at several batch sizes (transformers: padded batch through `generate`,
+same prompts, fp32), prefill tokens/s for one long prompt, the wall time of a short prefill pass,
+and batch-1 decode against the memory-bandwidth floor (weight bytes / measured read bandwidth).
+llama.cpp (scripts/bench_llamacpp.py) runs the same weights at the same precision: batch-1 decode and
+prompt processing. This machine is shared and noisy, so only ratios within one run mean anything; the
+load average is recorded with the numbers.
 
-    python scripts/bench_engine.py [--batches 1,8,32] [--new-tokens 32] [--prefill-len 512] [--threads 2]
+    python scripts/bench_engine.py [--dtypes float32,bfloat16] [--batches 1,32] [--out docs/benchmarks/engine]
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib.util
 import json
+import os
 import time
 
 import torch
 
+from bench_llamacpp import LlamaCpp, load_llama_cpp, same_gguf
 from engine.checkpoint import KNOWN_MODELS
 from engine.load import load_engine
 from tandem.sampling_params import SamplingParams
@@ -99,53 +104,99 @@ def best_of(fn, repeats: int) -> float:
     return max(fn() for _ in range(repeats))
 
 
+def bench_dtype(dtype: str, args, hf, gguf_src: str, llama_cpp) -> dict:
+    """Every measure of one dtype: tandem and llama.cpp in that dtype and transformers (fp32), each measure
+    taken by all three one after the other (the load of a shared machine drifts within minutes)."""
+    engine = load_engine("smollm2-135m", dtype=dtype, kv_bytes=512 << 20)
+    lc = None if llama_cpp is None else LlamaCpp(llama_cpp, same_gguf(gguf_src, dtype), args.threads,
+                                                 n_ctx=max(args.prefill_len, args.prompt_len) + args.new_tokens + 8)
+    pad = engine.tokenizer.eos_token_id
+    r: dict = {"weight_bytes": engine.model.weight_bytes, "decode": {}}
+    batches = [int(x) for x in args.batches.split(",")]
+    for b in batches:
+        batch = prompts(engine.tokenizer, b, args.prompt_len)
+        r["decode"][b] = {"tandem": best_of(lambda: ours_decode(engine, batch, args.new_tokens), args.repeats),
+                          "transformers": best_of(lambda: hf_decode(hf, batch, args.new_tokens, pad), args.repeats)}
+        if lc is not None and b == 1:  # llama-cpp-python's eval runs one sequence
+            r["decode"][b]["llama.cpp"] = best_of(lambda: lc.decode(batch[0], args.new_tokens), args.repeats)
+    for key, n in (("prefill", args.prefill_len), ("short_prefill", args.short_len)):
+        p = prompts(engine.tokenizer, 1, n)[0]
+        r[key] = {"tokens": len(p), "tandem": best_of(lambda: ours_prefill(engine, p), args.repeats),
+                  "transformers": best_of(lambda: hf_prefill(hf, p), args.repeats)}
+        if lc is not None:
+            r[key]["llama.cpp"] = best_of(lambda: lc.prefill(p), args.repeats)
+    del lc
+    del engine
+    gc.collect()
+    return r
+
+
+def report(res: dict) -> str:
+    """The run as markdown: one table per dtype, ratios to tandem's numbers, and the floor."""
+    bw = res["bandwidth_gbs"]
+    lines = [f"threads={res['threads']}, model smollm2-135m, prompt {res['prompt_len']} tokens, "
+             f"{res['new_tokens']} new tokens; load average {res['load_start']} at start, {res['load_end']} at end; "
+             f"read bandwidth {bw:.1f} GB/s", ""]
+    for dtype, r in res["dtypes"].items():
+        lines += [f"### {dtype}", "", "| measure | tandem | transformers (fp32) | tandem / transformers | llama.cpp | "
+                  "tandem / llama.cpp |", "|---|---|---|---|---|---|"]
+
+        def row(name, d, unit="tok/s"):
+            lc = d.get("llama.cpp")
+            lc_cols = f"{lc:.1f} | {d['tandem'] / lc:.2f}x" if lc else "- | -"
+            lines.append(f"| {name} | {d['tandem']:.1f} {unit} | {d['transformers']:.1f} | "
+                         f"{d['tandem'] / d['transformers']:.2f}x | {lc_cols} |")
+
+        for b, d in r["decode"].items():
+            row(f"decode, batch {b} (aggregate)", d)
+        row(f"prefill, {r['prefill']['tokens']} tokens", r["prefill"])
+        row(f"prefill, {r['short_prefill']['tokens']} tokens", r["short_prefill"])
+        b1 = min(r["decode"])
+        floor_ms = r["weight_bytes"] / (bw * 1e9) * 1e3
+        step_ms = 1e3 * b1 / r["decode"][b1]["tandem"]
+        short_ms = 1e3 * r["short_prefill"]["tokens"] / r["short_prefill"]["tandem"]
+        lines += ["", f"- batch-{b1} decode step {step_ms:.1f} ms; floor {floor_ms:.1f} ms "
+                      f"({r['weight_bytes'] / 1e6:.0f} MB of weights at {bw:.1f} GB/s): {floor_ms / step_ms:.0%} of floor speed",
+                  f"- a {r['short_prefill']['tokens']}-token prefill pass: {short_ms:.1f} ms", ""]
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--batches", default="1,8,32")
+    ap.add_argument("--dtypes", default="float32,bfloat16")
+    ap.add_argument("--batches", default="1,32")
     ap.add_argument("--new-tokens", type=int, default=32)
     ap.add_argument("--prompt-len", type=int, default=64)
     ap.add_argument("--prefill-len", type=int, default=512)
+    ap.add_argument("--short-len", type=int, default=16)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--json", action="store_true", help="also print the numbers as one JSON object")
+    ap.add_argument("--no-llama-cpp", action="store_true")
+    ap.add_argument("--out", default=None, help="folder for report.md and report.json")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     import transformers
 
-    engine = load_engine("smollm2-135m", kv_bytes=512 << 20)
     package, filename, _ = KNOWN_MODELS["smollm2-135m"]
     folder = list(importlib.util.find_spec(package).submodule_search_locations)[0]
+    llama_cpp = None if args.no_llama_cpp else load_llama_cpp()
+    res = {"threads": args.threads, "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
+           "load_start": [round(x, 1) for x in os.getloadavg()], "dtypes": {}}
+    # transformers in fp32: its GGUF loader keeps the weights packed and computes in fp32, and says fp32
+    # is its fastest CPU setting (asked for bf16, it casts around every matmul)
     hf = transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=filename, dtype=torch.float32).eval()
-    pad = engine.tokenizer.eos_token_id
-    res = {"threads": args.threads, "decode": {}}
-    print(f"threads={args.threads}  model=smollm2-135m fp32  prompt_len={args.prompt_len}  new_tokens={args.new_tokens}")
-    print(f"{'batch':>5} {'tandem tok/s':>13} {'transformers tok/s':>19} {'ratio':>6}")
-    for b in [int(x) for x in args.batches.split(",")]:
-        batch = prompts(engine.tokenizer, b, args.prompt_len)
-        ours = best_of(lambda: ours_decode(engine, batch, args.new_tokens), args.repeats)
-        theirs = best_of(lambda: hf_decode(hf, batch, args.new_tokens, pad), args.repeats)
-        res["decode"][b] = {"tandem": ours, "transformers": theirs}
-        print(f"{b:>5} {ours:>13.1f} {theirs:>19.1f} {ours / theirs:>5.2f}x")
-    long = prompts(engine.tokenizer, 1, args.prefill_len)[0]
-    ours_p = best_of(lambda: ours_prefill(engine, long), args.repeats)
-    theirs_p = best_of(lambda: hf_prefill(hf, long), args.repeats)
-    res["prefill"] = {"tokens": len(long), "tandem": ours_p, "transformers": theirs_p}
-    print(f"prefill {len(long)} tokens: tandem {ours_p:.0f} tok/s, transformers {theirs_p:.0f} tok/s, "
-          f"ratio {ours_p / theirs_p:.2f}x")
-    bw = read_bandwidth_gbs()
-    floor_ms = engine.model.weight_bytes / (bw * 1e9) * 1e3
-    b1 = min(res["decode"]) if res["decode"] else None
-    step_ms = 1e3 / res["decode"][b1]["tandem"] * b1 if b1 else float("nan")
-    res["bandwidth"] = {"read_gbs": bw, "weight_bytes": engine.model.weight_bytes, "floor_ms": floor_ms,
-                        "step_ms": step_ms}
-    print(f"read bandwidth {bw:.1f} GB/s; weights {engine.model.weight_bytes / 1e6:.0f} MB -> floor {floor_ms:.1f} ms/step; "
-          f"tandem batch-{b1} step {step_ms:.1f} ms = {floor_ms / step_ms:.0%} of floor speed")
-    for b in res["decode"]:
-        if b != b1:
-            agg = res["decode"][b]["tandem"] / res["decode"][b1]["tandem"]
-            print(f"batch-{b} aggregate = {agg:.1f}x tandem batch-{b1}")
-    if args.json:
-        print(json.dumps(res))
+    for dtype in args.dtypes.split(","):
+        res["dtypes"][dtype] = bench_dtype(dtype, args, hf, os.path.join(folder, filename), llama_cpp)
+    res["bandwidth_gbs"] = read_bandwidth_gbs()
+    res["load_end"] = [round(x, 1) for x in os.getloadavg()]
+    text = report(res)
+    print(text)
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "report.md"), "w") as f:
+            f.write(text + "\n")
+        with open(os.path.join(args.out, "report.json"), "w") as f:
+            json.dump(res, f, indent=1)
 
 
 if __name__ == "__main__":

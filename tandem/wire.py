@@ -22,6 +22,9 @@ Prefill workers:
   Abort    -> Ack      stop a queued or running prefill, or end its hold; it ends with CANCELLED
   Unhold   -> Ack      the reader pulled the K/V (or will never): the held pages go back once no
               reader can still read them
+TensorRT-LLM workers (its own pull: its cache transceiver moves the K/V; tandem/trtllm_wire.py):
+  Prefill (no destination) -> TrtllmPrefilled (the first token and the context side's TrtllmParams)
+  TrtllmDecode -> Token...  (generation_only with those params; Abort cancels it)
 Every worker:
   Watch    -> WorkerStats... pushed on every change and as a heartbeat; never final while the worker lives
   Stats    -> WorkerStats
@@ -30,26 +33,21 @@ Every worker:
 Prefix-cache reports ride on WorkerStats: a watcher's pushes carry the page hashes its pool started
 (`stored`) and stopped (`removed`) holding since that watcher's previous push, or, with `resync`, the
 whole set in `stored` (its first push, or after it fell behind). A one-off Stats reply carries none.
+Typed parsing (keys, value types, bytes as base64) lives in tandem/wire_parse.py.
 """
 
 from __future__ import annotations
 
-import enum
-import functools
 import json
-import types
-import typing
-from dataclasses import MISSING, asdict, dataclass, field, fields, is_dataclass
+from dataclasses import asdict, dataclass, field
 from typing import ClassVar
 
 from tandem.logprobs import Logprob
 from tandem.pool import Destination, PullSource
 from tandem.sampling_params import SamplingParams
-from tandem.status import InvalidArgument, Status
-
-
-class WireError(InvalidArgument):
-    """A control message is malformed. The message names the field and what was expected."""
+from tandem.status import Status
+from tandem.trtllm_wire import TrtllmDecode, TrtllmPrefilled
+from tandem.wire_parse import WireError, json_object, parse, to_base64  # noqa: F401 (WireError, parse: re-exported)
 
 
 # -- requests ---------------------------------------------------------------------------------------
@@ -207,8 +205,9 @@ class WorkerStats:
     cache_salt: str = ""  # hex of the pool's tandem.prefix.engine_salt; "" when its prefix cache is off
 
 
-REQUESTS = {c.TYPE: c for c in (Open, Start, Release, WriterGone, Prefill, Abort, Unhold, Watch, Stats, Flush)}
-REPLIES = {c.TYPE: c for c in (Reserved, Pulled, Token, Prefilled, Ack, WorkerStats)}
+REQUESTS = {c.TYPE: c for c in (Open, Start, Release, WriterGone, Prefill, Abort, Unhold, Watch, Stats, Flush,
+                                TrtllmDecode)}
+REPLIES = {c.TYPE: c for c in (Reserved, Pulled, Token, Prefilled, Ack, WorkerStats, TrtllmPrefilled)}
 
 
 @dataclass(frozen=True)
@@ -223,12 +222,12 @@ class Reply:
 # -- encoding ---------------------------------------------------------------------------------------
 
 def encode_request(msg) -> bytes:
-    return json.dumps({"type": msg.TYPE, "body": asdict(msg)}, separators=(",", ":")).encode()
+    return json.dumps({"type": msg.TYPE, "body": asdict(msg)}, separators=(",", ":"), default=to_base64).encode()
 
 
 def decode_request(raw: bytes | str):
     """The typed request in `raw`; raises WireError naming what is wrong."""
-    env = _object(raw, "request")
+    env = json_object(raw, "request")
     cls = REQUESTS.get(env.get("type"))
     if cls is None or set(env) != {"type", "body"}:
         raise WireError(f"request must be {{'type': one of {sorted(REQUESTS)}, 'body': {{...}}}}, "
@@ -240,11 +239,11 @@ def encode_reply(body=None, status: Status = Status.OK, message: str = "") -> by
     env = {"status": status.value, "message": message}
     if body is not None:
         env.update(type=body.TYPE, body=asdict(body))
-    return json.dumps(env, separators=(",", ":")).encode()
+    return json.dumps(env, separators=(",", ":"), default=to_base64).encode()
 
 
 def decode_reply(raw: bytes | str) -> Reply:
-    env = _object(raw, "reply")
+    env = json_object(raw, "reply")
     try:
         status = Status(env.get("status"))
     except ValueError:
@@ -256,93 +255,3 @@ def decode_reply(raw: bytes | str) -> Reply:
             raise WireError(f"reply has unknown type {env['type']!r}; known: {sorted(REPLIES)}")
         body = parse(cls, env.get("body"))
     return Reply(status, str(env.get("message", "")), body)
-
-
-def _object(raw, what: str) -> dict:
-    try:
-        data = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError, TypeError) as e:
-        raise WireError(f"{what} is not valid JSON ({e})") from None
-    if not isinstance(data, dict):
-        raise WireError(f"{what} must be a JSON object, got {type(data).__name__}")
-    return data
-
-
-# -- typed parsing ----------------------------------------------------------------------------------
-
-def parse(cls, data):
-    """Build dataclass `cls` from a JSON object (dict, bytes or str), checking keys and value types.
-
-    Constructing the dataclass runs its own checks (e.g. SamplingParams' ranges), so what comes out
-    is a valid message or an InvalidArgument naming the field.
-    """
-    if isinstance(data, (bytes, str)):
-        data = _object(data, cls.__name__)
-    if not isinstance(data, dict):
-        raise WireError(f"{cls.__name__}: expected a JSON object, got {type(data).__name__}")
-    hints, known = _schema(cls)
-    unknown = set(data) - set(known)
-    if unknown:
-        raise WireError(f"{cls.__name__}: unknown fields {sorted(unknown)}; allowed: {sorted(known)}")
-    kwargs = {}
-    for name, f in known.items():
-        if name not in data:
-            if f.default is MISSING and f.default_factory is MISSING:
-                raise WireError(f"{cls.__name__}: missing field {name!r}")
-            continue
-        kwargs[name] = _check(f"{cls.__name__}.{name}", data[name], hints[name])
-    return cls(**kwargs)
-
-
-@functools.cache
-def _schema(cls) -> tuple[dict, dict]:
-    """(field name -> type hint, field name -> Field) of a message class: resolved once per class, not
-    per message (get_type_hints evaluates every annotation string; a token reply would pay it each time)."""
-    return typing.get_type_hints(cls), {f.name: f for f in fields(cls)}
-
-
-_PLAIN = frozenset({int, float, str, bool})
-
-
-@functools.cache
-def _shape(hint) -> tuple:
-    """(the hint without Optional, its origin, its args, whether None is allowed), once per hint."""
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if origin not in (typing.Union, types.UnionType):
-        return hint, origin, args, False
-    inner = next(a for a in args if a is not type(None))
-    return inner, typing.get_origin(inner), typing.get_args(inner), type(None) in args
-
-
-def _check(where: str, value, hint):
-    hint, origin, args, optional = _shape(hint)
-    if type(value) is hint and hint in _PLAIN:  # the common case: a JSON scalar of the declared type
-        return value
-    if value is None and optional:
-        return None
-    if is_dataclass(hint):
-        return parse(hint, value)
-    if isinstance(hint, type) and issubclass(hint, enum.Enum):
-        try:
-            return hint(value)
-        except ValueError:
-            raise WireError(f"{where}: {value!r} is not one of {[m.value for m in hint]}") from None
-    if origin in (list, tuple):
-        if not isinstance(value, list):
-            raise WireError(f"{where}: expected a list, got {type(value).__name__}")
-        if args[0] is int:  # token id lists are long: one pass, no per-item recursion
-            if not all(type(v) is int for v in value):
-                raise WireError(f"{where}: expected a list of integers")
-            items = value
-        else:
-            items = [_check(where, v, args[0]) for v in value]
-        return items if origin is list else tuple(items)
-    if hint is dict or origin is dict:
-        if not isinstance(value, dict):
-            raise WireError(f"{where}: expected an object, got {type(value).__name__}")
-        return value
-    if hint is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if hint in (int, float, str, bool) and (not isinstance(value, hint) or (hint is int and isinstance(value, bool))):
-        raise WireError(f"{where}: expected {hint.__name__}, got {type(value).__name__}")
-    return value

@@ -6,9 +6,9 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from builder.build import BuildError, BuildRequest
+from builder.build import BuildRequest
 from builder.trtllm import CudaGraphConfig, DisaggConfig, LlmApiOptions
-from builder.trtllm_build import build_trtllm, render_trtllm_repo
+from builder.trtllm_build import build_trtllm
 
 
 def test_unknown_keys_and_inconsistent_values_are_rejected():
@@ -45,8 +45,3 @@ def test_dry_run_prints_and_writes_nothing(tmp_path):
     build_trtllm(BuildRequest(model="smollm2-135m", out=str(tmp_path / "t")), dry_run=True, log=lines.append)
     assert not (tmp_path / "t").exists()
     assert any("would write" in line and "llm_api_options.yaml" in line for line in lines)
-
-
-def test_triton_repository_for_trtllm_engines_says_what_to_do_instead(tmp_path):
-    with pytest.raises(BuildError, match="trtllm-serve"):
-        render_trtllm_repo(str(tmp_path), str(tmp_path / "repo"))

@@ -22,11 +22,12 @@ import json
 from aiohttp import web
 
 from frontdoor.http_body import read_object, request_timeout
+from frontdoor.http_kserve import check_model
 from frontdoor.core import FrontDoor
 from frontdoor.kserve_codec import json_tensor
 from frontdoor.model_contract import INPUTS, parse_requests
 from frontdoor.protocol_status import http_headers, http_status
-from tandem.status import Internal, InvalidArgument, NotFound, TandemError, status_of
+from tandem.status import Internal, InvalidArgument, TandemError, status_of
 
 _SPECS = {t.name: t for t in INPUTS}
 _GONE = (ConnectionResetError, ConnectionError)
@@ -64,13 +65,8 @@ class GenerateRoutes:
         self.door, self.served = door, door.served
         self.service = door.service
 
-    def _check_model(self, request) -> None:
-        name, version = request.match_info["model"], request.match_info.get("version", "")
-        if not self.served.known_triton(name, version):
-            raise NotFound(f"unknown model '{name}'; this server has '{self.served.triton_name}'")
-
     async def stats(self, request):
-        self._check_model(request)
+        check_model(self.served, request)
         return web.json_response(self.served.stats.to_json(self.served.triton_name))
 
     async def generate(self, request):
@@ -120,7 +116,7 @@ class GenerateRoutes:
         return resp
 
     async def _request(self, request, stream: bool):
-        self._check_model(request)
+        check_model(self.served, request)
         self.service.refuse_if_closed()
         body = await read_object(request)
         reqs, _ = parse_requests(generate_inputs(body, stream), str(body.get("id") or f"gen-{id(request)}"))

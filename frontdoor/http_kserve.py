@@ -34,15 +34,20 @@ def add_kserve_routes(r, door: FrontDoor) -> None:
     r.add_post("/v2/models/{model}/versions/{version}/infer", api.infer)
 
 
+def check_model(served, request) -> None:
+    """NotFound unless the route's {model}[/versions/{version}] names the served model."""
+    name, version = request.match_info["model"], request.match_info.get("version", "")
+    if not served.known_triton(name, version):
+        raise NotFound(f"unknown model '{name}'; this server has '{served.triton_name}'")
+
+
 class KServeRoutes:
     def __init__(self, door: FrontDoor):
         self.door, self.served = door, door.served
         self.service = door.service
 
     def _check_model(self, request) -> None:
-        name, version = request.match_info["model"], request.match_info.get("version", "")
-        if not self.served.known_triton(name, version):
-            raise NotFound(f"unknown model '{name}'; this server has '{self.served.triton_name}'")
+        check_model(self.served, request)
 
     async def server_metadata(self, request):
         return web.json_response({"name": "tandem", "version": __version__, "extensions": list(EXTENSIONS)})

@@ -163,7 +163,7 @@ class Stack:
                                      on_restart=lambda name, server: self._record_workers())
         self.fleet.on_change = self.supervisor.on_health
         for name, s in sorted(self.workers.servers.items()):
-            self.fleet.add(name, name.rsplit("-", 1)[0], s.grpc_url)
+            self.fleet.add(name, self.workers.specs[name].role, s.grpc_url)
         self.discovery = Discovery(self.fleet)
         await self.discovery.start(dep)
         self.supervisor.start()

@@ -127,7 +127,7 @@ class Supervisor:
             old.stop(timeout_s=5.0)  # removes the shared memory its group had mapped
 
     def _tell_decoders(self, name: str) -> None:
-        if not name.startswith("prefill-"):
+        if self.workers.specs[name].role != "prefill":
             return
         for d in self.fleet.role("decode"):
             d.client.writer_gone(name)

@@ -42,6 +42,7 @@ def render(template: str, values: dict, where: str) -> str:
 
 
 TRANSPORT_CHOICES = ("shm", "cuda_ipc", "nixl", "auto")  # auto: the one-host transport, and NIXL where installed
+HANDOFF_CHOICES = ("push", "pull")  # see control/handoff.py
 
 
 @dataclass(frozen=True)
@@ -57,11 +58,14 @@ class RepoOptions:
     fault_write_delay_ms: float = 0.0  # prefill/: fault injection only (tests, tandem chaos): a slow writer
     prefix_cache: bool = True  # every pool keeps finished requests' full pages for reuse (engine/prefix_cache.py)
     prefill_pool_bytes: int | None = None  # prefill/: its own pool (long prompts, its cache); None: the decode pool's
+    handoff: str = "push"  # push: prefill writes into decode's pages; pull: prefill holds them, decode reads
     gpus: tuple[tuple[str, int], ...] = ()  # (model, GPU index) of models on a GPU (KIND_GPU); others: KIND_CPU
 
     def __post_init__(self):
         if self.transport is not None and self.transport not in TRANSPORT_CHOICES:
             raise RenderError(f"unknown transport {self.transport!r}; allowed: {', '.join(TRANSPORT_CHOICES)}")
+        if self.handoff not in HANDOFF_CHOICES:
+            raise RenderError(f"unknown handoff mode {self.handoff!r}; allowed: {', '.join(HANDOFF_CHOICES)}")
         unknown = sorted({m for m, _ in self.gpus} - set(MODELS))
         if unknown or any(g < 0 for _, g in self.gpus):
             raise RenderError(f"gpus {list(self.gpus)}: models are {', '.join(MODELS)} and GPU indices 0 or more")
@@ -110,6 +114,7 @@ def model_values(engines: str, opts: RepoOptions) -> dict[str, dict]:
                         max_queue_delay_us=pm.profile.max_queue_delay_us, max_num_tokens=pm.profile.max_num_tokens,
                         cpu_pass_tokens=cpu_pass, fault_write_delay_ms=opts.fault_write_delay_ms,
                         threads=opts.threads, prefix_cache=cache, instance_group=instance_group(gpu.get("prefill")),
+                        handoff=opts.handoff,
                         pool_bytes=opts.prefill_pool_bytes if opts.prefill_pool_bytes is not None else pool),
         "decode": dict(name="decode", engine_dir=decode_dir, transports=_transports(opts.transport, "decode" in gpu),
                        kv_pool_bytes=pool, max_batch_size=dm.profile.max_batch_size,

@@ -80,6 +80,8 @@ def build_command(model, out, roles, backend, device, dtype, tokens_per_page, we
 @click.option("--kv-pool-bytes", type=click.IntRange(1 << 20), default=None, help="Decode KV pool size (default: profile).")
 @click.option("--chunk-tokens", type=click.IntRange(0), default=0, show_default=True,
               help="generate/ model: chunked-prefill budget per step (0 = prefill first).")
+@click.option("--handoff", type=click.Choice(["push", "pull"]), default="push", show_default=True,
+              help="KV handoff: push (prefill writes into decode's pages) or pull (decode reads them from prefill's pool).")
 @click.option("--prefill-workers", type=click.IntRange(1), default=1, show_default=True,
               help="tensorrt-llm: prefill engines (prefill_0...).")
 @click.option("--decode-workers", type=click.IntRange(1), default=1, show_default=True,
@@ -87,7 +89,7 @@ def build_command(model, out, roles, backend, device, dtype, tokens_per_page, we
 @click.option("--gpus-per-node", type=click.IntRange(1), default=8, show_default=True,
               help="tensorrt-llm: GPUs per node, for the engines' GPU assignment.")
 def repo_command(engines, out, backend, transport, device, gpu_map, threads, kv_pool_bytes, chunk_tokens,
-                 prefill_workers, decode_workers, gpus_per_node):
+                 handoff, prefill_workers, decode_workers, gpus_per_node):
     """Render the Triton model repository for built engines: prefill/, decode/, generate/ (torch), or one
     repository per TensorRT-LLM worker, prefill_0/.. decode_0/.. (tensorrt-llm, any xPyD; every engine
     on a GPU, its handoff TensorRT-LLM's own pull).
@@ -114,7 +116,8 @@ def repo_command(engines, out, backend, transport, device, gpu_map, threads, kv_
         gpus[name] = int(index)
     try:
         models = render_repo(engines, out, RepoOptions(transport=transport, threads=threads, gpus=tuple(gpus.items()),
-                                                       kv_pool_bytes=kv_pool_bytes, chunk_tokens=chunk_tokens))
+                                                       kv_pool_bytes=kv_pool_bytes, chunk_tokens=chunk_tokens,
+                                                       handoff=handoff))
     except (RenderError, BuildError) as e:
         raise click.ClickException(str(e)) from None
     click.echo(f"rendered {', '.join(models)} into {out}")

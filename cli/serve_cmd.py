@@ -42,6 +42,8 @@ def _env(name: str) -> dict:
                    "one, and NIXL for other hosts). Default: the one-host transport for the decode device.")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default=None, **_env("DEVICE"),
               help="Where local workers run (default auto: CUDA when visible); per role in the deployment file.")
+@click.option("--handoff", type=click.Choice(["push", "pull"]), default=None, **_env("HANDOFF"),
+              help="KV handoff: push (prefill writes into decode's pages, default) or pull (decode reads them).")
 @click.option("--router", type=click.Choice(["least-loaded", "round-robin", "kv-aware"]), default=None,
               **_env("ROUTER"))
 @click.option("--host", default=None, **_env("HOST"), help="Front-door address (default 127.0.0.1).")
@@ -74,9 +76,10 @@ def _env(name: str) -> dict:
 @click.option("--log-format", type=click.Choice(FORMATS), default="text", show_default=True, **_env("LOG_FORMAT"),
               help="json: one object per line, each with the request id of its request.")
 @click.option("--workdir", default=None, **_env("WORKDIR"), help="Where worker logs and the model repository go.")
-def serve_command(model, dtype, config_path, mode, prefill, decode, replicas, transport, device, router, host, grpc_port,
-                  http_port, model_name, served_model_name, chat_template, kv_pool_bytes, chunk_tokens, api_key_file, no_api_key,
-                  tls_cert, tls_key, tls_client_ca, worker_tls_ca, worker_tls_server_name, log_format, workdir):
+def serve_command(model, dtype, config_path, mode, prefill, decode, replicas, transport, device, handoff, router, host,
+                  grpc_port, http_port, model_name, served_model_name, chat_template, kv_pool_bytes, chunk_tokens,
+                  api_key_file, no_api_key, tls_cert, tls_key, tls_client_ca, worker_tls_ca, worker_tls_server_name,
+                  log_format, workdir):
     """Serve a model: prefill and decode workers in Triton, behind Triton gRPC and OpenAI HTTP.
 
     Every option can be set by its TANDEM_* variable (shown in each option's help by --help)."""
@@ -85,7 +88,7 @@ def serve_command(model, dtype, config_path, mode, prefill, decode, replicas, tr
 
     overrides = {k: v for k, v in {
         "mode": mode, "dtype": dtype, "device": device, "prefill.count": prefill, "decode.count": decode, "replicas": replicas,
-        "transport": transport,
+        "transport": transport, "handoff.mode": handoff,
         "router": router, "front_door.served_model_name": served_model_name,
         "front_door.chat_template": chat_template,
         "front_door.host": host, "front_door.grpc_port": grpc_port, "front_door.http_port": http_port,

@@ -52,6 +52,9 @@ def _env(name: str) -> dict:
               **_env("THREADS"))
 @click.option("--chunk-tokens", type=click.IntRange(0), default=0, show_default=True,
               help="generate: chunked-prefill tokens per step (0: prefill first).", **_env("CHUNK_TOKENS"))
+@click.option("--handoff", type=click.Choice(["push", "pull"]), default="push", show_default=True,
+              help="prefill: pull keeps each prompt's K/V in its own pool for decode to read (one host only).",
+              **_env("HANDOFF"))
 @click.option("--tls-cert", default=None, help="PEM certificate: Triton's gRPC serves TLS (needed beyond loopback "
               "for the orchestrator to send the secret).", **_env("TLS_CERT"))
 @click.option("--tls-key", default=None, help="PEM private key of --tls-cert.", **_env("TLS_KEY"))
@@ -61,7 +64,7 @@ def _env(name: str) -> dict:
 @click.option("--log-format", type=click.Choice(FORMATS), default="text", show_default=True,
               help="This command's own lines (Triton's keep Triton's format).", **_env("LOG_FORMAT"))
 def worker_command(role, engines, host, grpc_port, http_port, metrics_port, transport, device, gpu, kv_pool_bytes,
-                   threads, chunk_tokens, tls_cert, tls_key, workdir, log_file, log_format):
+                   threads, chunk_tokens, handoff, tls_cert, tls_key, workdir, log_file, log_format):
     """Run one role's Triton instance on this node until stopped.
 
     Every option can be set by its TANDEM_WORKER_* variable (shown in each option's help by --help)."""
@@ -96,7 +99,7 @@ def worker_command(role, engines, host, grpc_port, http_port, metrics_port, tran
     repo = os.path.join(workdir, "model_repository")
     try:
         render_repo(engines, repo, RepoOptions(transport=transport, kv_pool_bytes=kv_pool_bytes, chunk_tokens=chunk_tokens,
-                                               threads=threads or len(os.sched_getaffinity(0)),
+                                               threads=threads or len(os.sched_getaffinity(0)), handoff=handoff,
                                                gpus=((role, gpu),) if on_gpu else ()))
     except RenderError as e:
         raise click.ClickException(str(e)) from None

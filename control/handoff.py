@@ -1,4 +1,8 @@
-"""The handoff protocol, orchestrator side: one attempt of one request on a decode and a prefill worker.
+"""The handoff protocols, orchestrator side: one attempt of one request on a decode and a prefill worker.
+Two of them, chosen per deployment (`handoff: {mode: push|pull}`): push (`Handoff`, below), where the
+decode worker reserves first and the prefill worker writes into its pages, and pull (`PullAttempt`,
+control/pull_attempt.py), where the prefill worker keeps the K/V in its own pool and the decode worker
+reads them. Push:
 
     OPEN      decode.open(prompt, writer)  -> Reserved(lease, destination: pages + fence slot/epoch)
       │       the Open call stays open for the request's whole life: the reservation lives exactly as
@@ -43,7 +47,7 @@ from dataclasses import dataclass, field
 from control.fleet import WorkerState
 from tandem.sampling_params import SamplingParams
 from tandem.status import TandemError, Unavailable
-from tandem.wire import Open, Prefill, Prefilled, Reserved, Start, Token
+from tandem.wire import Open, Prefill, Prefilled, Pulled, Reserved, Start, Token
 
 
 @dataclass
@@ -54,6 +58,8 @@ class Timings:
     transport: str = ""  # how the pages travelled (the decode worker chose it for this pair)
     prefilled: Prefilled | None = None
     decode_cached: int = 0  # prompt tokens the decode worker already held (none of their KV was moved)
+    pulled: Pulled | None = None  # pull: the decode worker's read
+    pulled_at: float = 0.0
 
 
 def blame(e: TandemError, worker: WorkerState) -> TandemError:
@@ -61,6 +67,12 @@ def blame(e: TandemError, worker: WorkerState) -> TandemError:
     if getattr(e, "worker", None) is None:
         e.worker = worker
     return e
+
+
+def first_token(first: Prefilled) -> Token:
+    """The client's first token from a prefill worker's answer (push and pull alike)."""
+    return Token(first.token, first.logprob, first.finish_reason, cached_tokens=first.cached_tokens,
+                 top=first.top, prompt_logprobs=first.prompt_logprobs)
 
 
 class Attempt:
@@ -157,8 +169,7 @@ class Handoff(Attempt):
         self.finished = first.finish_reason is not None
         if not self.finished:
             self.first = first
-        return Token(first.token, first.logprob, first.finish_reason, cached_tokens=first.cached_tokens,
-                     top=first.top, prompt_logprobs=first.prompt_logprobs)
+        return first_token(first)
 
     async def __aexit__(self, *exc) -> None:
         """Every exit that is not DONE: Release the lease (without waiting), Abort a running prefill."""

@@ -1,9 +1,11 @@
 """Serving paths: how one request is served, chosen once when the stack starts.
 
 - `DisaggregatedPath`: a decode worker leases pages, a prefill worker computes the prompt into them
-  (control/handoff.py), the decode worker streams the rest. Conditional disaggregation: when the
-  chosen decode worker lacks at most `local_max` tokens of the prompt (the rest is in its prefix
-  cache), it prefills them itself and no prefill worker is involved.
+  (control/handoff.py), the decode worker streams the rest; or, with the pull handoff
+  (control/pull_attempt.py), the prefill worker computes into its own pages first and the decode
+  worker reads them. Conditional disaggregation: when the chosen decode worker lacks at most
+  `local_max` tokens of the prompt (the rest is in its prefix cache), it prefills them itself and no
+  prefill worker is involved.
 - `ColocatedPath`: one of N co-located replicas does both (the baselines: prefill-first or chunked).
 
 Both go through the same router and the same `run` loop, which resumes a failed request elsewhere:
@@ -24,6 +26,7 @@ from collections.abc import AsyncIterator
 from control.fleet import Fleet, WorkerState
 from control.handoff import Attempt, Handoff, Timings
 from control.prefix_index import PrefixView
+from control.pull_attempt import PullAttempt
 from control.router import Demand, NoWorker, Router
 from tandem.kv_layout import KVLayout
 from tandem.status import (DeadlineExceeded, InvalidArgument, OutOfPages, Status, TandemError, Unavailable, retryable,
@@ -31,14 +34,19 @@ from tandem.status import (DeadlineExceeded, InvalidArgument, OutOfPages, Status
 from tandem.wire import Open, Token
 
 log = logging.getLogger("tandem.paths")
+HANDOFFS = {"push": Handoff, "pull": PullAttempt}
 
 
 class ServingPath(ABC):
     roles: tuple[str, ...]
 
     def __init__(self, fleet: Fleet, router: Router, tokens_per_page: int, metrics, max_retries: int = 2,
-                 prefix: PrefixView | None = None, local_max: int = 0):
-        """`prefix`: what the workers cache (fed by their stats); `local_max`: see DisaggregatedPath."""
+                 prefix: PrefixView | None = None, local_max: int = 0, handoff: str = "push"):
+        """`prefix`: what the workers cache (fed by their stats); `local_max`: see DisaggregatedPath;
+        `handoff`: push (control/handoff.py) or pull (control/pull_attempt.py)."""
+        if handoff not in HANDOFFS:
+            raise ValueError(f"unknown handoff mode {handoff!r}; allowed: {', '.join(HANDOFFS)}")
+        self.handoff = HANDOFFS[handoff]
         self.fleet, self.router, self.metrics = fleet, router, metrics
         self.tokens_per_page, self.max_retries = tokens_per_page, max_retries
         self.prefix = prefix if prefix is not None else PrefixView(tokens_per_page)
@@ -163,7 +171,7 @@ class DisaggregatedPath(ServingPath):
         m, timings = self.metrics, Timings()
         m.requests.labels(d.slot, "decode").inc()
         m.requests.labels(p.slot, "prefill").inc()
-        h = self._claim(Handoff(d, p, request_id, prep.prompt_ids, prep.params, sent, timings), d)
+        h = self._claim(self.handoff(d, p, request_id, prep.prompt_ids, prep.params, sent, timings), d)
         p.inflight_tokens += n_ctx  # the prefill worker's queue, until it answers
         pending = [n_ctx]
 
@@ -176,6 +184,8 @@ class DisaggregatedPath(ServingPath):
             m.record_prefill(p.slot, timings)
 
         h.on_first = prefilled
+        if isinstance(h, PullAttempt):
+            h.on_pulled = lambda: m.record_pull(d.slot, timings)
         h.on_exit.append(prefill_ended)
         return h
 
@@ -194,7 +204,7 @@ PATHS = {"disaggregated": DisaggregatedPath, "colocated": ColocatedPath, "chunke
 
 
 def make_path(mode: str, fleet: Fleet, router: Router, layout: KVLayout, metrics, max_retries: int,
-              local_prefill_tokens: int = 0) -> ServingPath:
+              local_prefill_tokens: int = 0, handoff_mode: str = "push") -> ServingPath:
     """The path for `mode`; it follows the workers' prefix caches through the fleet's stats callback."""
     if mode not in PATHS:
         raise ValueError(f"unknown mode {mode!r}; allowed: {', '.join(PATHS)}")
@@ -207,7 +217,8 @@ def make_path(mode: str, fleet: Fleet, router: Router, layout: KVLayout, metrics
         view.observe(w.name, w.stats)
 
     fleet.on_stats = on_stats
-    return PATHS[mode](fleet, router, layout.tokens_per_page, metrics, max_retries, view, local_prefill_tokens)
+    return PATHS[mode](fleet, router, layout.tokens_per_page, metrics, max_retries, view, local_prefill_tokens,
+                       handoff_mode)
 
 
 def _gave_up(why: TandemError) -> TandemError:

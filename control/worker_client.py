@@ -10,8 +10,8 @@ from collections.abc import AsyncIterator
 
 from control.channel import WorkerChannel
 from control.worker_tls import WorkerTls
-from tandem.wire import (Abort, Ack, Flush, Open, Prefill, Prefilled, Release, Reserved, Start, Stats, Token, Watch,
-                         WorkerStats, WriterGone)
+from tandem.wire import (Abort, Ack, Flush, Open, Prefill, Prefilled, Pulled, Release, Reserved, Start, Stats, Token,
+                         Unhold, Watch, WorkerStats, WriterGone)
 
 CONTROL_TIMEOUT_S = 10.0  # a control call (start, release, stats) answered by no reply in this long: worker stalled
 
@@ -47,8 +47,9 @@ class DecodeClient(WorkerClient):
 
     model = "decode"
 
-    def open(self, msg: Open) -> AsyncIterator[Reserved | Token]:
-        """Reserved first (remote prefill), then the request's tokens after Start; ends with the request.
+    def open(self, msg: Open) -> AsyncIterator[Reserved | Pulled | Token]:
+        """Reserved first (remote prefill; Pulled in the pull handoff), then the request's tokens (after
+        Start when pushed); ends with the request.
 
         A caller that stops listening before the end releases what it knows of; a reservation whose reply
         it never saw is released here when that reply arrives (no writer was ever given its pages)."""
@@ -84,6 +85,20 @@ class PrefillClient(WorkerClient):
 
     async def prefill(self, msg: Prefill) -> Prefilled:
         return await self.channel.call(msg)
+
+    def prefill_held(self, msg: Prefill) -> AsyncIterator[Prefilled | Ack]:
+        """Pull handoff: Prefilled (with its PullSource, unless the first token ended the request), the
+        call then staying open while the K/V are held; it ends when the hold does. A caller that stops
+        listening before Prefilled arrives has its hold ended here when it does."""
+        def orphaned(body) -> None:
+            if isinstance(body, Prefilled) and body.source is not None:
+                self.unhold(msg.request_id, body.source.hold)
+
+        return self.channel.stream(msg, on_orphan=orphaned)
+
+    def unhold(self, request_id: str, hold: str) -> None:
+        """Fire and forget: the prefill worker ends the hold (its pages return once no read is in flight)."""
+        self.channel.send(Unhold(request_id, hold))
 
     def abort(self, request_id: str) -> None:
         self.channel.send(Abort(request_id))

@@ -59,9 +59,10 @@ class Engine:
         self.eos_ids = frozenset(self.cfg.eos_token_ids) | (
             {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set())
 
-    def attach_pool(self, num_pages: int, prefix_cache: bool = True) -> None:
-        """Give an engine loaded without a KV pool (a prefill worker) a local one of num_pages pages."""
-        self._use_pool(KVCache(self.kv_layout(), num_pages, self.device), prefix_cache)
+    def attach_pool(self, num_pages: int, prefix_cache: bool = True, shared: bool = False) -> None:
+        """Give an engine loaded without a KV pool (a prefill worker) a local one of num_pages pages;
+        `shared`: in owner-only shared memory, for readers in other processes (the pull handoff)."""
+        self._use_pool(KVCache(self.kv_layout(), num_pages, self.device, shared=shared), prefix_cache)
 
     def use_decode_graphs(self, batch_sizes: tuple[int, ...] | list[int], capture: bool = True) -> None:
         """Run decode steps of up to max(batch_sizes) sequences on CUDA graphs captured at those padded

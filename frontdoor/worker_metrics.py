@@ -15,6 +15,8 @@ _GAUGES = (  # (name, help, WorkerStats field)
     ("tandem_kv_pages_used", "KV pages held by requests (a prefill worker's pool holds its prefix cache)",
      "pages_used"),
     ("tandem_kv_pages_total", "KV pages in the pool", "pages_total"),
+    ("tandem_kv_pages_held", "Prefill pool pages holding K/V for a decode worker to read (pull handoff)",
+     "pages_held"),
     ("tandem_prefix_cache_pages", "Idle KV pages kept for reuse", "pages_cached"),
     ("tandem_worker_running", "Requests a worker is running (decode batch, or prompts queued for prefill)",
      "running"),

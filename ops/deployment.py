@@ -29,7 +29,9 @@
                                    # cert/key: what the local workers serve with
     limits: {max_in_flight: 64, max_queued_tokens: 32768, request_timeout_s: 600}
     health: {heartbeat_s: 2.0, stall_s: 4.0, stall_restart_s: 10, drain_grace_s: 30}
-    handoff: {transfer_timeout_s: 30, fence_timeout_s: 60}   # the only timers left on the data path
+    handoff: {mode: push, transfer_timeout_s: 30, fence_timeout_s: 60}   # the only timers left on the data path
+                                   # mode push: prefill writes into pages decode reserved; pull: prefill
+                                   # holds the K/V in its own pool and decode reads them (one host: shm)
 
 Unknown keys are rejected with the list of allowed ones.
 """
@@ -118,6 +120,7 @@ class Limits(_Strict):
 
 
 class Handoff(_Strict):
+    mode: Literal["push", "pull"] = "push"  # see control/handoff.py
     transfer_timeout_s: float = Field(30.0, gt=0)  # a started request whose KV never arrives fails after this
     fence_timeout_s: float = Field(60.0, gt=0)  # NIXL: a writer never heard from again is presumed gone
 
@@ -175,6 +178,10 @@ class Deployment(_Strict):
                 pool = getattr(self, role)
                 if pool.count + len(pool.urls) < 1 and not pool.dns:
                     raise ValueError(f"disaggregated mode needs at least one {role} worker (count, urls or dns)")
+        if self.handoff.mode == "pull" and (self.transport in ("nixl", "cuda_ipc") or self.role_device("prefill") == "cuda"):
+            raise ValueError("handoff mode pull reads K/V over shm from a prefill pool in host memory, within one host "
+                             "(no NIXL READ or cuda_ipc read side yet); use transport shm or auto with CPU prefill "
+                             "workers, or handoff mode push")
         for role in ("prefill", "decode"):
             pool = getattr(self, role)
             if pool.gpus and (pool.device or self.device) == "cpu":

@@ -142,7 +142,7 @@ class Stack:
                               chunk_tokens=dep.chunk_tokens if dep.mode == "chunked" else 0,
                               transfer_timeout_s=dep.handoff.transfer_timeout_s,
                               fence_timeout_s=dep.handoff.fence_timeout_s, prefix_cache=dep.prefix_cache.enabled,
-                              prefill_pool_bytes=dep.prefix_cache.prefill_pool_bytes)
+                              prefill_pool_bytes=dep.prefix_cache.prefill_pool_bytes, handoff=dep.handoff.mode)
         for name in remove_stale_segments() + remove_orphaned_triton_regions():
             self.log(f"removed shared memory {name} left by a process that is gone")
         self.workers = WorkerSet(engines, self.workdir, counts, options, gpus=gpus, nice=dep.worker_nice,
@@ -168,7 +168,7 @@ class Stack:
         await self.discovery.start(dep)
         self.supervisor.start()
         path = make_path(dep.mode, self.fleet, ROUTERS[dep.router](), manifest.kv_layout, metrics, dep.max_retries,
-                         dep.local_prefill_tokens)
+                         dep.local_prefill_tokens, dep.handoff.mode)
         cfg = _model_config(engines)
         lim = dep.limits
         self.service = Orchestrator(path=path, tokenizer=tokenizer, metrics=metrics, mode=dep.mode,

@@ -20,7 +20,8 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 
-from engine.shm_region import mapped_shm_files, process_started_at, remove_orphaned_triton_regions, remove_stale_segments
+from engine.shm_region import (SHM_PREFIX, mapped_shm_files, owner_alive, process_started_at,
+                                remove_orphaned_triton_regions, remove_stale_segments)
 from ops.triton_binary import TritonError, find_triton
 from tandem.secret import is_loopback
 
@@ -174,7 +175,8 @@ class TritonServer:
 def stop_group(pgid: int, timeout_s: float = 20.0, proc: subprocess.Popen | None = None,
                known_shm: set | None = None, launched_at: float | None = None) -> None:
     """Stop a server: SIGTERM to the server (it unloads its models, whose stubs clean up), SIGKILL to
-    whatever of its group is left after `timeout_s`; then unlink shared memory the group had mapped,
+    whatever of its group is left after `timeout_s`; then unlink shared memory the group had mapped
+    (but not a live peer's pool it only mapped: a pull reader maps its prefill worker's pool),
     and Triton regions that nobody maps and that were made since `launched_at` (default: when the
     group's leader started)."""
     mapped = mapped_shm_files(pgid) | (known_shm or set())
@@ -191,6 +193,9 @@ def stop_group(pgid: int, timeout_s: float = 20.0, proc: subprocess.Popen | None
         proc.wait(timeout=10)
     _wait_group_gone(pgid)
     for path in mapped:
+        name = os.path.basename(path)
+        if name.startswith(SHM_PREFIX) and owner_alive(name):
+            continue  # a live peer's pool the group only mapped (a KV writer's or reader's view): not ours
         if os.path.exists(path):
             os.unlink(path)
     remove_stale_segments()

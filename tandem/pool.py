@@ -1,4 +1,5 @@
-"""Where a request's K/V go: the typed descriptor of a decode worker's KV pool, and a destination in it.
+"""Where a request's K/V go: the typed descriptor of a worker's KV pool, a destination in it (push),
+and a source in it (pull: K/V held in the prefill worker's pool for the decode worker to read).
 
 A decode worker publishes one `PoolDescriptor`; it names every transport the pool can be reached by
 (`shm` or `cuda_ipc` on its own host, for a pool in host or GPU memory; `nixl` from anywhere UCX reaches)
@@ -87,6 +88,31 @@ class Destination:
     slot: int
     epoch: int
     start: int = 0
+
+
+@dataclass(frozen=True)
+class PullSource:
+    """The pull handoff's transfer descriptor: where a prefilled request's K/V wait for its reader.
+
+    Positions [0, tokens) of the request lie in `page_ids` (its whole page table) of the prefill
+    worker's exported pool, held there until the hold ends. A reader reads them through `transport`,
+    each read checked against `epoch` in fence slot `slot` of the pool's fence table: once the prefill
+    worker revokes the slot, no read can see the pages (they may belong to another request by then).
+    It also carries the first token, so the decode side can continue from it (TensorRT-LLM's
+    DisaggregatedParams carry `first_gen_tokens` the same way). The pool part may hold access keys:
+    it travels on the control channel only and is never echoed in an error.
+    """
+
+    request_id: str
+    hold: str  # the hold's id: Unhold must show it
+    transport: str  # shm | inproc: the read side the reader uses
+    pool: PoolDescriptor  # the prefill worker's exported pool (layout, region, fence table)
+    page_ids: list[int]
+    tokens: int  # positions whose K/V are in the pages: the prompt plus tokens already sent
+    slot: int
+    epoch: int
+    first_token: int
+    first_logprob: float | None = None
 
 
 def host_identity() -> str:

@@ -12,10 +12,16 @@ Decode and co-located workers (a request's life there: engine/workers/decode_wor
               the release.
   Start    -> Ack      the first token (from prefill) is in; the decode stream of that Open begins
   Release  -> Ack      cancel: the Open request ends with CANCELLED; its pages return once fenced
+  Open(source) -> Pulled (pull handoff: pages reserved and the K/V read from the prefill worker's
+              pool; the orchestrator may release the prefill hold now), then Token...
   WriterGone -> Ack    a prefill worker died: pages quarantined for its NIXL writes are free again
 Prefill workers:
   Prefill  -> Prefilled (the first token; K/V written into the Destination)
-  Abort    -> Ack      stop a queued or running prefill; it ends with CANCELLED
+  Prefill(pull) -> Prefilled(source), the call staying open while the K/V are held for a reader;
+              it ends (Ack) when the hold ends: Unhold, Abort, or the caller going away
+  Abort    -> Ack      stop a queued or running prefill, or end its hold; it ends with CANCELLED
+  Unhold   -> Ack      the reader pulled the K/V (or will never): the held pages go back once no
+              reader can still read them
 TensorRT-LLM workers (its own pull: its cache transceiver moves the K/V; tandem/trtllm_wire.py):
   Prefill (no destination) -> TrtllmPrefilled (the first token and the context side's TrtllmParams)
   TrtllmDecode -> Token...  (generation_only with those params; Abort cancels it)
@@ -37,7 +43,7 @@ from dataclasses import asdict, dataclass, field
 from typing import ClassVar
 
 from tandem.logprobs import Logprob
-from tandem.pool import Destination
+from tandem.pool import Destination, PullSource
 from tandem.sampling_params import SamplingParams
 from tandem.status import Status
 from tandem.trtllm_wire import TrtllmDecode, TrtllmPrefilled
@@ -56,6 +62,7 @@ class Open:
     local_prefill: bool = False  # True: this worker computes the prompt itself (co-located, or a short suffix)
     writer: str = ""  # remote prefill: the prefill worker that will write the pages (its name)
     writer_host: str = ""  # ... and its host identity (tandem.pool.host_identity), to pick the transport
+    source: PullSource | None = None  # pull handoff: where the prompt's K/V wait (from Prefilled.source)
 
 
 @dataclass(frozen=True)
@@ -83,12 +90,20 @@ class Prefill:
     sampling: SamplingParams
     output_ids: list[int] = field(default_factory=list)  # tokens already streamed (recovery re-prefill)
     destination: Destination | None = None  # None: compute the first token only (no handoff)
+    pull: bool = False  # pull handoff: keep the K/V in this worker's pool for a reader (no destination)
 
 
 @dataclass(frozen=True)
 class Abort:
     TYPE: ClassVar[str] = "abort"
     request_id: str
+
+
+@dataclass(frozen=True)
+class Unhold:
+    TYPE: ClassVar[str] = "unhold"
+    request_id: str
+    hold: str  # PullSource.hold: only the caller that was handed the source can end its hold
 
 
 @dataclass(frozen=True)
@@ -149,6 +164,16 @@ class Prefilled:
     cached_tokens: int = 0  # prompt tokens the prefill worker took from its own prefix cache
     top: Logprob | None = None  # as on Token
     prompt_logprobs: list[Logprob] = field(default_factory=list)
+    source: PullSource | None = None  # pull: where the K/V are held (None when the first token ends it)
+
+
+@dataclass(frozen=True)
+class Pulled:
+    TYPE: ClassVar[str] = "pulled"
+    request_id: str
+    kv_bytes: int  # read from the prefill worker's pool (what the decode side's cache lacked)
+    kv_seconds: float  # from the Open to the last page read
+    cached_tokens: int = 0  # prompt tokens the decode worker already held (not read)
 
 
 @dataclass(frozen=True)
@@ -166,6 +191,7 @@ class WorkerStats:
     pages_used: int = 0  # held by requests
     pages_cached: int = 0  # idle prefix-cache pages (reclaimable)
     pages_fenced: int = 0  # released but not yet fenced off from a late writer
+    pages_held: int = 0  # prefill, pull handoff: pages holding K/V for a reader (held or being revoked)
     running: int = 0
     reserved: int = 0  # leases waiting for their prefill
     queued_tokens: int = 0  # prompt tokens waiting or in a pass (prefill)
@@ -179,8 +205,9 @@ class WorkerStats:
     cache_salt: str = ""  # hex of the pool's tandem.prefix.engine_salt; "" when its prefix cache is off
 
 
-REQUESTS = {c.TYPE: c for c in (Open, Start, Release, WriterGone, Prefill, Abort, Watch, Stats, Flush, TrtllmDecode)}
-REPLIES = {c.TYPE: c for c in (Reserved, Token, Prefilled, Ack, WorkerStats, TrtllmPrefilled)}
+REQUESTS = {c.TYPE: c for c in (Open, Start, Release, WriterGone, Prefill, Abort, Unhold, Watch, Stats, Flush,
+                                TrtllmDecode)}
+REPLIES = {c.TYPE: c for c in (Reserved, Pulled, Token, Prefilled, Ack, WorkerStats, TrtllmPrefilled)}
 
 
 @dataclass(frozen=True)

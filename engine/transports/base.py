@@ -183,6 +183,20 @@ class DiscardWriter:
         return None
 
 
+def pool_part(pool, name: str, layout: KVLayout, what: str):
+    """`pool`'s part for transport `name` (a PoolDescriptor's shm/nixl/... field), checked against this
+    side's KV layout; TransferFailed if it has none or the layouts differ. Never echoes the descriptor:
+    it may hold another pool's access keys."""
+    part = getattr(pool, name, None)
+    if part is None:
+        raise TransferFailed(f"{what} pool offers {list(pool.transports)}, not {name!r}")
+    try:
+        check_kv_compatible(layout, pool.layout)
+    except ValueError as e:
+        raise TransferFailed(str(e)) from None
+    return part
+
+
 class KVSender(ABC):
     name: str
 
@@ -191,15 +205,7 @@ class KVSender(ABC):
 
     def check(self, dest: Destination):
         """The destination's part for this transport; TransferFailed if absent or incompatible."""
-        part = getattr(dest.pool, self.name, None)
-        if part is None:
-            # never echo the descriptor: it may hold another pool's access keys
-            raise TransferFailed(f"destination pool offers {list(dest.pool.transports)}, not {self.name!r}")
-        try:
-            check_kv_compatible(self.layout, dest.pool.layout)
-        except ValueError as e:
-            raise TransferFailed(str(e)) from None
-        return part
+        return pool_part(dest.pool, self.name, self.layout, "destination")
 
     @abstractmethod
     def writer(self, dest: Destination, request_id: str) -> LayerWriter: ...

@@ -45,7 +45,7 @@ class ShmEndpoint(PoolEndpoint):
         return ShmPool(segment=self.cache.shm.name, bytes=self.cache.shm.size, fence=self.fence_name)
 
 
-class _Mapped:
+class MappedPool:
     """A decode pool mapped into this process: [layers, 2, pages, tokens_per_page, Hkv, hd], and its fence."""
 
     def __init__(self, part: ShmPool, layout: KVLayout, num_pages: int):
@@ -61,7 +61,7 @@ class _Mapped:
 
 
 class ShmWriter(LayerWriter):
-    def __init__(self, sender: "ShmSender", mapped: _Mapped, request_id: str, dest: Destination, layout: KVLayout):
+    def __init__(self, sender: "ShmSender", mapped: MappedPool, request_id: str, dest: Destination, layout: KVLayout):
         super().__init__(request_id, dest, layout)
         self.sender = sender
         self.mapped = mapped
@@ -115,14 +115,14 @@ class ShmSender(KVSender):
         super().__init__(layout)
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kv-shm")
         self.overlap = len(os.sched_getaffinity(0)) > 1  # one core: a copy thread could only take turns
-        self.mapped: dict[str, _Mapped] = {}
+        self.mapped: dict[str, MappedPool] = {}
 
     def writer(self, dest: Destination, request_id: str) -> ShmWriter:
         part = self.check(dest)
         if part.segment not in self.mapped:
             self._drop_stale()
             try:
-                self.mapped[part.segment] = _Mapped(part, dest.pool.layout, dest.pool.num_pages)
+                self.mapped[part.segment] = MappedPool(part, dest.pool.layout, dest.pool.num_pages)
             except (OSError, ValueError) as e:
                 raise TransferFailed(f"cannot map decode pool {part.segment!r}: {e} (is the decode worker "
                                      f"running on this host?)") from None

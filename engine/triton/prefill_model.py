@@ -1,14 +1,16 @@
 """Triton `prefill` model (dynamic batching, decoupled): `execute` queues the requests Triton hands us;
 a background loop runs packed passes and chunks of long prompts (engine/workers/prefill_worker.py) and
-answers each request as soon as its last pass is done.
+answers each request as soon as its last pass is done. With `handoff` pull its pool lives in shared
+memory, exported with a fence table, and holds each prompt's K/V for the decode worker to read.
 """
 
 from __future__ import annotations
 
 from engine.load import load_engine
+from engine.transports.host import PoolHost
 from engine.triton.common import Auth, Params, instance_device, dispatch, end_server, pass_budget, setup_threads
 from engine.workers.prefill_worker import PrefillWorker
-from tandem.wire import Abort, Flush, Prefill, Stats, Watch
+from tandem.wire import Abort, Flush, Prefill, Stats, Unhold, Watch
 
 
 class TritonPythonModel:
@@ -19,16 +21,20 @@ class TritonPythonModel:
         engine = load_engine(p.str("engine_dir"), device=instance_device(args), kv_bytes=None)
         budget = pass_budget(p, engine.device)
         caching = p.str("prefix_cache") == "on"
-        if budget < engine.max_context or caching:  # long prompts between their chunks, and the prefix cache
+        pull = p.str("handoff") == "pull"
+        self.engine, self.pool = engine, None
+        if budget < engine.max_context or caching or pull:  # long prompts between chunks, the prefix cache, holds
             layout = engine.kv_layout()
             pages = max(layout.pages_for(engine.max_context), p.int("pool_bytes") // (layout.bytes_per_token *
                                                                                    layout.tokens_per_page))
-            engine.attach_pool(pages, prefix_cache=caching)
-        w = self.worker = PrefillWorker(engine, pass_tokens=budget,
-                                        write_delay_s=p.float("fault_write_delay_ms") / 1000).launch(end_server)
+            engine.attach_pool(pages, prefix_cache=caching, shared=pull)
+            self.pool = PoolHost(engine.cache, ("shm",)) if pull else None
+        w = self.worker = PrefillWorker(engine, pass_tokens=budget, write_delay_s=p.float("fault_write_delay_ms") / 1000,
+                                        pool=self.pool).launch(end_server)
         self.handlers = {
             Prefill: w.submit,
             Abort: lambda msg, sink: w.abort(msg.request_id),
+            Unhold: lambda msg, sink: w.unhold(msg.request_id, msg.hold),
             Watch: lambda msg, sink: w.watch(sink, msg.heartbeat_ms / 1000),
             Stats: lambda msg, sink: w.stats(),
             Flush: lambda msg, sink: w.flush(),
@@ -40,3 +46,6 @@ class TritonPythonModel:
 
     def finalize(self):
         self.worker.close()
+        if self.pool is not None:
+            self.pool.close()
+            self.engine.cache.close()

@@ -3,7 +3,9 @@
 It serves both halves of the house: a *decode* worker (pages written by a remote prefill worker,
 or a short prompt prefilled here: conditional disaggregation) and a *co-located* worker (every
 prompt prefilled here), which is the same worker with `pool=None` (no writers from outside).
-A request's life is the Lease state machine of engine/workers/leases.py.
+A request's life is the Lease state machine of engine/workers/leases.py. In the pull handoff an Open
+carries the PullSource of its prefilled K/V: the worker reserves pages, reads the K/V into them
+(engine/workers/puller.py), answers Pulled, and the request decodes from the first token it carries.
 
 Prefix cache (engine/prefix_cache.py): an Open takes the longest cached run of its prompt's pages; a
 remote writer is told to start after them (Destination.start, Reserved.cached_tokens) and a local
@@ -31,11 +33,12 @@ from engine.transports.host import PoolHost
 from engine.workers.cache_feed import CacheFeed
 from engine.workers.leases import Lease, LeaseState
 from engine.workers.loop import Deadlines, Loop
+from engine.workers.puller import Puller
 from engine.workers.sink import Responder
 from engine.workers.watchers import Watchers
 from tandem.pool import host_identity
 from tandem.status import Cancelled, DeadlineExceeded, LeaseLost, TandemError, TransferFailed
-from tandem.wire import Ack, Open, Release, Reserved, Start, Token, WorkerStats
+from tandem.wire import Ack, Open, Pulled, Release, Reserved, Start, Token, WorkerStats
 
 # How often open requests are checked for a caller that vanished without a Release (an orchestrator that
 # died: Triton marks its requests cancelled, but tells no one). Only while requests are open.
@@ -49,9 +52,9 @@ PROGRESS = ("progress", "")
 class DecodeWorker:
     def __init__(self, engine: Engine, pool: PoolHost | None, *, role: str = "decode", max_batch_size: int = 256,
                  pass_tokens: int = 512, chunk_tokens: int | None = 64, transfer_timeout_s: float = 30.0,
-                 fence_timeout_s: float = 60.0, clock=time.monotonic):
+                 fence_timeout_s: float = 60.0, clock=time.monotonic, registry: dict | None = None):
         """`pool` None: a co-located worker (every request prefilled here). `chunk_tokens` is the local
-        prefill policy (None: prefill-first, see engine/scheduler.py)."""
+        prefill policy (None: prefill-first, see engine/scheduler.py). `registry`: inproc pools to pull from."""
         self.engine, self.pool, self.role = engine, pool, role
         self.host = pool.host if pool is not None else host_identity()
         self.scheduler = Scheduler(engine, max_batch_size, pass_tokens, chunk_tokens)
@@ -69,6 +72,7 @@ class DecodeWorker:
         self.watchers = Watchers(self.stats, clock, self.feed)
         self.kv_bytes_received = 0
         self.loop = Loop(self._iterate, self._next_due, f"{role}-loop", clock)
+        self.puller = Puller(engine.cache, engine.kv_layout(), self.host, self.loop.wake, registry)
 
     def launch(self, on_crash: Callable[[BaseException], None] | None = None) -> "DecodeWorker":
         """Start the loop thread; `on_crash(error)` if it ever dies of an exception (see loop.py)."""
@@ -83,14 +87,19 @@ class DecodeWorker:
         if self.pool is None and not msg.local_prefill:
             raise InvalidRequest("this co-located worker prefills every request itself: send local_prefill=true")
         seq = self.engine.new_sequence(msg.request_id, msg.prompt_ids, msg.sampling, msg.output_ids)
+        if msg.source is not None and (msg.local_prefill or msg.source.tokens != seq.num_tokens):
+            raise InvalidRequest(f"request {msg.request_id!r}: a pull source must cover the prompt and the tokens "
+                                 f"already sent ({seq.num_tokens}), got {msg.source.tokens}, without local_prefill")
         with self.lock:
             if msg.request_id in self.leases:
                 raise InvalidRequest(f"request {msg.request_id!r} is already open here")
             cached = self.engine.prefix.reserve(seq, self.engine.cache.layout.pages_for(seq.budget))  # OutOfPages
             pages = seq.page_table
             lease = Lease(msg.request_id, secrets.token_hex(8), seq, pages, sink, LeaseState.PREFILLING,
-                          cached_tokens=cached)
-            if not msg.local_prefill:
+                          cached_tokens=cached, source=msg.source)
+            if msg.source is not None:
+                lease.state = LeaseState.PULLING
+            elif not msg.local_prefill:
                 try:
                     self._hand_out(lease, msg)
                 except BaseException:
@@ -167,7 +176,8 @@ class DecodeWorker:
             return WorkerStats(role=self.role, host=self.host, pages_total=a.num_pages, pages_used=a.num_used,
                                pages_cached=c.cached_pages, pages_fenced=sum(len(x.pages) for x in self.fencing.values()),
                                running=self.scheduler.size,
-                               reserved=states.count(LeaseState.RESERVED) + states.count(LeaseState.WAITING_KV),
+                               reserved=sum(states.count(s) for s in (LeaseState.RESERVED, LeaseState.PULLING,
+                                                                      LeaseState.WAITING_KV)),
                                kv_bytes_received=self.kv_bytes_received, cache_hits=c.hit_pages,
                                cache_misses=c.miss_pages, cache_evictions=c.evicted_pages,
                                cache_salt=self.engine.salt.hex() if a.enabled else "")
@@ -213,6 +223,9 @@ class DecodeWorker:
     def _housekeeping(self) -> bool:
         """Apply notices, fence completions, timeouts and calls; admit ready requests. True if anything changed."""
         changed = self._notices()
+        for result in self.puller.collect():
+            changed = True
+            self._pulled(result)
         for key in self.deadlines.due():
             changed = changed or key != PROGRESS  # a progress tick changes nothing by itself
             self._deadline(key)
@@ -274,6 +287,10 @@ class DecodeWorker:
         if lease.end_status is not None:
             self._end(lease, lease.end_status)
             return True
+        if lease.state is LeaseState.PULLING and not lease.scheduled:
+            lease.scheduled = True
+            self.puller.submit(lease)
+            return True
         if lease.state is LeaseState.PREFILLING and not lease.scheduled:
             lease.scheduled = True
             self.scheduler.add_prefill(lease.seq)
@@ -287,6 +304,24 @@ class DecodeWorker:
             self.kv_bytes_received += written * self.engine.cache.layout.bytes_per_token
             return True
         return False
+
+    def _pulled(self, r) -> None:
+        """A read returned: the lease decodes from its first token, or ends (pages freed now if it ended
+        while the read was in flight)."""
+        lease = r.lease
+        lease.pulling = False
+        if self.leases.get(lease.request_id) is not lease:
+            self._free(lease)  # it ended during the read; its pages waited for the read to return
+            return
+        if r.error is not None:
+            self._end(lease, r.error)
+            return
+        seq, src = lease.seq, lease.source
+        seq.num_cached = seq.num_tokens
+        seq.append(src.first_token, src.first_logprob)
+        lease.state, lease.scheduled, lease.pages_ready = LeaseState.WAITING_KV, False, True
+        lease.sink.send(Pulled(lease.request_id, r.kv_bytes, r.seconds, cached_tokens=lease.cached_tokens))
+        self.inbox.append(lease)
 
     def _deadline(self, key) -> None:
         kind, rid = key
@@ -315,6 +350,9 @@ class DecodeWorker:
         self.scheduler.remove(lease.seq)
         if error is not None and not lease.sink.done:
             lease.sink.fail(error)
+        if lease.pulling:
+            lease.end_status = lease.end_status or error or Cancelled(f"request {lease.request_id} ended")
+            return  # a read is copying into its pages: they are freed when it returns (_pulled)
         if not lease.handed_out:
             self._free(lease)
             return
@@ -359,4 +397,5 @@ class DecodeWorker:
 
     def close(self) -> None:
         self.loop.stop()
+        self.puller.close()
         self.watchers.close()

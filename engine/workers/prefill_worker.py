@@ -15,6 +15,11 @@ uncached part is computed, and the destination gets only what it lacks (position
 some of them sent from this worker's cache: prefill_items.send_cached). A prompt that finds no room in
 the pool is computed straight into its writer, as with the cache off.
 
+Pull handoff (`Prefill.pull`, control/handoff.py): the prompt is computed into pages of this worker's
+own pool, exported like a decode pool (`pool`: shared memory and a fence table), and kept there under
+a hold (engine/workers/holds.py) after the answer, which carries a PullSource for the decode worker
+to read them from; the call stays open until the hold ends.
+
 A request is answered as soon as its last pass is done; one that fails (a destination that cannot be
 written, its lease revoked) fails alone. An aborted or cancelled request leaves the queue at the next
 pass boundary (at once if it has not started), its writer stopped. The pool's allocator is touched
@@ -32,8 +37,11 @@ from engine.attention import PassStopped
 from engine.engine import Engine
 from engine.errors import OutOfPages
 from engine.transports import KVSender, sender
+from engine.errors import InvalidRequest
 from engine.transports.base import DiscardWriter
+from engine.transports.host import PoolHost
 from engine.workers.cache_feed import CacheFeed
+from engine.workers.holds import Holds
 from engine.workers.loop import Loop
 from engine.workers.prefill_items import PrefillItem, SlowWriter, send_cached
 from engine.workers.sink import Responder
@@ -46,8 +54,9 @@ from tandem.wire import Ack, Prefill, Prefilled, WorkerStats
 
 class PrefillWorker:
     def __init__(self, engine: Engine, pass_tokens: int = 8192, write_delay_s: float = 0.0,
-                 registry: dict | None = None):
-        """`engine.cache`, when there is one, holds long prompts between their chunks and the prefix cache."""
+                 registry: dict | None = None, pool: PoolHost | None = None):
+        """`engine.cache`, when there is one, holds long prompts between their chunks and the prefix cache.
+        `pool`: that cache exported to readers (pull handoff); None: this worker only pushes."""
         self.engine = engine
         self.pass_tokens = pass_tokens
         tpp = engine.cache.layout.tokens_per_page if engine.cache is not None else 1
@@ -65,6 +74,8 @@ class PrefillWorker:
         self.turn = PassTurn()
         self.feed = CacheFeed(max(1024, 2 * engine.allocator.num_pages)) if self.caching else None
         self.watchers = Watchers(self.stats, feed=self.feed)
+        self.holds = Holds(pool, next(iter(pool.endpoints)), lambda it: self._release(it, computed=True)) \
+            if pool is not None else None
         self.loop = Loop(self.step, self._progress_due, "prefill-loop")
 
     def launch(self, on_crash: Callable[[BaseException], None] | None = None) -> "PrefillWorker":
@@ -76,6 +87,9 @@ class PrefillWorker:
 
     def submit(self, msg: Prefill, sink: Responder) -> None:
         """Queue a request; raises (InvalidRequest, TransferFailed) at once for one that cannot run."""
+        if msg.pull and (self.holds is None or msg.destination is not None):
+            raise InvalidRequest("a pull prefill needs a worker that exports its pool (handoff mode pull) and "
+                                 "takes no destination" if self.holds is None else "a pull prefill takes no destination")
         seq = self.engine.new_sequence(msg.request_id, msg.prompt_ids, msg.sampling, msg.output_ids)
         writer = self._writer(msg) if msg.destination is not None else DiscardWriter()
         with self.lock:
@@ -88,14 +102,19 @@ class PrefillWorker:
         self.loop.wake()
 
     def abort(self, request_id: str) -> Ack:
-        """Stop a queued or running prefill; its request ends with CANCELLED. Its writer writes no more."""
+        """Stop a queued or running prefill, or end its hold; it ends with CANCELLED. Its writer writes no more."""
         with self.lock:
             it = self.active.get(request_id)
             if it is not None:
                 it.aborted = True
                 it.writer.stop()  # the pass it may be in writes none of its layers from now on
+        held = self.holds is not None and self.holds.end(request_id, error=Cancelled(f"{request_id} was aborted"))
         self.loop.wake()
-        return Ack(found=it is not None)
+        return Ack(found=it is not None or held)
+
+    def unhold(self, request_id: str, hold: str) -> Ack:
+        """The reader has the K/V (or never will): end the hold; its pages return once no read is in flight."""
+        return Ack(found=self.holds is not None and self.holds.end(request_id, hold))
 
     def watch(self, sink: Responder, heartbeat_s: float) -> None:
         self.watchers.add(sink, heartbeat_s)
@@ -113,7 +132,8 @@ class PrefillWorker:
             return WorkerStats(role="prefill", host=self.host, running=len(self.queue), queued_tokens=queued,
                                pages_total=a.num_pages, pages_used=a.num_used, pages_cached=c.cached_pages,
                                cache_hits=c.hit_pages, cache_misses=c.miss_pages, cache_evictions=c.evicted_pages,
-                               cache_salt=self.engine.salt.hex() if self.caching else "")
+                               cache_salt=self.engine.salt.hex() if self.caching else "",
+                               pages_held=self.holds.pages() if self.holds is not None else 0)
 
     def flush(self) -> Ack:
         """Drop every idle cached page of the local pool (pages in a pass keep their names)."""
@@ -133,15 +153,19 @@ class PrefillWorker:
     # -- passes (the loop thread) -------------------------------------------------------------------
 
     def _progress_due(self) -> float | None:
-        """When a transport next needs progressing (NIXL notices on their way out); None: never."""
-        return min((t for t in (s.progress_due() for s in list(self.senders.values())) if t is not None),
-                   default=None)
+        """When a transport next needs progressing (NIXL notices on their way out), or the holds' callers
+        checking; None: never."""
+        due = [s.progress_due() for s in list(self.senders.values())]
+        due.append(self.holds.sweep_due() if self.holds is not None else None)
+        return min((t for t in due if t is not None), default=None)
 
     def step(self) -> bool:
         """Run one pass if anything waits. True if a pass ran (or a request was dropped)."""
         for s in list(self.senders.values()):
             if s.progress_due() is not None:
                 s.progress()
+        swept = self.holds is not None and self.holds.sweep()
+        full = []
         with self.lock:
             dropped = self._drop_cancelled()
             longs = [it for it in self.queue if it.chunked]
@@ -150,15 +174,19 @@ class PrefillWorker:
             group = [longs[0]] if take_long else pack(shorts, self._todo, self.pass_tokens) if shorts else []
             for it in group:
                 self.queue.remove(it)
-                if self.caching and not take_long:
-                    self._reserve(it)
+                if (self.caching or it.msg.pull) and not take_long:
+                    if (err := self._reserve(it)) is not None and it.msg.pull:
+                        full.append((it, err))  # a pull prompt lives in the pool: no room, no pass
+            group = [it for it in group if it not in {x for x, _ in full}]
         for it in dropped:
             self._end_cancelled(it)
+        for it, err in full:
+            self._fail(it, err)
         if group:
             self.watchers.push(force=True)
             self._chunk(group[0]) if take_long else self._packed(group)
-        self.watchers.push(force=bool(group or dropped))
-        return bool(group or dropped)
+        self.watchers.push(force=bool(group or dropped or full or swept))
+        return bool(group or dropped or full)
 
     def _todo(self, it: PrefillItem) -> int:
         """Tokens still to compute: all but the cached prefix (or what a peek expects to find)."""
@@ -241,7 +269,7 @@ class PrefillWorker:
         compute = time.perf_counter() - t0
         for it, out in zip(pooled + direct, outs):
             it.compute_s = compute
-            if it.pooled:
+            if it.pooled and not it.msg.pull:
                 self._release(it, computed=True)
             self._answer(it, out)
 
@@ -289,11 +317,12 @@ class PrefillWorker:
                     self.engine.prefix.commit(seq)  # its finished chunks can serve others already
                 self.queue.insert(0, it)  # more chunks to go; keeps its place as the oldest long prompt
             return
-        self._release(it, computed=out is not None)
         if it.aborted:
             self._end_cancelled(it)
-        else:
-            self._answer(it, out)
+            return
+        if not it.msg.pull:
+            self._release(it, computed=True)
+        self._answer(it, out)
 
     def _answer(self, it: PrefillItem, out) -> None:
         if it.aborted:
@@ -301,20 +330,48 @@ class PrefillWorker:
             return
         token, logprob = out
         t1 = time.perf_counter()
-        self._done(it)
+        if not it.msg.pull:  # a pull item stays findable by Abort until it is held (see _hold)
+            self._done(it)
         try:
             it.writer.finish()
         except TandemError as e:  # LeaseLost (the decode side took its pages back) or TransferFailed
             it.sink.fail(e)
             return
         reason = it.seq.finish_reason.value if it.seq.finish_reason else None
+        source = None
+        if it.msg.pull and reason is not None:  # the first token ends it: nothing to hold
+            self._done(it)
+            self._release(it, computed=True)
+        elif it.msg.pull and (source := self._hold(it, token, logprob)) is None:
+            return
         it.sink.send(Prefilled(it.msg.request_id, token, logprob, reason, it.writer.bytes_written,
                                time.perf_counter() - t1, it.compute_s, it.started_at - it.queued_at,
                                cached_tokens=it.cached_tokens, top=it.seq.top_report,
-                               prompt_logprobs=it.seq.prompt_logprobs), final=True)
+                               prompt_logprobs=it.seq.prompt_logprobs, source=source),
+                       final=source is None)
+
+    def _hold(self, it: PrefillItem, token: int, logprob: float | None):
+        """Keep a pull item's pages for its reader; None (and the request ended) if it cannot be held."""
+        with self.lock:
+            if self.caching:
+                self.engine.prefix.commit(it.seq)  # others may share the prefix while it is held
+        try:
+            source = self.holds.keep(it, token, logprob)
+        except TandemError as e:
+            self._done(it)
+            self._release(it, computed=True)
+            it.sink.fail(e)
+            return None
+        self._done(it)
+        if it.aborted:  # an Abort that found it still active: it ended the hold too, or ends it here
+            self.holds.end(it.msg.request_id, error=Cancelled(f"prefill of {it.msg.request_id} was aborted"))
+            return None
+        return source
 
     def close(self) -> None:
         self.loop.stop()
+        if self.holds is not None:
+            self.holds.close()
         self.watchers.close()
         for s in self.senders.values():
             s.close()

@@ -94,6 +94,28 @@ def test_a_cancel_storm_frees_every_page_within_a_second(one_by_one, references)
     assert storm["failed_total"] == 0 and storm["wrong"] == 0
 
 
+def test_pull_1p1d_kills_and_a_cancel_storm_lose_nothing_and_free_every_page(built_engines, tmp_path, references):
+    """The pull handoff under the same faults: a killed worker's requests finish or fail retryably (a
+    resumed request is prefilled again, and its old hold ends with the failed attempt), and a cancel
+    storm gives back every decode page and every prefill hold."""
+    path = tmp_path / "pull.yaml"
+    path.write_text(yaml.safe_dump({"limits": {"max_in_flight": 128, "max_queued_tokens": 200_000},
+                                    "handoff": {"mode": "pull"}}))
+    s = start_serve(built_engines, tmp_path / "serve", "--config", str(path))
+    try:
+        doc = chaos(s, ["kill-decode-0", "kill-prefill-0", "cancel-storm"], references)
+    finally:
+        stop_serve(s)
+    kills, storm = doc["scenarios"][:2], doc["scenarios"][2]
+    for scenario in kills:
+        assert set(scenario["failed"]) <= {"UNAVAILABLE", "DEADLINE_EXCEEDED", "OUT_OF_PAGES", "RESOURCE_EXHAUSTED"}, scenario
+        assert scenario["wrong"] == 0 and scenario["recovered"] and scenario["time_to_recover_s"] < 60, scenario
+    assert storm["details"]["cancelled"] == 100 and storm["failed_total"] == 0 and storm["wrong"] == 0
+    assert storm["details"]["pages_back_to_idle_s"] is not None and storm["details"]["pages_back_to_idle_s"] < 5.0
+    assert doc["pages_in_use_at_end"] == 0
+    assert "Traceback" not in open(s.log_path).read()
+
+
 def test_the_page_bound_of_a_background_request_holds_for_every_harness_prompt(default_engine):
     """The storm's pages-back figure allows the canary and load requests in flight what they may hold;
     the bound must not be below what they really take (real tokenizer, real page size)."""

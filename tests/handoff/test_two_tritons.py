@@ -1,5 +1,5 @@
-"""Prefill and decode in two real Triton instances, KV pages handed over by shm and by NIXL, driven
-through the orchestrator's own clients and handoff protocol."""
+"""Prefill and decode in two real Triton instances, KV pages handed over by shm and by NIXL, pushed or
+pulled, driven through the orchestrator's own clients and handoff protocols."""
 
 from __future__ import annotations
 
@@ -14,24 +14,30 @@ from engine.tokenizer import ChatMessage
 from engine.transports.nixl import available as nixl_available
 from control.fleet import WorkerState
 from control.handoff import Handoff, Timings
+from control.pull_attempt import PullAttempt
 from control.worker_client import DecodeClient, PrefillClient
 from ops.local_workers import WorkerSet
 from tandem.sampling_params import SamplingParams
 from tandem.status import InvalidArgument, LeaseLost, TandemError, TransferFailed
-from tandem.wire import Open, Prefill, Release, Reserved, Start
+from tandem.wire import Ack, Open, Prefill, Prefilled, Release, Reserved, Start
 from tests.conftest import leak_check, leak_snapshot
 
 LONG = " ".join(f"Item {i}: a lantern, a map and a compass were packed for the trip." for i in range(25))
 PROMPTS = ["Hi", "What is the capital of France?", "Write two sentences about the moon.",
            "Give me three words that rhyme with cat.", f"Summarize this list in one sentence: {LONG}"]
-TRANSPORTS = ["shm", pytest.param("nixl", marks=pytest.mark.skipif(not nixl_available(), reason="NIXL not installed"))]
+# (transport, handoff mode): pull reads over shm within one host
+TRANSPORTS = [("shm", "push"), ("shm", "pull"), pytest.param(("nixl", "push"), marks=pytest.mark.skipif(
+    not nixl_available(), reason="NIXL not installed"))]
+PROTOCOLS = {"push": Handoff, "pull": PullAttempt}
 
 
-@pytest.fixture(scope="module", params=TRANSPORTS)
+@pytest.fixture(scope="module", params=TRANSPORTS, ids=lambda p: "-".join(p))
 def workers(request, built_engines, tmp_path_factory):
     before = leak_snapshot()
-    ws = WorkerSet(str(built_engines), str(tmp_path_factory.mktemp(f"workers-{request.param}")),
-                   {"prefill": 1, "decode": 1}, RepoOptions(transport=request.param, kv_pool_bytes=128 << 20))
+    transport, mode = request.param
+    ws = WorkerSet(str(built_engines), str(tmp_path_factory.mktemp(f"workers-{transport}-{mode}")),
+                   {"prefill": 1, "decode": 1}, RepoOptions(transport=transport, kv_pool_bytes=128 << 20, handoff=mode))
+    ws.mode = mode
     ws.start()
     yield ws
     ws.stop()
@@ -46,9 +52,19 @@ async def pair(ws) -> tuple[WorkerState, WorkerState]:
     return p, d
 
 
-async def collect(p, d, rid, ids, params):
+def push_only(ws) -> None:
+    if ws.mode != "push":
+        pytest.skip("a push reservation (pull: see the hold tests)")
+
+
+def pull_only(ws) -> None:
+    if ws.mode != "pull":
+        pytest.skip("a pull hold")
+
+
+async def collect(p, d, rid, ids, params, mode="push", timings: Timings | None = None):
     out = []
-    async with Handoff(d, p, rid, ids, params, [], Timings()) as h:
+    async with PROTOCOLS[mode](d, p, rid, ids, params, [], timings or Timings()) as h:
         while (t := await h.next()) is not None:
             if t.token is not None:
                 out.append(t.token)
@@ -65,26 +81,34 @@ def test_greedy_through_two_tritons_equals_single_process(workers, default_engin
     prompts = [default_engine.tokenizer.encode_chat([ChatMessage("user", p)]) for p in PROMPTS]
     assert len(prompts[-1]) > 300
     expected = [run_generation(default_engine, ids, params).token_ids for ids in prompts]
+    timings = [Timings() for _ in prompts]
 
     async def run():
         p, d = await pair(workers)
         try:
-            got = await asyncio.gather(*[collect(p, d, f"req-{i}", ids, params) for i, ids in enumerate(prompts)])
-            await asyncio.sleep(0.2)  # the last Release/stream ends reach the worker
-            return got, await d.client.stats()
+            got = await asyncio.gather(*[collect(p, d, f"req-{i}", ids, params, workers.mode, t)
+                                         for i, (ids, t) in enumerate(zip(prompts, timings))])
+            await asyncio.sleep(0.2)  # the last Release/Unhold/stream ends reach the workers
+            return got, await d.client.stats(), await p.client.stats()
         finally:
             await closing(p, d)
 
-    got, stats = asyncio.run(run())
+    got, stats, pstats = asyncio.run(run())
     assert got == expected
     assert stats.pages_used == 0 and stats.reserved == 0 and stats.running == 0
-    assert stats.kv_bytes_received == sum(len(ids) for ids in prompts) * default_engine.kv_layout().bytes_per_token
+    assert pstats.pages_held == 0 and pstats.pages_used == 0
+    # what moved is what the decode worker's prefix cache lacked (pull opens decode after each prefill,
+    # so later requests may find the chat template's first page there)
+    moved = sum(len(ids) - t.decode_cached for ids, t in zip(prompts, timings))
+    assert stats.kv_bytes_received == moved * default_engine.kv_layout().bytes_per_token
 
 
 def test_a_reservation_is_released_when_its_caller_goes_away(workers):
     """No lease timer: an Open whose caller vanishes (its stream cancelled) ends. With shm its pages are
     free at once (the fence revokes any writer); with NIXL they stay quarantined (`pages_fenced`) until a
     writer's close notice or the fence timeout, since a writer may have been given the destination."""
+    push_only(workers)
+
     async def run():
         p, d = await pair(workers)
         try:
@@ -113,6 +137,7 @@ def test_a_reservation_is_released_when_its_caller_goes_away(workers):
 
 
 def test_bad_input_gets_a_typed_error_and_changes_no_other_request(workers, default_engine):
+    push_only(workers)
     ids = default_engine.tokenizer.encode("The quick brown fox jumps over the lazy dog")
     params = SamplingParams(max_tokens=6)
 
@@ -160,17 +185,20 @@ def test_a_failed_prefill_releases_the_reservation(workers):
         p, d = await pair(workers)
         try:
             with pytest.raises(InvalidArgument, match="token ids must be in"):
-                await collect(p, d, "bad-prompt", [10**6], SamplingParams(max_tokens=4))
+                await collect(p, d, "bad-prompt", [10**6], SamplingParams(max_tokens=4), workers.mode)
             await asyncio.sleep(0.3)
-            return await d.client.stats()
+            return await d.client.stats(), await p.client.stats()
         finally:
             await closing(p, d)
 
-    stats = asyncio.run(run())
+    stats, pstats = asyncio.run(run())
     assert stats.pages_used == stats.pages_fenced and stats.reserved == 0
+    assert pstats.pages_held == 0 and pstats.pages_used == 0
 
 
 def test_a_release_from_the_orchestrator_ends_the_open_call(workers):
+    push_only(workers)
+
     async def run():
         p, d = await pair(workers)
         try:
@@ -186,3 +214,100 @@ def test_a_release_from_the_orchestrator_ends_the_open_call(workers):
 
     err, stats = asyncio.run(run())
     assert type(err).__name__ == "Cancelled" and stats.pages_used == stats.pages_fenced and stats.reserved == 0
+
+
+def test_a_hold_ends_when_its_caller_goes_away_and_no_timer_ends_it_before(workers, default_engine):
+    """The pull hold lives exactly as long as its Prefill call: still held after longer than any sweep
+    while its caller listens; gone once the caller's connection drops (Triton cancels the call)."""
+    pull_only(workers)
+    ids = default_engine.tokenizer.encode_chat([ChatMessage("user", "Write two sentences about the moon.")])
+
+    async def run():
+        p, d = await pair(workers)
+        try:
+            held = p.client.prefill_held(Prefill("held", ids, SamplingParams(max_tokens=8), pull=True))
+            first = await held.__anext__()
+            await asyncio.sleep(1.5)
+            during = await p.client.stats()
+            await held.aclose()
+            await p.client.channel.close()  # the connection drops: Triton cancels the call
+            p.client = PrefillClient(workers.urls("prefill")[0])
+            for _ in range(100):  # the worker's hold sweep runs every second
+                await asyncio.sleep(0.1)
+                after = await p.client.stats()
+                if after.pages_held == 0:
+                    break
+            return first, during, after
+        finally:
+            await closing(p, d)
+
+    first, during, after = asyncio.run(run())
+    assert isinstance(first, Prefilled) and first.source is not None
+    assert during.pages_held == len(first.source.page_ids) > 0
+    assert after.pages_held == 0 and after.pages_used == 0
+
+
+def test_an_unhold_ends_the_held_call_and_a_stale_source_reads_nothing(workers, default_engine):
+    pull_only(workers)
+    ids = default_engine.tokenizer.encode_chat([ChatMessage("user", "Give me three words that rhyme with cat.")])
+    params = SamplingParams(max_tokens=8)
+
+    async def run():
+        p, d = await pair(workers)
+        try:
+            held = p.client.prefill_held(Prefill("u", ids, params, pull=True))
+            first = await held.__anext__()
+            p.client.unhold("u", first.source.hold)
+            end = [r async for r in held]
+            try:  # decode opened with the source of a hold that ended: the fence refuses every read
+                async for _ in d.client.open(Open("u", ids, params, source=first.source)):
+                    pass
+            except TandemError as e:
+                err = e
+            await asyncio.sleep(0.3)
+            return end, err, await p.client.stats(), await d.client.stats()
+        finally:
+            await closing(p, d)
+
+    end, err, pstats, dstats = asyncio.run(run())
+    assert len(end) == 1 and isinstance(end[0], Ack)
+    assert isinstance(err, LeaseLost)
+    assert pstats.pages_held == 0 and dstats.pages_used == 0 and dstats.reserved == 0
+
+
+def test_a_pull_attempt_left_early_ends_its_hold_and_then_its_lease(workers, default_engine):
+    """PullAttempt.__aexit__: an attempt left after its first token ends its hold (Unhold); one left after
+    the decode worker read the K/V ends its decode lease (Release); nothing stays held on either worker."""
+    pull_only(workers)
+    ids = default_engine.tokenizer.encode_chat([ChatMessage("user", "Write two sentences about the moon.")])
+    params = SamplingParams(max_tokens=50)
+
+    async def settled(p, d):
+        for _ in range(100):
+            ps, ds = await p.client.stats(), await d.client.stats()
+            if ps.pages_held == ps.pages_used == 0 and ds.pages_used == ds.reserved == 0:
+                break
+            await asyncio.sleep(0.1)
+        return ps, ds
+
+    async def run():
+        p, d = await pair(workers)
+        try:
+            async with PullAttempt(d, p, "left-first", ids, params, [], Timings()) as h:
+                first = await h.next()
+                held = (await p.client.stats()).pages_held
+            after_first = await settled(p, d)
+            timings = Timings()
+            async with PullAttempt(d, p, "left-second", ids, params, [], timings) as h:
+                await h.next()
+                second = await h.next()
+                leased = (await d.client.stats()).pages_used
+            return first, held, after_first, second, timings, leased, await settled(p, d)
+        finally:
+            await closing(p, d)
+
+    first, held, (p1, d1), second, timings, leased, (p2, d2) = asyncio.run(run())
+    assert first.finish_reason is None and held > 0
+    assert p1.pages_held == p1.pages_used == 0 and d1.pages_used == 0
+    assert second.finish_reason is None and timings.pulled is not None and leased > 0
+    assert p2.pages_held == p2.pages_used == 0 and d2.pages_used == d2.reserved == 0

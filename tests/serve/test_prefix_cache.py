@@ -1,8 +1,8 @@
 """The prefix cache on real stacks (real Tritons, the real model, both front doors): greedy answers are
 the same as the model's without any cache, whatever the cache does: multi-turn conversations, shared
 system prompts, prompts that diverge inside a page, concurrent requests sharing a prefix, eviction in a
-pool too small for the working set; under KV-aware routing, conditional disaggregation, co-located
-replicas, and with the cache off. Usage reports cached tokens; operators can flush."""
+pool too small for the working set; under KV-aware routing (push and pull handoffs), conditional
+disaggregation, co-located replicas, and with the cache off. Usage reports cached tokens; operators can flush."""
 
 from __future__ import annotations
 
@@ -31,6 +31,8 @@ MAX_TOKENS = 12
 VARIANTS = {
     "remote-kv-aware-small-pool": ({"local_prefill_tokens": 0, "router": "kv-aware"},
                                    ("--kv-pool-bytes", str(24 << 20))),  # 34 pages: evictions
+    "pull-kv-aware-small-pool": ({"local_prefill_tokens": 0, "router": "kv-aware", "handoff": {"mode": "pull"}},
+                                 ("--kv-pool-bytes", str(24 << 20))),  # the pull handoff: decode reads held K/V
     "conditional": ({"local_prefill_tokens": 512}, ()),
     "colocated-kv-aware": ({"mode": "colocated", "replicas": 2, "router": "kv-aware"}, ()),
     "cache-off": ({"local_prefill_tokens": 0, "prefix_cache": {"enabled": False}}, ()),
@@ -106,7 +108,7 @@ def test_concurrent_requests_sharing_a_prefix_and_diverging_inside_a_page(stack,
 
 
 def test_eviction_in_a_pool_too_small_for_the_working_set(stack, default_engine):
-    if stack.variant != "remote-kv-aware-small-pool":
+    if not stack.variant.endswith("small-pool"):
         pytest.skip("needs the small decode pool")
     prompts = [f"System: record book number {i}. " + SYSTEM[8:] + TURNS[i % 3] for i in range(10)]
     want = [reference(default_engine, p) for p in prompts]

@@ -32,3 +32,33 @@ def test_a_server_ended_while_loading_leaves_nothing(rendered_repo, tmp_path, ki
     finally:
         server.stop()
     assert leak_check(before) == []
+
+
+def test_a_stopped_group_takes_its_own_segments_and_leaves_a_live_peers_pool(tmp_path):
+    """A pull reader maps its prefill worker's pool (a push writer maps its decode worker's): stopping
+    the reader's process group must unlink what it owned, never the live peer's pool it only mapped."""
+    import subprocess
+    import sys
+
+    from engine.shm_region import SharedBuffer
+    from ops.triton_process import stop_group
+
+    peer = SharedBuffer.create(4096, tag="kv")  # owned by this (live) process
+    child = subprocess.Popen([sys.executable, "-c", (
+        "import mmap, os, sys, time\n"
+        "from engine.shm_region import SharedBuffer\n"
+        "own = SharedBuffer.create(4096, tag='kv')\n"
+        f"fd = os.open({peer.path!r}, os.O_RDWR); view = mmap.mmap(fd, 4096)\n"
+        "print(own.path, flush=True); time.sleep(600)\n")], stdout=subprocess.PIPE, text=True,
+        start_new_session=True, cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    try:
+        own = child.stdout.readline().strip()
+        assert os.path.exists(own) and os.path.exists(peer.path)
+        stop_group(child.pid, timeout_s=5, proc=child)
+        assert not os.path.exists(own)  # the stopped group's own segment is gone
+        assert os.path.exists(peer.path)  # the live peer's pool it mapped stays
+    finally:
+        if child.poll() is None:
+            child.kill()
+        peer.close()
+        peer.unlink()

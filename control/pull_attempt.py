@@ -1,0 +1,120 @@
+"""The pull handoff, orchestrator side (TensorRT-LLM's, vLLM's NixlConnector's and DistServe's shape):
+one attempt of one request on a prefill and a decode worker, chosen by `handoff: {mode: pull}`.
+
+    PREFILL   prefill(prompt, pull)  -> Prefilled(first token, source: PullSource = pool, pages, tokens,
+      │       fence slot/epoch, hold id); the K/V stay in the prefill worker's own pool under a hold, and
+      │       the Prefill call stays open for as long as the hold lives (engine/workers/holds.py)
+    FIRST     the first token goes to the client at once (a first token that ends the request: done,
+      │       nothing is held)
+    OPEN      decode.open(prompt, source) -> the decode worker reserves pages (its prefix cache first)
+      │       and READS the positions it lacks from the source pages, layer by layer
+    PULLED    decode answers Pulled -> unhold(prefill, hold id): the prefill pages go back
+    DONE      the Open call streams the remaining tokens from the first token on, and ends
+
+Every exit that is not DONE ends the hold (Unhold; an Abort while the prefill still runs) and the
+decode lease (Release), both sent without waiting. The hold lives exactly as long as its request, no
+timer: it ends on the orchestrator's word, or when its caller is gone (this process died: Triton
+cancels the Prefill call, a sweep on the worker finds it), or with its worker. A request resumed after
+a decode failure is prefilled again (a new hold, maybe on another prefill worker); the old hold ends
+with the failed attempt. A decode worker without room (OUT_OF_PAGES on Open) ends the attempt as in
+push: the hold ends, the request waits for pages and is prefilled again.
+
+The fence the other way round: a held page is reused only when no reader can still read it. Each
+layer is read under the slot's read lock with the epoch checked (engine/transports/pull.py); ending a
+hold revokes the slot first, and frees the pages only once the revoke held the write lock, so a read
+in flight (even of a reader stopped mid-copy) keeps them out of use, and a late read fails LEASE_LOST
+having read nothing. The prefix cache works on both sides as in push: the decode worker reads only
+what its cache lacks; the prefill worker computes only what its cache lacks.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from control.fleet import WorkerState
+from control.handoff import Attempt, Timings, blame, first_token
+from tandem.sampling_params import SamplingParams
+from tandem.status import Status, TandemError, Unavailable, status_of
+from tandem.wire import Open, Prefill, Prefilled, Pulled, Token
+
+
+class PullAttempt(Attempt):
+    """The pull protocol on one decode and one prefill worker (see the module docstring)."""
+
+    def __init__(self, decode: WorkerState, prefill: WorkerState, request_id: str, prompt_ids: list[int],
+                 params: SamplingParams, sent: list[int], timings: Timings):
+        super().__init__(decode, request_id)
+        self.prefill, self.prompt_ids, self.params, self.sent = prefill, list(prompt_ids), params, list(sent)
+        self.timings = timings
+        self.held = None  # the prefill worker's Prefill stream: Prefilled, then open while the hold lives
+        self.prefilling, self.source = False, None  # source: the PullSource whose hold is not yet ended
+        self.on_first: Callable[[], None] | None = None  # called once when the prefill worker answered
+        self.on_pulled: Callable[[], None] | None = None  # called once when the decode worker read the K/V
+
+    async def next(self) -> Token | None:
+        if self.held is None:
+            return await self._first_token()
+        if self.opened is None and not self.finished:  # the first token went out: decode reads, then streams
+            await self._pull()
+        return await self._stream_next()
+
+    async def _first_token(self) -> Token:
+        """PREFILL into the prefill worker's own pages, held: the first token and the source."""
+        p, t = self.prefill, self.timings
+        self.held = p.client.prefill_held(Prefill(self.request_id, self.prompt_ids, self.params, self.sent,
+                                                  pull=True))
+        self.prefilling = True
+        try:
+            first = await anext(self.held, None)
+        except TandemError as e:
+            raise blame(e, p) from None
+        if not isinstance(first, Prefilled):
+            what = "ended the prefill" if first is None else f"answered a pull prefill with {type(first).__name__}"
+            raise blame(Unavailable(f"{p.name} {what} of {self.request_id} without a first token"), p)
+        self.prefilling, self.source = False, first.source
+        t.first_token, t.prefilled = time.perf_counter(), first
+        t.reserved = t.start  # nothing waited for a decode worker before the prefill
+        if self.on_first is not None:
+            self.on_first()
+        self.finished = first.finish_reason is not None
+        return first_token(first)
+
+    async def _pull(self) -> None:
+        """OPEN decode with the source; once it answers PULLED, the hold ends (the prefill pages go back)."""
+        d, t, source = self.decode, self.timings, self.source
+        if source is None:
+            raise blame(Unavailable(f"{self.prefill.name} held nothing for {self.request_id} (no pull source)"),
+                        self.prefill)
+        t.transport = source.transport
+        self.opened = d.client.open(Open(self.request_id, self.prompt_ids, self.params, self.sent,
+                                         writer=self.prefill.name, writer_host=self.prefill.host, source=source))
+        try:
+            pulled = await anext(self.opened, None)
+        except TandemError as e:  # a read refused by the fence or a source gone: the prefill side's doing
+            lost = status_of(e) in (Status.LEASE_LOST, Status.TRANSFER_FAILED)
+            raise blame(e, self.prefill if lost else d) from None
+        if not isinstance(pulled, Pulled):
+            what = "ended the request" if pulled is None else f"answered a pull Open with {type(pulled).__name__}"
+            raise blame(Unavailable(f"{d.name} {what} before reading its K/V"), d)
+        t.pulled, t.pulled_at, t.decode_cached = pulled, time.perf_counter(), pulled.cached_tokens
+        self.source = None
+        self.prefill.client.unhold(self.request_id, source.hold)
+        if self.on_pulled is not None:
+            self.on_pulled()
+
+    async def __aexit__(self, *exc) -> None:
+        """Every exit that is not DONE: Abort a running prefill, Unhold a hold, Release the decode lease
+        (all without waiting)."""
+        p = self.prefill
+        if self.prefilling:
+            p.client.abort(self.request_id)
+        if self.source is not None:
+            p.client.unhold(self.request_id, self.source.hold)
+        if self.opened is not None and not self.ended:
+            self.decode.client.release(self.request_id, "", writer_closed=True)
+        try:
+            await super().__aexit__(*exc)
+        finally:
+            if self.held is not None:
+                await self.held.aclose()

@@ -1,0 +1,148 @@
+"""The pull handoff's read side: a decode worker reads a request's K/V out of a prefill worker's pool.
+
+Pull turns the push handoff around (control/handoff.py has the whole protocol): the prefill worker
+keeps a request's K/V in pages of its own pool, exported like a decode pool (engine/transports/host.py:
+a shared-memory region and a fence table), and hands out a `PullSource`. The decode worker reserves
+pages of its own and calls `KVReader.read`, which copies positions [start, source.tokens) layer by
+layer from the source pages into them (`start`: what its prefix cache already holds).
+
+The fence, mirrored: every layer is read inside the source's fence, a read lock on its slot of the
+prefill pool's fence table with the epoch checked (engine/transports/fence.py). Once the prefill
+worker revokes the slot (the hold ended), no check passes: the read fails with LeaseLost and nothing
+of that layer was read. The prefill worker reuses the pages only after the revoke took the slot's
+write lock, so a reader stopped in the middle of a copy keeps them out of use until it resumes or dies.
+
+Transports: `shm` (the prefill pool's segment mapped read-only in spirit: only copied from) and
+`inproc` (tests). A NIXL READ side is not built yet: `reader("nixl")` says so (pull across hosts).
+"""
+
+from __future__ import annotations
+
+import os
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+
+import torch
+
+from engine.kv_pool import KVCache
+from engine.shm_region import SHM_DIR
+from engine.transports.base import pool_part
+from engine.transports.fence import FenceGuard
+from tandem.kv_layout import KVLayout
+from tandem.pool import PullSource
+from tandem.status import Cancelled, TransferFailed
+
+PULL_TRANSPORTS = ("shm", "inproc")
+
+
+class KVReader(ABC):
+    """Reads held K/V from other workers' pools into this worker's pool; one per transport and process."""
+
+    name: str
+
+    def __init__(self, layout: KVLayout):
+        self.layout = layout  # the decode engine's layout; a source pool must match it
+
+    def check(self, source: PullSource):
+        """The source pool's part for this transport; TransferFailed if absent or incompatible."""
+        part = pool_part(source.pool, self.name, self.layout, "source")
+        bad = [p for p in source.page_ids if not 0 <= p < source.pool.num_pages]
+        if not source.page_ids or bad or self.layout.pages_for(source.tokens) > len(source.page_ids):
+            raise TransferFailed(f"request {source.request_id}: source pages must be pages of a pool with "
+                                 f"{source.pool.num_pages} pages, enough for {source.tokens} tokens")
+        return part
+
+    @abstractmethod
+    def _open(self, source: PullSource) -> tuple[torch.Tensor, FenceGuard]:
+        """The source pool's pages [layers, 2, pages, tokens_per_page, kv_heads, head_dim] and a guard
+        of our own on its fence table (closed by the caller)."""
+
+    def read(self, source: PullSource, cache: KVCache, page_ids: list[int], start: int = 0,
+             stopped: Callable[[], bool] = lambda: False) -> int:
+        """Copy positions [start, source.tokens) into `page_ids` (the request's page table in `cache`);
+        returns the bytes read. Raises LeaseLost (the hold was revoked), Cancelled (`stopped()` turned
+        true between layers) or TransferFailed. Whole pages are copied: positions past `tokens` in
+        the last page are the request's own to overwrite."""
+        tpp = self.layout.tokens_per_page
+        if start % tpp:
+            raise TransferFailed(f"request {source.request_id}: a read must start on a page boundary "
+                                 f"(multiple of {tpp}), got position {start}")
+        self.check(source)
+        first, n = start // tpp, self.layout.pages_for(source.tokens)
+        if n > len(page_ids):
+            raise TransferFailed(f"request {source.request_id}: {source.tokens} tokens need {n} pages, "
+                                 f"the destination has {len(page_ids)}")
+        if first >= n:
+            return 0
+        data, guard = self._open(source)
+        src = torch.tensor(source.page_ids[first:n])  # [P]
+        dst = torch.tensor(page_ids[first:n], device=cache.device)  # [P]
+        try:
+            with torch.inference_mode():
+                for layer in range(self.layout.num_layers):
+                    if stopped():
+                        raise Cancelled(f"request {source.request_id}: the read was stopped")
+                    with guard.hold(source.slot, source.epoch):
+                        kv = data[layer].index_select(1, src)  # [2, P, tokens_per_page, kv_heads, head_dim]
+                    cache.data[layer].index_copy_(1, dst, kv.to(cache.device))
+        finally:
+            guard.close()
+        return (n - first) * tpp * self.layout.bytes_per_token
+
+    def close(self) -> None:
+        return None
+
+
+class ShmReader(KVReader):
+    name = "shm"
+
+    def __init__(self, layout: KVLayout):
+        super().__init__(layout)
+        self.mapped: dict = {}
+
+    def _open(self, source: PullSource):
+        from engine.transports.shm import MappedPool
+
+        part = self.check(source)
+        if part.segment not in self.mapped:
+            for name in [n for n in self.mapped if not os.path.exists(os.path.join(SHM_DIR, n))]:
+                self.mapped.pop(name).close()  # its prefill worker stopped
+            try:
+                self.mapped[part.segment] = MappedPool(part, source.pool.layout, source.pool.num_pages)
+            except (OSError, ValueError) as e:
+                raise TransferFailed(f"cannot map prefill pool {part.segment!r}: {e} (is the prefill worker "
+                                     f"running on this host?)") from None
+        m = self.mapped[part.segment]
+        return m.data, FenceGuard(m.fence_name)
+
+    def close(self) -> None:
+        for m in self.mapped.values():
+            m.close()
+        self.mapped.clear()
+
+
+class InprocReader(KVReader):
+    name = "inproc"
+
+    def __init__(self, layout: KVLayout, registry: dict):
+        super().__init__(layout)
+        self.registry = registry
+
+    def _open(self, source: PullSource):
+        part = self.check(source)
+        endpoint = self.registry.get(part.id)
+        if endpoint is None:
+            raise TransferFailed(f"no in-process pool {part.id!r} (closed, or in another process)")
+        return endpoint.cache.data, FenceGuard(endpoint.fence_name)
+
+
+def reader(name: str, layout: KVLayout, registry: dict | None = None) -> KVReader:
+    """The read side of a transport; TransferFailed for one that has none (yet)."""
+    if name == "shm":
+        return ShmReader(layout)
+    if name == "inproc":
+        return InprocReader(layout, registry if registry is not None else {})
+    if name == "nixl":
+        raise TransferFailed("the pull handoff has no NIXL READ side yet (pull works within one host, over "
+                             "shm); use handoff mode push for workers on other hosts")
+    raise TransferFailed(f"unknown transport {name!r}; the pull handoff reads over {', '.join(PULL_TRANSPORTS)}")

@@ -1,0 +1,76 @@
+"""A decode worker's pull side (pull handoff): reads each pulling lease's K/V out of its prefill
+worker's pool (engine/transports/pull.py) on one thread of its own, so the running batch keeps
+stepping while a prompt's pages are copied.
+
+The loop thread submits a lease whose pages are reserved; the read lands in those pages and its outcome
+(bytes read, or the error) is queued for the loop, which takes it up at its next iteration. A lease
+that ends while its read is in flight keeps its pages until the read returned (`Lease.pulling`): the
+reader stops at the next layer once the lease has an end status, and no page is freed under a copy.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from engine.kv_pool import KVCache
+from engine.transports.pull import KVReader, reader
+from engine.workers.leases import Lease
+from tandem.kv_layout import KVLayout
+from tandem.status import TandemError, TransferFailed
+
+
+@dataclass
+class PullResult:
+    lease: Lease
+    kv_bytes: int
+    seconds: float
+    error: TandemError | None
+
+
+class Puller:
+    def __init__(self, cache: KVCache, layout: KVLayout, host: str, wake: Callable[[], None],
+                 registry: dict | None = None):
+        """`wake()`: tell the loop a result is waiting. `registry`: the inproc transport's (tests)."""
+        self.cache, self.layout, self.host, self.wake, self.registry = cache, layout, host, wake, registry
+        self.readers: dict[str, KVReader] = {}
+        self.results: deque[PullResult] = deque()
+        self._lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kv-pull")
+
+    def submit(self, lease: Lease) -> None:
+        """Start reading the lease's K/V into its pages (the loop thread; pages already reserved)."""
+        lease.pulling = True
+        self._pool.submit(self._read, lease, time.perf_counter())
+
+    def _read(self, lease: Lease, t0: float) -> None:
+        src, n, error = lease.source, 0, None
+        try:
+            if src.pool.host != self.host:
+                raise TransferFailed(f"request {lease.request_id}: the prefill worker's pool is on another host; "
+                                     f"the pull handoff reads within one host (use push across hosts)")
+            if src.transport not in self.readers:
+                self.readers[src.transport] = reader(src.transport, self.layout, self.registry)
+            n = self.readers[src.transport].read(src, self.cache, lease.pages, lease.cached_tokens,
+                                                 stopped=lambda: lease.end_status is not None)
+        except TandemError as e:  # LeaseLost (the hold ended), Cancelled (the lease did), TransferFailed
+            error = e
+        with self._lock:
+            self.results.append(PullResult(lease, n, time.perf_counter() - t0, error))
+        self.wake()
+
+    def collect(self) -> list[PullResult]:
+        with self._lock:
+            out = list(self.results)
+            self.results.clear()
+        return out
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+        for r in self.readers.values():
+            r.close()
+        self.readers.clear()

@@ -22,7 +22,8 @@ to read them from; the call stays open until the hold ends.
 
 A request is answered as soon as its last pass is done; one that fails (a destination that cannot be
 written, its lease revoked) fails alone. An aborted or cancelled request leaves the queue at the next
-pass boundary (at once if it has not started), its writer stopped. The pool's allocator is touched
+pass boundary (at once if it has not started), its writer stopped. The passes themselves are
+engine/workers/prefill_runs.py. The pool's allocator is touched
 only under `lock` (the loop thread, stats and Flush from Triton's threads).
 """
 
@@ -33,7 +34,6 @@ import threading
 import time
 from collections.abc import Callable
 
-from engine.attention import PassStopped
 from engine.engine import Engine
 from engine.errors import OutOfPages
 from engine.transports import KVSender, sender
@@ -43,16 +43,17 @@ from engine.transports.host import PoolHost
 from engine.workers.cache_feed import CacheFeed
 from engine.workers.holds import Holds
 from engine.workers.loop import Loop
-from engine.workers.prefill_items import PrefillItem, SlowWriter, send_cached
+from engine.workers.prefill_items import PrefillItem, SlowWriter
+from engine.workers.prefill_runs import PrefillRuns
 from engine.workers.sink import Responder
 from engine.workers.watchers import Watchers
 from policies.prefill_passes import PassTurn, chunk_tokens, pack
 from tandem.pool import host_identity
-from tandem.status import Cancelled, TandemError
-from tandem.wire import Ack, Prefill, Prefilled, WorkerStats
+from tandem.status import Cancelled
+from tandem.wire import Ack, Prefill, WorkerStats
 
 
-class PrefillWorker:
+class PrefillWorker(PrefillRuns):
     def __init__(self, engine: Engine, pass_tokens: int = 8192, write_delay_s: float = 0.0,
                  registry: dict | None = None, pool: PoolHost | None = None):
         """`engine.cache`, when there is one, holds long prompts between their chunks and the prefix cache.
@@ -238,135 +239,6 @@ class PrefillWorker:
         with self.lock:
             if self.active.get(it.msg.request_id) is it:
                 del self.active[it.msg.request_id]
-
-    def _packed(self, group: list[PrefillItem]) -> None:
-        """One pass: pooled items continue against their pages (cached prefix), the others straight
-        into their writers (no room in the pool, or no cache)."""
-        t0 = time.perf_counter()
-        for it in group:
-            it.started_at = it.started_at or t0
-        pooled = [it for it in group if it.pooled]
-        direct = [it for it in group if not it.pooled]
-        work = {it: self._todo(it) for it in group}
-        half = sum(work.values()) / 2
-
-        def stop() -> bool:  # most of the pass is for requests that left: cheaper to redo the rest
-            return sum(n for it, n in work.items() if it.aborted) >= half
-
-        try:
-            for it in pooled:
-                send_cached(self.engine.cache, it)
-            outs = self.engine.extend([it.seq for it in pooled], [self._todo(it) for it in pooled],
-                                      [it.writer for it in pooled], stop) if pooled else []
-            outs += self.engine.prefill([it.seq for it in direct], [it.writer for it in direct], stop) if direct else []
-        except PassStopped:
-            self._redo_live(group)
-            return
-        except Exception as e:  # a failed pass fails its requests, not the worker
-            for it in group:
-                self._fail(it, e)
-            return
-        compute = time.perf_counter() - t0
-        for it, out in zip(pooled + direct, outs):
-            it.compute_s = compute
-            if it.pooled and not it.msg.pull:
-                self._release(it, computed=True)
-            self._answer(it, out)
-
-    def _redo_live(self, group: list[PrefillItem]) -> None:
-        """After a pass was given up: its aborted requests end, the others go back to the head of the
-        queue with no pages (they are reserved again and computed from where their cache left them);
-        their writers first let any write of the given-up pass land, since the redo writes it again."""
-        ended = [it for it in group if it.aborted]  # one reading: an abort may land while we work
-        live = [it for it in group if it not in ended]
-        for it in ended:
-            self._end_cancelled(it)
-        for it in live:
-            it.writer.settle()
-            self._release(it, computed=False)
-        with self.lock:
-            self.queue[:0] = live
-
-    def _chunk(self, it: PrefillItem) -> None:
-        seq, engine = it.seq, self.engine
-        it.started_at = it.started_at or time.perf_counter()
-        if not seq.page_table:
-            with self.lock:
-                full = self._reserve(it)
-                if full is not None and any(x.chunked for x in self.queue):
-                    self.queue.append(it)  # others hold the pool; try again after them
-                    return
-            if full is not None:
-                self._fail(it, full)
-                return
-            send_cached(engine.cache, it)
-        n = min(self.chunk_tokens, seq.num_tokens - seq.num_cached)
-        t0 = time.perf_counter()
-        try:
-            out = engine.extend([seq], [n], [it.writer], stop=lambda: it.aborted)[0]
-        except PassStopped:  # aborted mid-chunk: its pages are free now, not when the chunk would end
-            self._end_cancelled(it)
-            return
-        except Exception as e:  # a failed chunk must not hold pages or leave the writer open
-            self._fail(it, e)
-            return
-        it.compute_s += time.perf_counter() - t0
-        if out is None and not it.aborted:
-            with self.lock:
-                if self.caching:
-                    self.engine.prefix.commit(seq)  # its finished chunks can serve others already
-                self.queue.insert(0, it)  # more chunks to go; keeps its place as the oldest long prompt
-            return
-        if it.aborted:
-            self._end_cancelled(it)
-            return
-        if not it.msg.pull:
-            self._release(it, computed=True)
-        self._answer(it, out)
-
-    def _answer(self, it: PrefillItem, out) -> None:
-        if it.aborted:
-            self._end_cancelled(it)
-            return
-        token, logprob = out
-        t1 = time.perf_counter()
-        if not it.msg.pull:  # a pull item stays findable by Abort until it is held (see _hold)
-            self._done(it)
-        try:
-            it.writer.finish()
-        except TandemError as e:  # LeaseLost (the decode side took its pages back) or TransferFailed
-            it.sink.fail(e)
-            return
-        reason = it.seq.finish_reason.value if it.seq.finish_reason else None
-        source = None
-        if it.msg.pull and reason is not None:  # the first token ends it: nothing to hold
-            self._done(it)
-            self._release(it, computed=True)
-        elif it.msg.pull and (source := self._hold(it, token, logprob)) is None:
-            return
-        it.sink.send(Prefilled(it.msg.request_id, token, logprob, reason, it.writer.bytes_written,
-                               time.perf_counter() - t1, it.compute_s, it.started_at - it.queued_at,
-                               cached_tokens=it.cached_tokens, top=it.seq.top_report,
-                               prompt_logprobs=it.seq.prompt_logprobs, source=source),
-                       final=source is None)
-
-    def _hold(self, it: PrefillItem, token: int, logprob: float | None):
-        """Keep a pull item's pages for its reader; None (and the request ended) if it cannot be held."""
-        with self.lock:
-            if self.caching:
-                self.engine.prefix.commit(it.seq)  # others may share the prefix while it is held
-        try:
-            source = self.holds.keep(it, token, logprob)
-        except TandemError as e:
-            self._done(it)
-            self._release(it, computed=True)
-            it.sink.fail(e)
-            return None
-        self._done(it)
-        if it.aborted:  # an Abort that found it still active: it ended the hold too, or ends it here
-            self.holds.end(it.msg.request_id, error=Cancelled(f"prefill of {it.msg.request_id} was aborted"))
-            return None
-        return source
 
     def close(self) -> None:
         self.loop.stop()

@@ -120,16 +120,23 @@ class Attempt:
                 give_back()
 
 
-class Handoff(Attempt):
-    """The handoff protocol on one decode and one prefill worker (see the module docstring)."""
+class PairAttempt(Attempt):
+    """An attempt on one decode and one prefill worker: what push (Handoff) and pull (PullAttempt) share."""
 
     def __init__(self, decode: WorkerState, prefill: WorkerState, request_id: str, prompt_ids: list[int],
                  params: SamplingParams, sent: list[int], timings: Timings):
         super().__init__(decode, request_id)
         self.prefill, self.prompt_ids, self.params, self.sent = prefill, list(prompt_ids), params, list(sent)
         self.timings = timings
-        self.lease, self.writer_running, self.first = "", False, None
         self.on_first: Callable[[], None] | None = None  # called once when the prefill worker answered
+
+
+class Handoff(PairAttempt):
+    """The handoff protocol on one decode and one prefill worker (see the module docstring)."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.lease, self.writer_running, self.first = "", False, None
 
     async def next(self) -> Token | None:
         if self.opened is None:

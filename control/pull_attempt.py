@@ -32,24 +32,18 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from control.fleet import WorkerState
-from control.handoff import Attempt, Timings, blame, first_token
-from tandem.sampling_params import SamplingParams
+from control.handoff import PairAttempt, blame, first_token
 from tandem.status import Status, TandemError, Unavailable, status_of
 from tandem.wire import Open, Prefill, Prefilled, Pulled, Token
 
 
-class PullAttempt(Attempt):
+class PullAttempt(PairAttempt):
     """The pull protocol on one decode and one prefill worker (see the module docstring)."""
 
-    def __init__(self, decode: WorkerState, prefill: WorkerState, request_id: str, prompt_ids: list[int],
-                 params: SamplingParams, sent: list[int], timings: Timings):
-        super().__init__(decode, request_id)
-        self.prefill, self.prompt_ids, self.params, self.sent = prefill, list(prompt_ids), params, list(sent)
-        self.timings = timings
+    def __init__(self, *args):
+        super().__init__(*args)
         self.held = None  # the prefill worker's Prefill stream: Prefilled, then open while the hold lives
         self.prefilling, self.source = False, None  # source: the PullSource whose hold is not yet ended
-        self.on_first: Callable[[], None] | None = None  # called once when the prefill worker answered
         self.on_pulled: Callable[[], None] | None = None  # called once when the decode worker read the K/V
 
     async def next(self) -> Token | None:

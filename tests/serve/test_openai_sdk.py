@@ -135,7 +135,8 @@ def test_a_missing_or_wrong_key_is_an_authentication_error(guarded):
                 c.completions.create(model="smollm2-135m", prompt=PROMPT, max_tokens=4)
             assert e.value.status_code == 401 and e.value.body["code"] == "UNAUTHENTICATED"
     with openai.OpenAI(base_url=guarded.http + "/v1", api_key=GUARD_KEY, max_retries=0, timeout=120) as c:
-        assert c.completions.create(model="smollm2-135m", prompt=PROMPT, max_tokens=4).usage.completion_tokens == 4
+        assert c.completions.create(model="smollm2-135m", prompt=PROMPT, max_tokens=4,
+                                    temperature=0).usage.completion_tokens == 4
 
 
 def test_over_the_admission_limit_is_a_rate_limit_error(guarded):
@@ -149,4 +150,5 @@ def test_over_the_admission_limit_is_a_rate_limit_error(guarded):
             assert e.value.status_code == 429 and e.value.body["code"] == "RESOURCE_EXHAUSTED"
             assert "1 requests in flight (limit 1)" in e.value.body["message"]
         assert first.result(timeout=120)[0] == 200
-        assert c.completions.create(model="smollm2-135m", prompt=PROMPT, max_tokens=4).usage.completion_tokens == 4
+        assert c.completions.create(model="smollm2-135m", prompt=PROMPT, max_tokens=4,
+                                    temperature=0).usage.completion_tokens == 4

@@ -37,7 +37,8 @@ def held(serve, headers: dict | None = None, worker: str = "prefill-0", timeout_
             deadline = time.monotonic() + timeout_s
             while in_flight(serve) < 1:
                 if future.done() or time.monotonic() > deadline:
-                    raise AssertionError(f"the held request was not admitted: {future.result() if future.done() else 'timeout'}")
+                    why = future.result() if future.done() else f"not within {timeout_s:.0f}s"
+                    raise AssertionError(f"the held request was not admitted: {why}")
                 time.sleep(0.05)
             yield future
         finally:

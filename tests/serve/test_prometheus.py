@@ -64,13 +64,14 @@ def traffic(guarded, prom):
 def test_ttft_refusals_queue_depth_and_cache_hit_rate_answer_with_data(traffic):
     ttft = values(traffic.wait_for("histogram_quantile(0.5, sum by (le) (rate(tandem_ttft_seconds_bucket[1m]))) > 0"))
     assert len(ttft) == 1 and math.isfinite(ttft[0])
-    refusals = traffic.wait_for('sum by (status) (rate(tandem_request_failures_total{status="RESOURCE_EXHAUSTED"}[1m])) > 0')
+    refusals = traffic.wait_for(
+        'sum by (status) (rate(tandem_request_failures_total{status="RESOURCE_EXHAUSTED"}[1m])) > 0')
     assert refusals[0]["metric"] == {"status": "RESOURCE_EXHAUSTED"}
     assert values(traffic.wait_for("max_over_time(sum(tandem_requests_waiting)[2m:1s]) >= 1")) == [1]
     # the workers' own Triton series, from their metrics ports: both role models served requests
     served = traffic.wait_for('sum by (model) (nv_inference_request_success{job="tandem-workers"}) > 0')
     assert len(served) >= 2, served
-    hits = traffic.wait_for("tandem:prefix_cache_hit_ratio:rate5m > 0")  # the recording rule, as Prometheus evaluates it
+    hits = traffic.wait_for("tandem:prefix_cache_hit_ratio:rate5m > 0")  # the recording rule, evaluated
     assert "prefill-0" in {r["metric"]["worker"] for r in hits} and all(0 < v <= 1 for v in values(hits))
 
 

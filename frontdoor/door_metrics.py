@@ -71,9 +71,24 @@ class Metrics:
         self.local_prefills = Counter("tandem_local_prefills", "Requests a decode worker prefilled itself "
                                       "(conditional disaggregation: it lacked few enough prompt tokens)", ["worker"],
                                       registry=r)
+        self._zero_series()
         self.triton = TritonSeries(model)
         self.workers = WorkerCollector()
         r.register(self.workers)
+
+    def _zero_series(self) -> None:
+        """Export the served model's request series at 0 from the start: a counter first seen at 1 gives
+        `rate()` nothing to compare with (the first refusals would not count), and an absent gauge
+        leaves dashboard panels and alerts empty instead of reading 0."""
+        for metric in (self.in_flight, self.waiting, self.prompt_tokens):
+            metric.labels(self.model)
+        for metric in (self.ttft, self.itl, self.tpot, self.e2e, self.tokens):
+            metric.labels(self.model, self.mode)
+        for reason in ("stop", "length"):
+            self.finished.labels(self.model, reason)
+        for status in Status:
+            if status is not Status.OK:
+                self.failures.labels(self.model, status.value)
 
     def start(self, arrived: float) -> "RequestMeter":
         """The meter of a request that reached the door at `arrived` (time.perf_counter()) and now asks

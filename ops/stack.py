@@ -201,8 +201,10 @@ class Stack:
                 raise DeploymentError(f"workers did not become ready within {timeout_s:.0f}s")
 
     def _record_workers(self) -> None:
-        """workdir/workers.json: each worker's pid, URL and cores (for operators, and failure tests)."""
-        state = {name: {"pid": s.proc.pid, "grpc": s.grpc_url, "cpus": list(s.cpus or ()), "log": s.log_path}
+        """workdir/workers.json: each worker's pid, gRPC URL, Triton metrics address (host:port, scraped at
+        /metrics), cores and log (for operators, scrapers and failure tests)."""
+        state = {name: {"pid": s.proc.pid, "grpc": s.grpc_url, "metrics": f"{s.local_host}:{s.metrics_port}",
+                        "cpus": list(s.cpus or ()), "log": s.log_path}
                  for name, s in self.workers.servers.items()}
         with open(os.path.join(self.workdir, "workers.json"), "w") as f:
             json.dump(state, f, indent=2)

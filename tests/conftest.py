@@ -162,3 +162,20 @@ def served(built_engines, tmp_path_factory):
     s = start_serve(built_engines, tmp_path_factory.mktemp("serve-1p1d"))
     yield s
     stop_serve(s)
+
+
+GUARD_KEY = "test-guarded-api-key-0123456789"
+
+
+@pytest.fixture(scope="session")
+def guarded(built_engines, tmp_path_factory):
+    """A running `tandem serve` that wants the API key GUARD_KEY (TANDEM_API_KEY) and admits one request
+    at a time (limits.max_in_flight 1: a second one is refused with 429 while the first is held)."""
+    import yaml
+
+    work = tmp_path_factory.mktemp("serve-guarded")
+    cfg = work / "dep.yaml"
+    cfg.write_text(yaml.safe_dump({"limits": {"max_in_flight": 1}}))
+    s = start_serve(built_engines, work, "--config", str(cfg), env={"TANDEM_API_KEY": GUARD_KEY})
+    yield s
+    stop_serve(s)

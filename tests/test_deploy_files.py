@@ -34,12 +34,34 @@ def flag(cmd: list[str], name: str) -> str:
 @pytest.mark.parametrize("name", STACKS)
 def test_one_service_per_role_and_only_the_front_door_published_on_loopback(name):
     services = stack(name)["services"]
-    assert set(services) == {"orchestrator", "prefill", "decode"}
+    assert set(services) == {"engines", "orchestrator", "prefill", "decode"}
     assert [s for s, v in services.items() if v.get("ports")] == ["orchestrator"]
     assert sorted(services["orchestrator"]["ports"]) == ["127.0.0.1:${TANDEM_GRPC_PORT:-8001}:8001",
                                                          "127.0.0.1:${TANDEM_HTTP_PORT:-8000}:8000"]
-    for svc in services.values():
+    for svc in (services[role] for role in ("orchestrator", "prefill", "decode")):
         assert svc["restart"] in ("unless-stopped", "on-failure")
+    assert services["engines"]["restart"] == "no"  # one-shot: a finished build is not started again
+
+
+@pytest.mark.parametrize("name", STACKS)
+def test_engines_are_built_once_from_the_mounted_model_into_a_volume_the_roles_read(name):
+    doc = stack(name)
+    services = doc["services"]
+    build = services["engines"]
+    cmd = build["command"]
+    assert cmd[:2] == ["tandem", "build"] and flag(cmd, "--model") == "${TANDEM_MODEL:-smollm2-135m}"
+    assert "--force" in cmd and flag(cmd, "--dtype").startswith("${TANDEM_DTYPE:-")
+    assert build["network_mode"] == "none" and "secrets" not in build  # it needs neither
+    assert build["volumes"] == ["${TANDEM_MODEL_DIR:-model}:/models/own:ro", "engines:/opt/tandem/engines"]
+    assert set(doc["volumes"]) == {"engines", "model"}
+    served = "engines/" + flag(cmd, "--out").removeprefix("engines/")  # relative to the image's /opt/tandem
+    for role in ("prefill", "decode"):
+        svc = services[role]
+        assert flag(svc["command"], "--engines") == served
+        assert svc["depends_on"]["engines"] == {"condition": "service_completed_successfully"}
+    for role in ("prefill", "decode", "orchestrator"):
+        assert "engines:/opt/tandem/engines:ro" in services[role]["volumes"]
+    assert load_deployment("deploy/compose/deployment.yaml", {}).engines == served
 
 
 @pytest.mark.parametrize("name", STACKS)
@@ -72,7 +94,7 @@ def test_workers_follow_the_worker_contract_with_triton_readiness_checks(name):
 def test_secret_is_a_file_given_at_start_and_network_stays_in_the_benchmark_range(name):
     doc = stack(name)
     assert doc["secrets"]["tandem_secret"]["file"].startswith("${TANDEM_COMPOSE_SECRET:?")
-    for svc in doc["services"].values():
+    for svc in (doc["services"][role] for role in ("orchestrator", "prefill", "decode")):
         assert svc["secrets"] == ["tandem_secret"]
         env = svc.get("environment", {})
         assert env["TANDEM_SECRET_FILE"] == "/run/secrets/tandem_secret" and "TANDEM_SECRET" not in env

@@ -4,8 +4,10 @@ renders the same files the same way).
     objects = render("deploy/kubernetes/overlays/cpu")     # list of Kubernetes objects (dicts)
 
 Supported kustomization keys: `resources` (YAML files and directories with their own kustomization),
-`namespace`, `secretGenerator` (files and literals, with `generatorOptions.disableNameSuffixHash: true`)
-and `patches` (strategic-merge patches from `path`, optionally applied to a `target` kind/name). Any
+`namespace`, `secretGenerator` (files and literals, with `generatorOptions.disableNameSuffixHash: true`),
+`patches` (strategic-merge patches from `path`, optionally applied to a `target` kind/name) and
+`components` (folders whose `kind: Component` kustomization adds its resources and patches to what the
+including kustomization has rendered so far, as Kustomize applies them before the includer's patches). Any
 other key is refused with the list of supported ones, so a manifest cannot silently rely on a
 feature this renderer would ignore. Strategic merge follows Kubernetes' rules for the fields the
 manifests patch: maps merge, lists of containers/env/volumes/volumeMounts/ports merge by their key,
@@ -20,7 +22,8 @@ import os
 
 import yaml
 
-KEYS = ("resources", "namespace", "secretGenerator", "generatorOptions", "patches")
+KEYS = ("resources", "namespace", "secretGenerator", "generatorOptions", "patches", "components")
+COMPONENT_KEYS = ("apiVersion", "kind", "resources", "patches")
 MERGE_KEYS = {"containers": "name", "initContainers": "name", "env": "name", "volumes": "name",
               "volumeMounts": "mountPath", "imagePullSecrets": "name"}
 CLUSTER_SCOPED = {"Namespace", "ClusterRole", "ClusterRoleBinding", "PersistentVolume", "StorageClass",
@@ -46,6 +49,8 @@ def render(folder: str) -> list[dict]:
         target = os.path.normpath(os.path.join(folder, res))
         objects += render(target) if os.path.isdir(target) else load(target)
     objects += [secret(folder, g, k.get("generatorOptions", {})) for g in k.get("secretGenerator", [])]
+    for comp in k.get("components", []):
+        component(os.path.normpath(os.path.join(folder, comp)), objects)
     for patch in k.get("patches", []):
         apply_patch(folder, patch, objects)
     if "namespace" in k:
@@ -53,6 +58,24 @@ def render(folder: str) -> list[dict]:
             if obj["kind"] not in CLUSTER_SCOPED:
                 obj["metadata"]["namespace"] = k["namespace"]
     return objects
+
+
+def component(folder: str, objects: list[dict]) -> None:
+    """Add the component in `folder` to `objects`: its resources, then its patches (over all of them)."""
+    path = os.path.join(folder, "kustomization.yaml")
+    if not os.path.isfile(path):
+        raise KustomizeError(f"component {folder}: no kustomization.yaml")
+    with open(path) as f:
+        k = yaml.safe_load(f) or {}
+    if k.get("kind") != "Component":
+        raise KustomizeError(f"{path}: a component's kustomization needs kind: Component")
+    unknown = sorted(set(k) - set(COMPONENT_KEYS))
+    if unknown:
+        raise KustomizeError(f"{path}: unsupported keys {unknown}; supported: {', '.join(COMPONENT_KEYS)}")
+    for res in k.get("resources", []):
+        objects += load(os.path.join(folder, res))
+    for patch in k.get("patches", []):
+        apply_patch(folder, patch, objects)
 
 
 def load(path: str) -> list[dict]:

@@ -127,6 +127,8 @@ def test_worker_commands_follow_the_worker_contract(rendered):
             ports["grpc"], ports["http"], ports["metrics"])
         env = {e["name"]: e["value"] for e in c["env"]}
         assert env["UCX_NET_DEVICES"] == "eth0" and "tcp" in env["UCX_TLS"].split(",")
+        engines = flag("--engines")  # $(VAR): Kubernetes expands it only when the container's env defines VAR
+        assert env.get(engines[2:-1], "").startswith("engines/") if engines.startswith("$(") else engines
 
 
 def test_network_policies_let_only_the_orchestrator_reach_triton_and_prefill_reach_decode(rendered):

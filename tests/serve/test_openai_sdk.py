@@ -1,6 +1,6 @@
 """The official `openai` Python SDK against a running `tandem serve`: exact greedy text streamed and
 not, logprobs (chat top_logprobs, completions logprobs + echo) equal to the engine's own, extra
-fields, and typed errors."""
+fields, and typed errors (404, 400; 401 and 429 from a stack that wants a key and admits one request at a time)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import pytest
 from engine.generate import run_generation
 from engine.tokenizer import ChatMessage
 from tandem.sampling_params import SamplingParams
-from tests.conftest import complete
+from tests.conftest import GUARD_KEY, complete
+from tests.serve.hold import held
 
 openai = pytest.importorskip("openai")
 
@@ -123,3 +124,31 @@ def test_echo_streams_the_prompt_first(client, default_engine):
     assert chunks[0].choices[0].text.startswith(PROMPT)
     tokens = [t for c in chunks if c.choices[0].logprobs for t in c.choices[0].logprobs.tokens]
     assert len(tokens) == len(default_engine.tokenizer.encode(PROMPT)) + 5
+
+
+def test_a_missing_or_wrong_key_is_an_authentication_error(guarded):
+    for key in ("not-the-key-0123456789", None):
+        headers = {} if key else {"Authorization": ""}  # the SDK insists on a key: send an empty header instead
+        with openai.OpenAI(base_url=guarded.http + "/v1", api_key=key or "x", max_retries=0, timeout=120,
+                           default_headers=headers) as c:
+            with pytest.raises(openai.AuthenticationError) as e:
+                c.completions.create(model="smollm2-135m", prompt=PROMPT, max_tokens=4)
+            assert e.value.status_code == 401 and e.value.body["code"] == "UNAUTHENTICATED"
+    with openai.OpenAI(base_url=guarded.http + "/v1", api_key=GUARD_KEY, max_retries=0, timeout=120) as c:
+        assert c.completions.create(model="smollm2-135m", prompt=PROMPT, max_tokens=4,
+                                    temperature=0).usage.completion_tokens == 4
+
+
+def test_over_the_admission_limit_is_a_rate_limit_error(guarded):
+    """One request is held in flight (its prefill worker paused): the next is refused at once, typed."""
+    auth = {"Authorization": f"Bearer {GUARD_KEY}"}
+    with openai.OpenAI(base_url=guarded.http + "/v1", api_key=GUARD_KEY, max_retries=0, timeout=120) as c:
+        with held(guarded, headers=auth) as first:
+            with pytest.raises(openai.RateLimitError) as e:
+                c.chat.completions.create(model="smollm2-135m", messages=[{"role": "user", "content": QUESTION}],
+                                          max_tokens=4)
+            assert e.value.status_code == 429 and e.value.body["code"] == "RESOURCE_EXHAUSTED"
+            assert "1 requests in flight (limit 1)" in e.value.body["message"]
+        assert first.result(timeout=120)[0] == 200
+        assert c.completions.create(model="smollm2-135m", prompt=PROMPT, max_tokens=4,
+                                    temperature=0).usage.completion_tokens == 4

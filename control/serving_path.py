@@ -30,7 +30,6 @@ from control.prefix_index import PrefixView
 from control.pull_attempt import PullAttempt
 from control.router import Demand, NoWorker, Router
 from control.trtllm_attempt import TrtllmAttempt
-from tandem.kv_layout import KVLayout
 from tandem.status import (DeadlineExceeded, InvalidArgument, OutOfPages, Status, TandemError, Unavailable, retryable,
                            status_of)
 from tandem.wire import Open, Token
@@ -206,12 +205,12 @@ class ColocatedPath(ServingPath):
 PATHS = {"disaggregated": DisaggregatedPath, "colocated": ColocatedPath, "chunked": ColocatedPath}
 
 
-def make_path(mode: str, fleet: Fleet, router: Router, layout: KVLayout, metrics, max_retries: int,
+def make_path(mode: str, fleet: Fleet, router: Router, tokens_per_page: int, metrics, max_retries: int,
               local_prefill_tokens: int = 0, handoff_mode: str = "push") -> ServingPath:
     """The path for `mode`; it follows the workers' prefix caches through the fleet's stats callback."""
     if mode not in PATHS:
         raise ValueError(f"unknown mode {mode!r}; allowed: {', '.join(PATHS)}")
-    view = PrefixView(layout.tokens_per_page)
+    view = PrefixView(tokens_per_page)
     before = fleet.on_stats
 
     def on_stats(w: WorkerState) -> None:
@@ -220,7 +219,7 @@ def make_path(mode: str, fleet: Fleet, router: Router, layout: KVLayout, metrics
         view.observe(w.name, w.stats)
 
     fleet.on_stats = on_stats
-    return PATHS[mode](fleet, router, layout.tokens_per_page, metrics, max_retries, view, local_prefill_tokens,
+    return PATHS[mode](fleet, router, tokens_per_page, metrics, max_retries, view, local_prefill_tokens,
                        handoff_mode)
 
 

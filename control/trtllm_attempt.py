@@ -41,7 +41,7 @@ import time
 from collections.abc import Callable
 
 from control.fleet import WorkerState
-from control.handoff import PairAttempt, blame, first_token
+from control.handoff import PairAttempt, blame
 from engine.trtllm.mapping import remaining
 from tandem.status import Status, TandemError, Unavailable, status_of
 from tandem.trtllm_wire import TrtllmDecode, TrtllmPrefilled
@@ -91,7 +91,7 @@ class TrtllmAttempt(PairAttempt):
         if self.on_first is not None:
             self.on_first()
         self.finished = first.finish_reason is not None
-        return first_token(first)
+        return Token(first.token, first.logprob, first.finish_reason)  # TensorRT-LLM's: no alternatives, no cache
 
     def _decode(self) -> None:
         """DECODE: the generation_only request with the context side's params (it pulls the K/V)."""

@@ -1,8 +1,8 @@
 """NOT TensorRT-LLM: a test double of the part of its LLM API that Tandem's adapter uses
 (engine/trtllm/api_surface.json, TensorRT-LLM 1.2.1), running Tandem's own PyTorch engine and model.
 
-Only tests use it: they put tests/trtllm/fake_trtllm on the PYTHONPATH of the Triton workers they start,
-so that engine/triton/trtllm_model.py and engine/trtllm/adapter.py run unchanged, through Triton and
+Only tests use it: they copy this package beside the model.py of the Triton workers they start (the
+Python stub imports from there and ignores PYTHONPATH), so that engine/triton/trtllm_model.py and engine/trtllm/adapter.py run unchanged, through Triton and
 Tandem's orchestrator, on a machine without TensorRT-LLM or a GPU. Nothing it shows is a TensorRT-LLM
 result: real TensorRT-LLM has not run on this project's machines (tests/trtllm/test_real.py is the
 real test, skipped there).

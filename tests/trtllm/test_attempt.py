@@ -155,3 +155,20 @@ def test_leaving_mid_stream_aborts_the_generation_request():
     toks = asyncio.run(two())
     assert [t.token for t in toks] == [7, 8]
     assert d.aborted == ["r"] and p.aborted == []
+
+
+def test_decode_workers_that_report_no_pages_are_routed_by_running_requests():
+    from control.router import Demand, KvAware, LeastLoaded
+    from tandem.wire import WorkerStats
+
+    def worker(name, role, running=0, queued=0):
+        w = WorkerState(name, role, f"{name}:1", None, healthy=True, running=running, inflight_tokens=queued)
+        w.stats = WorkerStats(role=role, host="h", running=running)  # TensorRT-LLM: no pages_total
+        return w
+
+    decodes = [worker("decode-0", "decode", running=3), worker("decode-1", "decode", running=1)]
+    prefills = [worker("prefill-0", "prefill", queued=500), worker("prefill-1", "prefill", queued=20)]
+    demand = Demand(tokens=100, pages=1000, tokens_per_page=16, cached=lambda w: 0)
+    for router in (LeastLoaded(), KvAware()):
+        d, p = router.pick_pair(prefills, decodes, demand)
+        assert (d.name, p.name) == ("decode-1", "prefill-1"), type(router).__name__

@@ -122,6 +122,8 @@ def test_greedy_answers_equal_tandems_own_engine_through_both_doors(stack, expec
                                             {"prompt": p, "max_tokens": 24, "temperature": 0}), PROMPTS))
     assert grpc == [expected[p] for p in PROMPTS * 2]
     assert [(status, body["choices"][0]["text"]) for status, body in http] == [(200, expected[p]) for p in PROMPTS]
+    waits = metric(stack.http, "tandem_kv_wait_seconds_count")
+    assert waits.get('handoff="trtllm"', 0) >= len(PROMPTS) * 3 and 'handoff="push"' not in waits, waits
 
 
 def test_a_failed_pull_is_prefilled_again_with_the_exact_answer(stack, expected):

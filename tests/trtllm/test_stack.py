@@ -127,12 +127,16 @@ def test_greedy_answers_equal_tandems_own_engine_through_both_doors(stack, expec
 
 def test_a_failed_pull_is_prefilled_again_with_the_exact_answer(stack, expected):
     """Each prefill worker lost its first context: those pulls failed with TRANSFER_FAILED, were blamed on
-    the prefill side and prefilled again; the clients saw nothing of it."""
+    the prefill side and prefilled again (prompt + the first token, already streamed); the clients saw
+    nothing of it."""
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
         got = list(pool.map(lambda p: "".join(grpc_stream(stack.grpc, p, 24)), PROMPTS))
     assert got == [expected[p] for p in PROMPTS]
     recoveries = metric(stack.http, "tandem_recoveries_total")
     assert recoveries.get('role="prefill"', 0) >= 1, recoveries
+    log = open(stack.log_path, encoding="utf-8").read()
+    assert re.search(r"RequestError: fake tensorrt_llm: the context \d+ is not held any more.*resuming after 1 token",
+                     log), log[-3000:]
 
 
 def test_cancel_mid_stream_ends_the_requests_on_every_worker(stack):

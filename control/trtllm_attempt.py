@@ -23,7 +23,9 @@ Blame, for the serving path's retry (control/serving_path.py): a failure of the 
 prefill worker's; a TRANSFER_FAILED from the decode worker before its first token (the pull failed)
 is the prefill side's, as in Tandem's pull, so the retry prefills the request again on another pair;
 any other decode failure is the decode worker's. A resumed request carries the tokens already
-streamed (`sent`): they are prefilled with the prompt and not streamed again.
+streamed (`sent`): they are prefilled with the prompt and not streamed again. A request setting a
+sampling field the adapter does not map (engine/trtllm/mapping.py: NOT_CARRIED) is refused with
+INVALID_ARGUMENT before any worker is asked.
 
 Metrics: `on_first` when the prefill worker answered (its compute time; no KV bytes or KV wait: the
 K/V move inside TensorRT-LLM), `on_pulled` at the decode worker's first token. The time from the
@@ -42,7 +44,7 @@ from collections.abc import Callable
 
 from control.fleet import WorkerState
 from control.handoff import PairAttempt, blame
-from engine.trtllm.mapping import remaining
+from engine.trtllm.mapping import refuse_not_carried, remaining
 from tandem.status import Status, TandemError, Unavailable, status_of
 from tandem.trtllm_wire import TrtllmDecode, TrtllmPrefilled
 from tandem.wire import Prefill, Token
@@ -74,6 +76,7 @@ class TrtllmAttempt(PairAttempt):
     async def _first_token(self) -> Token:
         """PREFILL: the context_only request on the prefill worker; the first token."""
         p, t = self.prefill, self.timings
+        refuse_not_carried(self.params)  # INVALID_ARGUMENT before any worker is asked
         self.prefilling = True
         try:
             first = await p.client.prefill_trtllm(Prefill(self.request_id, self.prompt_ids, self.params, self.sent))

@@ -14,7 +14,7 @@ from control.fleet import WorkerState
 from control.handoff import Timings
 from control.trtllm_attempt import TrtllmAttempt
 from tandem.sampling_params import SamplingParams
-from tandem.status import Status, TandemError, TransferFailed, Unavailable, status_of
+from tandem.status import InvalidArgument, Status, TandemError, TransferFailed, Unavailable, status_of
 from tandem.trtllm_wire import TrtllmDecode, TrtllmParams, TrtllmPrefilled
 from tandem.wire import Prefill, Token
 
@@ -172,3 +172,14 @@ def test_decode_workers_that_report_no_pages_are_routed_by_running_requests():
     for router in (LeastLoaded(), KvAware()):
         d, p = router.pick_pair(prefills, decodes, demand)
         assert (d.name, p.name) == ("decode-1", "prefill-1"), type(router).__name__
+
+
+@pytest.mark.parametrize("field, value", [("top_logprobs", 2), ("prompt_logprobs", True), ("repetition_penalty", 1.2),
+                                          ("min_p", 0.1), ("presence_penalty", 0.5), ("frequency_penalty", 0.5)])
+def test_a_sampling_field_tensorrt_llm_is_not_given_is_refused_before_any_worker_is_asked(field, value):
+    a, p, d = attempt(prefilled(), [])
+    extra = {"logprobs": True} if field == "top_logprobs" else {}
+    a.params = SamplingParams(max_tokens=4, **extra, **{field: value})
+    with pytest.raises(InvalidArgument, match=f"{field} is not supported"):
+        asyncio.run(drain(a))
+    assert p.sent == [] and d.sent == [] and p.aborted == []

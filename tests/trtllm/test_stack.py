@@ -125,6 +125,12 @@ def test_greedy_answers_equal_tandems_own_engine_through_both_doors(stack, expec
     assert waits.get('handoff="trtllm"', 0) >= len(PROMPTS) * 3 and 'handoff="push"' not in waits, waits
 
 
+def test_a_sampling_field_tensorrt_llm_is_not_given_is_a_client_error_naming_it(stack):
+    status, body = post(stack.http, "/v1/completions", {"prompt": PROMPTS[0], "max_tokens": 4,
+                                                        "repetition_penalty": 1.3})
+    assert status == 400 and "repetition_penalty is not supported" in body["error"]["message"], body
+
+
 def test_a_failed_pull_is_prefilled_again_with_the_exact_answer(stack, expected):
     """Each prefill worker lost its first context: those pulls failed with TRANSFER_FAILED, were blamed on
     the prefill side and prefilled again (prompt + the first token, already streamed); the clients saw

@@ -136,7 +136,7 @@ class Stack:
         if trtllm:  # TensorRT-LLM role engines: no Tandem manifest; they place themselves on the GPUs
             built = await loop.run_in_executor(None, trtllm_engines, dep, self.log)
             engines, tokens_per_page, model_id = built.folder, built.tokens_per_page, built.served_name
-            per_node, gpus = trtllm_gpus_per_node(dep, gpus), {}
+            per_node, gpus = trtllm_gpus_per_node(dep, gpus, built), {}
         else:
             engines = await loop.run_in_executor(None, ensure_engines, dep, self.log)
             manifest = read_manifest(os.path.join(engines, "decode"))

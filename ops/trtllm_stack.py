@@ -27,6 +27,7 @@ class TrtllmEngines:
     folder: str
     tokens_per_page: int  # kv_cache_config.tokens_per_block, the same in both role YAMLs
     served_name: str  # the OpenAI model id
+    gpus_per_engine: dict[str, int]  # role -> tensor_parallel_size of its YAML
 
 
 def trtllm_engines(dep: Deployment, log=print) -> TrtllmEngines:
@@ -48,14 +49,22 @@ def trtllm_engines(dep: Deployment, log=print) -> TrtllmEngines:
     tokens = files[Role.DECODE][1]["kv_cache_config"]["tokens_per_block"]
     name = dep.front_door.served_model_name or (dep.model if dep.model in KNOWN_MODELS else
                                                 os.path.basename(os.path.normpath(dep.model)))
-    return TrtllmEngines(folder, tokens, name)
+    tp = {role.value: options.get("tensor_parallel_size", 1) for role, (_, options) in files.items()}
+    return TrtllmEngines(folder, tokens, name, tp)
 
 
-def trtllm_gpus_per_node(dep: Deployment, gpus: dict[str, tuple[int, ...]]) -> int:
-    """How many GPUs the local TensorRT-LLM engines are placed on (ops/gpu_plan.role_gpus found them);
-    DeploymentError when there are local workers and no CUDA device."""
-    local = dep.prefill.count + dep.decode.count
-    if local and not gpus:
+def trtllm_gpus_per_node(dep: Deployment, gpus: dict[str, tuple[int, ...]], engines: TrtllmEngines) -> int:
+    """How many GPUs the local TensorRT-LLM engines are placed on in order (ops/gpu_plan.role_gpus found
+    them; builder/trtllm_repo.py places them). DeploymentError when there are local workers and no CUDA
+    device, or more engine GPUs than visible ones: each engine takes its own (TensorRT-LLM sizes its KV
+    cache by a fraction of a GPU's free memory, so two on one GPU would not fit as configured)."""
+    need = sum(getattr(dep, role).count * engines.gpus_per_engine[role] for role in ("prefill", "decode"))
+    if need and not gpus:
         raise DeploymentError("backend tensorrt-llm runs its local workers on CUDA and no CUDA device is visible "
                               "(run them elsewhere and list their urls, or serve with backend torch)")
-    return max((len(g) for g in gpus.values()), default=0)
+    have = max((len(g) for g in gpus.values()), default=0)
+    if need > have:
+        raise DeploymentError(f"backend tensorrt-llm: the local workers' engines need {need} GPUs "
+                              f"(count x tensor_parallel_size per role) and {have} are visible; start fewer "
+                              f"workers here and list the others' urls")
+    return have

@@ -8,7 +8,7 @@ from click.testing import CliRunner
 
 from cli.main import main
 from ops.deployment import DeploymentError, load_deployment
-from ops.trtllm_stack import trtllm_engines, trtllm_gpus_per_node
+from ops.trtllm_stack import TrtllmEngines, trtllm_engines, trtllm_gpus_per_node
 
 REMOTE = {"prefill.count": 0, "prefill.urls": ["127.0.0.1:9001"], "decode.count": 0,
           "decode.urls": ["127.0.0.1:9002"]}
@@ -40,11 +40,17 @@ def test_pull_is_implied_and_the_serving_path_uses_the_trtllm_handoff():
     assert load_deployment(None, {"handoff.mode": "pull"}).handoff_mode == "pull"  # torch: the deployment's
 
 
-def test_local_workers_without_cuda_are_refused_before_anything_starts():
+def test_local_workers_need_a_gpu_per_engine_gpu():
+    one_each = TrtllmEngines("e", 16, "m", {"prefill": 1, "decode": 1})
     with pytest.raises(DeploymentError, match="no CUDA device is visible"):
-        trtllm_gpus_per_node(deployment(), {})
-    assert trtllm_gpus_per_node(deployment(**REMOTE), {}) == 0
-    assert trtllm_gpus_per_node(deployment(device="cuda"), {"prefill": (0, 1), "decode": (0, 1)}) == 2
+        trtllm_gpus_per_node(deployment(), {}, one_each)
+    assert trtllm_gpus_per_node(deployment(**REMOTE), {}, one_each) == 0
+    two = {"prefill": (0, 1), "decode": (0, 1)}
+    assert trtllm_gpus_per_node(deployment(device="cuda"), two, one_each) == 2
+    with pytest.raises(DeploymentError, match="need 4 GPUs .* and 2 are visible"):
+        trtllm_gpus_per_node(deployment(device="cuda", **{"decode.count": 3}), two, one_each)
+    with pytest.raises(DeploymentError, match="need 3 GPUs"):
+        trtllm_gpus_per_node(deployment(device="cuda"), two, TrtllmEngines("e", 16, "m", {"prefill": 1, "decode": 2}))
 
 
 def test_an_engines_folder_without_role_yamls_is_refused(tmp_path):

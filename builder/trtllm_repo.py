@@ -52,8 +52,10 @@ def role_files(engines: str) -> dict[Role, tuple[str, dict]]:
     return out
 
 
-def worker_plan(files: dict, prefill_workers: int, decode_workers: int, gpus_per_node: int) -> list[dict]:
-    """Placeholder values per engine model, GPUs assigned in order."""
+def worker_plan(files: dict, prefill_workers: int, decode_workers: int, gpus_per_node: int,
+                on_gpu: bool = True) -> list[dict]:
+    """Placeholder values per engine model, GPUs assigned in order. `on_gpu` False: Triton instances of
+    KIND_CPU (only the test double of tensorrt_llm runs so: tests/trtllm/fake_trtllm/)."""
     if prefill_workers < 1 or decode_workers < 1 or gpus_per_node < 1:
         raise RenderError(f"need at least one prefill and one decode engine and one GPU per node, got "
                           f"{prefill_workers}P{decode_workers}D on {gpus_per_node} GPUs per node")
@@ -69,16 +71,17 @@ def worker_plan(files: dict, prefill_workers: int, decode_workers: int, gpus_per
                 offset += gpus_per_node - offset % gpus_per_node
             first = offset % gpus_per_node
             plan.append(dict(worker=f"{role.value}_{i}", name=role.value, role=role.value, model_dir=folder,
-                             llm_yaml=os.path.join(folder, OPTIONS_FILE), first_gpu=first,
+                             llm_yaml=os.path.join(folder, OPTIONS_FILE),
+                             instance=f"kind: KIND_GPU count: 1 gpus: [ {first} ]" if on_gpu else "kind: KIND_CPU count: 1",
                              gpu_ids=",".join(str(first + g) for g in range(tp))))
             offset += tp
     return plan
 
 
 def render_trtllm_repo(engines: str, out: str, prefill_workers: int = 1, decode_workers: int = 1,
-                       gpus_per_node: int = 8) -> list[str]:
+                       gpus_per_node: int = 8, on_gpu: bool = True) -> list[str]:
     """Write the repositories to `out` (replacing what was there); return the worker names."""
-    plan = worker_plan(role_files(engines), prefill_workers, decode_workers, gpus_per_node)
+    plan = worker_plan(role_files(engines), prefill_workers, decode_workers, gpus_per_node, on_gpu)
 
     def fill(tmp: str) -> None:
         for v in plan:

@@ -44,6 +44,9 @@ def _env(name: str) -> dict:
               help="Where local workers run (default auto: CUDA when visible); per role in the deployment file.")
 @click.option("--handoff", type=click.Choice(["push", "pull"]), default=None, **_env("HANDOFF"),
               help="KV handoff: push (prefill writes into decode's pages, default) or pull (decode reads them).")
+@click.option("--backend", type=click.Choice(["torch", "tensorrt-llm"]), default=None, **_env("BACKEND"),
+              help="Role engines: Tandem's own (torch, default) or TensorRT-LLM's (`tandem build --backend "
+                   "tensorrt-llm`; disaggregated, its own pull, CUDA). Not yet run with TensorRT-LLM or on a GPU.")
 @click.option("--router", type=click.Choice(["least-loaded", "round-robin", "kv-aware"]), default=None,
               **_env("ROUTER"))
 @click.option("--host", default=None, **_env("HOST"), help="Front-door address (default 127.0.0.1).")
@@ -76,7 +79,8 @@ def _env(name: str) -> dict:
 @click.option("--log-format", type=click.Choice(FORMATS), default="text", show_default=True, **_env("LOG_FORMAT"),
               help="json: one object per line, each with the request id of its request.")
 @click.option("--workdir", default=None, **_env("WORKDIR"), help="Where worker logs and the model repository go.")
-def serve_command(model, dtype, config_path, mode, prefill, decode, replicas, transport, device, handoff, router, host,
+def serve_command(model, dtype, config_path, mode, prefill, decode, replicas, transport, device, handoff, backend,
+                  router, host,
                   grpc_port, http_port, model_name, served_model_name, chat_template, kv_pool_bytes, chunk_tokens,
                   api_key_file, no_api_key, tls_cert, tls_key, tls_client_ca, worker_tls_ca, worker_tls_server_name,
                   log_format, workdir):
@@ -88,7 +92,7 @@ def serve_command(model, dtype, config_path, mode, prefill, decode, replicas, tr
 
     overrides = {k: v for k, v in {
         "mode": mode, "dtype": dtype, "device": device, "prefill.count": prefill, "decode.count": decode, "replicas": replicas,
-        "transport": transport, "handoff.mode": handoff,
+        "transport": transport, "handoff.mode": handoff, "backend": backend,
         "router": router, "front_door.served_model_name": served_model_name,
         "front_door.chat_template": chat_template,
         "front_door.host": host, "front_door.grpc_port": grpc_port, "front_door.http_port": http_port,
@@ -98,7 +102,8 @@ def serve_command(model, dtype, config_path, mode, prefill, decode, replicas, tr
         "worker_tls.ca": worker_tls_ca, "worker_tls.server_name": worker_tls_server_name,
     }.items() if v is not None}
     if model is not None:
-        is_engines = os.path.isfile(os.path.join(model, "prefill", "manifest.json"))
+        is_engines = any(os.path.isfile(os.path.join(model, "prefill", f)) for f in ("manifest.json",
+                                                                                     "llm_api_options.yaml"))
         overrides["engines" if is_engines else "model"] = model
     setup_logging(log_format)
     os.environ["TANDEM_LOG_FORMAT"] = log_format  # the local workers' stubs log in it too (engine/triton/common.py)

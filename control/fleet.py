@@ -59,8 +59,10 @@ class WorkerState:
 
 class Fleet:
     def __init__(self, heartbeat_s: float = 1.0, stall_s: float = 3.0, auth: tuple = (), on_change=None,
-                 on_stats=None, tls=None):
-        """`auth`: request parameters every call carries (the secret); `tls`: a control.worker_tls.WorkerTls."""
+                 on_stats=None, tls=None, clients=None):
+        """`auth`: request parameters every call carries (the secret); `tls`: a control.worker_tls.WorkerTls;
+        `clients`: the client class per role (control/worker_client.py; default CLIENTS, Tandem's engines)."""
+        self.clients = clients or CLIENTS
         self.heartbeat_s, self.stall_s, self.auth, self.tls = heartbeat_s, stall_s, auth, tls
         self.workers: dict[str, WorkerState] = {}
         self.version = 0
@@ -80,7 +82,7 @@ class Fleet:
     def add(self, name: str, role: str, url: str) -> WorkerState:
         if name in self.workers:
             raise ValueError(f"worker {name!r} is already in the fleet")
-        w = WorkerState(name, role, url, CLIENTS[role](url, self.auth, self.tls), slot=self._free_slot(name, role))
+        w = WorkerState(name, role, url, self.clients[role](url, self.auth, self.tls), slot=self._free_slot(name, role))
         self.workers[name] = w
         w.watcher = asyncio.get_running_loop().create_task(self._watch(w), name=f"watch-{name}")
         return w

@@ -101,12 +101,16 @@ class Attempt:
         try:
             tok = await anext(self.opened, None)
         except TandemError as e:
-            raise blame(e, self.decode) from None
+            raise blame(e, self._stream_culprit(e)) from None
         if tok is None:
             raise blame(Unavailable(f"{self.decode.name} ended the stream of {self.request_id} without a "
                                     f"finish reason"), self.decode)
         self.finished = self.ended = tok.finish_reason is not None
         return tok
+
+    def _stream_culprit(self, e: TandemError) -> WorkerState:
+        """The worker a failure of the decode stream is blamed on: the decode worker's own."""
+        return self.decode
 
     async def __aenter__(self):
         return self

@@ -3,7 +3,8 @@
 - `DisaggregatedPath`: a decode worker leases pages, a prefill worker computes the prompt into them
   (control/handoff.py), the decode worker streams the rest; or, with the pull handoff
   (control/pull_attempt.py), the prefill worker computes into its own pages first and the decode
-  worker reads them. Conditional disaggregation: when the chosen decode worker lacks at most
+  worker reads them; or, with TensorRT-LLM role workers (control/trtllm_attempt.py), TensorRT-LLM's
+  context phase answers first and its generation side pulls the K/V itself. Conditional disaggregation: when the chosen decode worker lacks at most
   `local_max` tokens of the prompt (the rest is in its prefix cache), it prefills them itself and no
   prefill worker is involved.
 - `ColocatedPath`: one of N co-located replicas does both (the baselines: prefill-first or chunked).
@@ -28,13 +29,13 @@ from control.handoff import Attempt, Handoff, Timings
 from control.prefix_index import PrefixView
 from control.pull_attempt import PullAttempt
 from control.router import Demand, NoWorker, Router
-from tandem.kv_layout import KVLayout
+from control.trtllm_attempt import TrtllmAttempt
 from tandem.status import (DeadlineExceeded, InvalidArgument, OutOfPages, Status, TandemError, Unavailable, retryable,
                            status_of)
 from tandem.wire import Open, Token
 
 log = logging.getLogger("tandem.paths")
-HANDOFFS = {"push": Handoff, "pull": PullAttempt}
+HANDOFFS = {"push": Handoff, "pull": PullAttempt, "trtllm": TrtllmAttempt}  # trtllm: backend tensorrt-llm
 
 
 class ServingPath(ABC):
@@ -43,7 +44,8 @@ class ServingPath(ABC):
     def __init__(self, fleet: Fleet, router: Router, tokens_per_page: int, metrics, max_retries: int = 2,
                  prefix: PrefixView | None = None, local_max: int = 0, handoff: str = "push"):
         """`prefix`: what the workers cache (fed by their stats); `local_max`: see DisaggregatedPath;
-        `handoff`: push (control/handoff.py) or pull (control/pull_attempt.py)."""
+        `handoff`: push (control/handoff.py), pull (control/pull_attempt.py) or trtllm
+        (control/trtllm_attempt.py: TensorRT-LLM workers, which never prefill locally: use local_max 0)."""
         if handoff not in HANDOFFS:
             raise ValueError(f"unknown handoff mode {handoff!r}; allowed: {', '.join(HANDOFFS)}")
         self.handoff = HANDOFFS[handoff]
@@ -184,7 +186,7 @@ class DisaggregatedPath(ServingPath):
             m.record_prefill(p.slot, timings)
 
         h.on_first = prefilled
-        if isinstance(h, PullAttempt):
+        if isinstance(h, (PullAttempt, TrtllmAttempt)):
             h.on_pulled = lambda: m.record_pull(d.slot, timings)
         h.on_exit.append(prefill_ended)
         return h
@@ -203,12 +205,12 @@ class ColocatedPath(ServingPath):
 PATHS = {"disaggregated": DisaggregatedPath, "colocated": ColocatedPath, "chunked": ColocatedPath}
 
 
-def make_path(mode: str, fleet: Fleet, router: Router, layout: KVLayout, metrics, max_retries: int,
+def make_path(mode: str, fleet: Fleet, router: Router, tokens_per_page: int, metrics, max_retries: int,
               local_prefill_tokens: int = 0, handoff_mode: str = "push") -> ServingPath:
     """The path for `mode`; it follows the workers' prefix caches through the fleet's stats callback."""
     if mode not in PATHS:
         raise ValueError(f"unknown mode {mode!r}; allowed: {', '.join(PATHS)}")
-    view = PrefixView(layout.tokens_per_page)
+    view = PrefixView(tokens_per_page)
     before = fleet.on_stats
 
     def on_stats(w: WorkerState) -> None:
@@ -217,7 +219,7 @@ def make_path(mode: str, fleet: Fleet, router: Router, layout: KVLayout, metrics
         view.observe(w.name, w.stats)
 
     fleet.on_stats = on_stats
-    return PATHS[mode](fleet, router, layout.tokens_per_page, metrics, max_retries, view, local_prefill_tokens,
+    return PATHS[mode](fleet, router, tokens_per_page, metrics, max_retries, view, local_prefill_tokens,
                        handoff_mode)
 
 

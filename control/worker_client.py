@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 
 from control.channel import WorkerChannel
 from control.worker_tls import WorkerTls
+from tandem.trtllm_wire import TrtllmDecode, TrtllmPrefilled
 from tandem.wire import (Abort, Ack, Flush, Open, Prefill, Prefilled, Pulled, Release, Reserved, Start, Stats, Token,
                          Unhold, Watch, WorkerStats, WriterGone)
 
@@ -104,4 +105,32 @@ class PrefillClient(WorkerClient):
         self.channel.send(Abort(request_id))
 
 
+class TrtllmPrefillClient(PrefillClient):
+    """A TensorRT-LLM prefill worker (engine/triton/trtllm_model.py): a context_only request per Prefill."""
+
+    batched = False  # TensorRT-LLM batches in flight itself: the model has no batch dimension
+
+    async def prefill_trtllm(self, msg: Prefill) -> TrtllmPrefilled:
+        """Prefill without destination -> the first token and the context side's TrtllmParams."""
+        return await self.channel.call(msg)
+
+
+class TrtllmDecodeClient(DecodeClient):
+    """A TensorRT-LLM decode worker: a generation_only request per TrtllmDecode."""
+
+    def decode_trtllm(self, msg: TrtllmDecode) -> AsyncIterator[Token]:
+        """The tokens after the first; the last one carries finish_reason. Stopping early does not end
+        the request on the worker: `abort` does."""
+        return self.channel.stream(msg)
+
+    def abort(self, request_id: str) -> None:
+        """Fire and forget: the worker aborts the generation_only request in TensorRT-LLM."""
+        self.channel.send(Abort(request_id))
+
+    def writer_gone(self, writer: str) -> None:
+        """Nothing to do: no page of this worker waits on a prefill worker's writes (TensorRT-LLM pulls
+        the K/V itself; a pull from a dead context side fails, and the request is prefilled again)."""
+
+
 CLIENTS = {"prefill": PrefillClient, "decode": DecodeClient, "generate": GenerateClient}
+TRTLLM_CLIENTS = {"prefill": TrtllmPrefillClient, "decode": TrtllmDecodeClient}  # backend: tensorrt-llm

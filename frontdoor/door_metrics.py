@@ -54,7 +54,8 @@ class Metrics:
         self.kv_seconds = Histogram("tandem_kv_transfer_seconds", "Wait for the KV handoff after prefill compute",
                                     ["worker"], buckets=_TOKEN, registry=r)
         self.kv_wait = Histogram("tandem_kv_wait_seconds", "Decode-side wait for the KV: push, the writes "
-                                 "finishing after prefill compute; pull, first token to the decode worker's read done",
+                                 "finishing after prefill compute; pull, first token to the decode worker's read done; "
+                                 "trtllm, first token to the decode worker's first (an upper bound)",
                                  ["handoff"], buckets=_LATENCY, registry=r)
         self.in_flight = Gauge("tandem_requests_in_flight", "Requests admitted and being served", m, registry=r)
         self.waiting = Gauge("tandem_requests_waiting", "Requests arrived and not yet streaming: being "
@@ -109,11 +110,16 @@ class Metrics:
         self.prefill.labels(worker).observe(p.compute_seconds)
         self.kv_bytes.labels(worker, t.transport).inc(p.kv_bytes)
         self.kv_seconds.labels(worker).observe(p.kv_seconds)
-        if p.source is None and not p.finish_reason:
+        if t.transport != "trtllm" and p.source is None and not p.finish_reason:
             self.kv_wait.labels("push").observe(p.kv_seconds)
 
     def record_pull(self, decode: str, t) -> None:
-        """The decode side of a pull handoff (a control.handoff.Timings whose Pulled arrived)."""
+        """The decode side of a pull handoff (a control.handoff.Timings whose Pulled arrived). TensorRT-LLM
+        (transport "trtllm"): first token to the decode worker's first token, an upper bound of its wait
+        (it includes one decode step); the bytes move inside TensorRT-LLM, unseen."""
+        if t.transport == "trtllm":
+            self.kv_wait.labels("trtllm").observe(t.pulled_at - t.first_token)
+            return
         self.kv_wait.labels("pull").observe(t.pulled_at - t.first_token)
         self.kv_bytes.labels(decode, t.transport).inc(t.pulled.kv_bytes)
 

@@ -2,6 +2,10 @@
 
     model: smollm2-135m            # or a checkpoint path; engines are built into `engines` if missing
     engines: engines/smollm2-135m  # optional: a folder with prefill/ and decode/ role engines
+    backend: torch                 # or tensorrt-llm: TensorRT-LLM role engines (`tandem build --backend
+                                   # tensorrt-llm`) in the workers; needs mode disaggregated, handoff pull
+                                   # (implied), device cuda for local workers; no transport, gpus or
+                                   # local_prefill_tokens (TensorRT-LLM moves the K/V; docs/trtllm.md)
     mode: disaggregated            # or colocated / chunked (the baselines)
     device: auto                   # cpu, cuda, or auto (CUDA when a CUDA device is visible)
     prefill: {count: 1}            # local Triton instances to start ...
@@ -148,6 +152,7 @@ class Deployment(_Strict):
     # auto is bfloat16 when a role's workers run on CUDA, float32 (exact against transformers) otherwise;
     # a bf16 checkpoint served in float32 costs twice its size per role copy
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    backend: Literal["torch", "tensorrt-llm"] = "torch"
     mode: Literal["disaggregated", "colocated", "chunked"] = "disaggregated"
     device: Literal["auto", "cpu", "cuda"] = "auto"  # every local worker's, unless its role says otherwise
     prefill: WorkerPool = WorkerPool()
@@ -178,7 +183,9 @@ class Deployment(_Strict):
                 pool = getattr(self, role)
                 if pool.count + len(pool.urls) < 1 and not pool.dns:
                     raise ValueError(f"disaggregated mode needs at least one {role} worker (count, urls or dns)")
-        if self.handoff.mode == "pull" and (self.transport in ("nixl", "cuda_ipc") or self.role_device("prefill") == "cuda"):
+        if self.backend == "tensorrt-llm":
+            self._trtllm_combination()
+        elif self.handoff.mode == "pull" and (self.transport in ("nixl", "cuda_ipc") or self.role_device("prefill") == "cuda"):
             raise ValueError("handoff mode pull reads K/V over shm from a prefill pool in host memory, within one host "
                              "(no NIXL READ or cuda_ipc read side yet); use transport shm or auto with CPU prefill "
                              "workers, or handoff mode push")
@@ -187,6 +194,34 @@ class Deployment(_Strict):
             if pool.gpus and (pool.device or self.device) == "cpu":
                 raise ValueError(f"{role}.gpus {pool.gpus} given for device cpu; set {role}.device: cuda (or auto)")
         return self
+
+    def _trtllm_combination(self) -> None:
+        """backend tensorrt-llm: what its role engines can serve (ValueError naming what is not)."""
+        if self.mode != "disaggregated":
+            raise ValueError(f"backend tensorrt-llm serves disaggregated mode only (prefill and decode role "
+                             f"engines), not mode {self.mode}")
+        if self.handoff.mode == "push" and "mode" in self.handoff.model_fields_set:
+            raise ValueError("backend tensorrt-llm hands the K/V over by decode pull (TensorRT-LLM's cache "
+                             "transceiver); set handoff.mode: pull or leave it out")
+        if self.transport is not None:
+            raise ValueError(f"backend tensorrt-llm moves the K/V with its own cache transceiver (the role YAMLs' "
+                             f"cache_transceiver_config); leave transport out, got {self.transport}")
+        if self.local_prefill_tokens:
+            raise ValueError("backend tensorrt-llm decode workers do not prefill prompts themselves; "
+                             "local_prefill_tokens must be 0")
+        for role in ("prefill", "decode"):
+            pool = getattr(self, role)
+            if pool.count and self.role_device(role) == "cpu":
+                raise ValueError(f"backend tensorrt-llm runs on CUDA; {role} has local workers with device cpu "
+                                 f"(set device: cuda)")
+            if pool.gpus:
+                raise ValueError(f"backend tensorrt-llm places its engines on GPUs in order (`tandem repo "
+                                 f"--backend tensorrt-llm`); leave {role}.gpus out")
+
+    @property
+    def handoff_mode(self) -> str:
+        """The serving path's handoff: the deployment's, or TensorRT-LLM's own pull (control/trtllm_attempt.py)."""
+        return "trtllm" if self.backend == "tensorrt-llm" else self.handoff.mode
 
     def role_device(self, role: str) -> str:
         """The device choice (auto, cpu, cuda) of a role's local workers; `generate` follows `device`."""

@@ -1,7 +1,8 @@
 """A set of role workers: Triton instances for x prefill and y decode workers (or one co-located).
 
 One model repository is rendered for the deployment; each Triton instance loads only its role's
-model from it. Workers are pinned to disjoint CPU cores where there are enough cores (round-robin
+model from it. With TensorRT-LLM role engines (backend "tensorrt-llm") there is one repository per
+worker (builder/trtllm_repo.py: DIR/prefill_0, ...), each placing its engine on its GPUs itself. Workers are pinned to disjoint CPU cores where there are enough cores (round-robin
 single cores otherwise), with as many torch threads as cores. Workers of a CUDA role each get a GPU
 and see it as their device 0 (ops/gpu_plan.py).
 """
@@ -15,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from builder.repo import RepoOptions, render_repo
+from builder.trtllm_repo import render_trtllm_repo
 from ops.gpu_plan import worker_env
 from ops.triton_process import TritonError, TritonServer
 
@@ -72,6 +74,9 @@ class WorkerSet:
     nice: int = 0  # the servers' CPU priority below ours (TritonServer.nice)
     detached: bool = False  # True: the servers outlive this process (tandem workers up)
     tls: tuple[str, str] | None = None  # (certificate, key): the servers' gRPC serves TLS (TritonServer.tls)
+    backend: str = "torch"  # or "tensorrt-llm": `engines` holds TensorRT-LLM role folders
+    gpus_per_node: int = 0  # tensorrt-llm: GPUs its engines are placed on in order; 0: Triton KIND_CPU (test double)
+    env: dict = field(default_factory=dict)  # added to every server's environment
     servers: dict[str, TritonServer] = field(default_factory=dict)
     specs: dict[str, WorkerSpec] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -81,6 +86,10 @@ class WorkerSet:
         """Plan the cores and render the model repository (once)."""
         specs = plan_cpus(self.counts, self.cpus)
         self.specs = {s.name: s for s in specs}
+        if self.backend == "tensorrt-llm":
+            render_trtllm_repo(self.engines, self.repo, self.counts.get("prefill", 0), self.counts.get("decode", 0),
+                               max(1, self.gpus_per_node), on_gpu=self.gpus_per_node > 0)
+            return
         threads = min(len(s.cpus) for s in specs)
         on_gpu = tuple((role, 0) for role in self.gpus)  # each worker sees its own GPU as device 0
         render_repo(self.engines, self.repo, RepoOptions(**{**self.options.__dict__, "threads": threads,
@@ -95,9 +104,10 @@ class WorkerSet:
         with self._lock:
             if self._closed:
                 raise WorkerSetClosed(f"not starting {name}: the workers are being stopped")
-            server = TritonServer(self.repo, (spec.role,), name=spec.name, cpus=spec.cpus, nice=self.nice,
+            repo = self.repo if self.backend == "torch" else os.path.join(self.repo, f"{spec.role}_{spec.index}")
+            server = TritonServer(repo, (spec.role,), name=spec.name, cpus=spec.cpus, nice=self.nice,
                                   log_dir=self.workdir, tied=not self.detached, tls=self.tls,
-                                  env=worker_env(self.gpus, spec.role, spec.index)).launch()
+                                  env={**self.env, **worker_env(self.gpus, spec.role, spec.index)}).launch()
             self.servers[name] = server
         return server
 

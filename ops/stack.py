@@ -2,7 +2,8 @@
 both front doors. `tandem serve` runs one; tests and benchmarks start and stop it the same way.
 
 The serving path (disaggregated, or co-located replicas) is chosen here, once, from the deployment's
-mode; nothing after this point asks which mode it is in.
+mode; nothing after this point asks which mode it is in. So is the role engines' backend: Tandem's own,
+or TensorRT-LLM's (ops/trtllm_stack.py; its worker clients, and the serving path's trtllm handoff).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from ops.deployment import Deployment, DeploymentError
 from ops.door_security import DoorSecurity, check_ports_free, check_secret_links, door_security
 from control.discovery import Discovery
 from control.fleet import Fleet
+from control.worker_client import CLIENTS, TRTLLM_CLIENTS
 from frontdoor.grpc_door import TritonProtocolServicer, start_grpc
 from frontdoor.http_app import HttpFrontend, start_http
 from frontdoor.door_metrics import Metrics
@@ -38,6 +40,7 @@ from ops.supervisor import Supervisor
 from ops.gpu_plan import check_fits, gpu_totals, planned_bytes, role_bytes, role_gpus
 from tandem.devices import DeviceError, resolve_device
 from ops.local_workers import WorkerSet
+from ops.trtllm_stack import trtllm_engines, trtllm_gpus_per_node
 from tandem.manifest import EngineManifest, ManifestError, check_pair, read_manifest
 from tandem.secret import PARAMETER as SECRET_PARAMETER
 from tandem.secret import SecretError, load_secret
@@ -129,8 +132,15 @@ class Stack:
         except SecretError as e:
             raise DeploymentError(str(e)) from None
         check_secret_links(dep, secret, security.worker_tls)
-        engines = await loop.run_in_executor(None, ensure_engines, dep, self.log)
-        manifest = read_manifest(os.path.join(engines, "decode"))
+        trtllm = dep.backend == "tensorrt-llm"
+        if trtllm:  # TensorRT-LLM role engines: no Tandem manifest; they place themselves on the GPUs
+            built = await loop.run_in_executor(None, trtllm_engines, dep, self.log)
+            engines, tokens_per_page, model_id = built.folder, built.tokens_per_page, built.served_name
+            per_node, gpus = trtllm_gpus_per_node(dep, gpus, built), {}
+        else:
+            engines = await loop.run_in_executor(None, ensure_engines, dep, self.log)
+            manifest = read_manifest(os.path.join(engines, "decode"))
+            tokens_per_page, model_id, per_node = manifest.kv_layout.tokens_per_page, served_name(dep, manifest), 0
         tokenizer = front_door_tokenizer(engines, dep)  # before any worker starts: a bad template is one line
         counts = worker_counts(dep)
         if gpus:
@@ -146,7 +156,7 @@ class Stack:
         for name in remove_stale_segments() + remove_orphaned_triton_regions():
             self.log(f"removed shared memory {name} left by a process that is gone")
         self.workers = WorkerSet(engines, self.workdir, counts, options, gpus=gpus, nice=dep.worker_nice,
-                                 tls=security.local_worker_tls)
+                                 tls=security.local_worker_tls, backend=dep.backend, gpus_per_node=per_node)
         if any(counts.values()):  # none: every worker is remote (`tandem worker` elsewhere)
             self.log(f"starting {', '.join(f'{n} {r}' for r, n in counts.items() if n)} worker(s) ({dep.mode}) ...")
             await loop.run_in_executor(None, self.workers.prepare)
@@ -155,9 +165,10 @@ class Stack:
             await asyncio.gather(*[loop.run_in_executor(None, self.workers.wait_ready, name)
                                    for name in self.workers.specs])
         self._record_workers()
-        metrics = Metrics(dep.mode, manifest.kv_layout.tokens_per_page, served_name(dep, manifest))
+        metrics = Metrics(dep.mode, tokens_per_page, model_id)
         auth = ((SECRET_PARAMETER, secret),) if secret else ()
-        self.fleet = Fleet(dep.health.heartbeat_s, dep.health.stall_s, auth=auth, tls=security.worker_tls)
+        self.fleet = Fleet(dep.health.heartbeat_s, dep.health.stall_s, auth=auth, tls=security.worker_tls,
+                           clients=TRTLLM_CLIENTS if trtllm else CLIENTS)
         metrics.workers.watch(self.fleet)
         self.supervisor = Supervisor(self.workers, self.fleet, dep.health.stall_restart_s,
                                      on_restart=lambda name, server: self._record_workers())
@@ -167,8 +178,8 @@ class Stack:
         self.discovery = Discovery(self.fleet)
         await self.discovery.start(dep)
         self.supervisor.start()
-        path = make_path(dep.mode, self.fleet, ROUTERS[dep.router](), manifest.kv_layout, metrics, dep.max_retries,
-                         dep.local_prefill_tokens, dep.handoff.mode)
+        path = make_path(dep.mode, self.fleet, ROUTERS[dep.router](), tokens_per_page, metrics, dep.max_retries,
+                         dep.local_prefill_tokens, dep.handoff_mode)
         cfg = _model_config(engines)
         lim = dep.limits
         self.service = Orchestrator(path=path, tokenizer=tokenizer, metrics=metrics, mode=dep.mode,
@@ -177,7 +188,7 @@ class Stack:
                                     timeout_s=lim.request_timeout_s)
         if self.workers.servers:  # remote-only: /health says 503 until the workers answer, the front door is up
             await self._until_ready()
-        served = ServedModel(self.service, dep.front_door.model_name, served_name(dep, manifest))
+        served = ServedModel(self.service, dep.front_door.model_name, model_id)
         door, fd = FrontDoor(served), dep.front_door
         try:
             self.grpc = await start_grpc(TritonProtocolServicer(door), fd.host, fd.grpc_port,

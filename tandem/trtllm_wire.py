@@ -11,7 +11,7 @@ as base64 in the JSON envelope (tandem/wire.py), never pickled.
 
 After the answer the context side's K/V stay inside TensorRT-LLM until a generation side pulls them or
 the role YAML's cache_transceiver_config.kv_transfer_timeout_ms passes (TensorRT-LLM's own bound):
-Tandem holds nothing for them yet. The orchestrator does not yet drive these messages (docs/trtllm.md).
+Tandem holds nothing for them. The orchestrator drives these messages in control/trtllm_attempt.py.
 
 Like a NIXL pool descriptor, `TrtllmParams` names where the context side's K/V can be read: it only
 ever travels on the control channel and is never echoed in an error message.

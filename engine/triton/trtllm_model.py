@@ -10,8 +10,9 @@
 Parameters (config.pbtxt, written by builder/trtllm_repo.py): role, model_dir (the checkpoint),
 llm_yaml (the role's LLM-API options), gpu_ids (CUDA_VISIBLE_DEVICES of this engine, set before
 TensorRT-LLM is imported). A request whose caller goes away is aborted in TensorRT-LLM.
-Not yet run on this project's machines (no GPU, TensorRT-LLM not installable here), and not yet driven
-by the orchestrator: its TensorRT-LLM handoff is not on main (docs/trtllm.md).
+Driven by the orchestrator's TrtllmAttempt (control/trtllm_attempt.py). Not yet run with TensorRT-LLM on
+this project's machines (no GPU, TensorRT-LLM not installable here): its tests load a test double of
+tensorrt_llm (tests/trtllm/fake_trtllm/, not TensorRT-LLM) in Triton instances of KIND_CPU.
 """
 
 from __future__ import annotations

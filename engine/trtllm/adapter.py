@@ -19,9 +19,8 @@ wherever both are present.
 
 After the context phase: a finished context_only request keeps its K/V in TensorRT-LLM until a
 generation side pulls them, or until its cache transceiver's kv_transfer_timeout_ms (set by `tandem
-build`) passes. The adapter keeps nothing of it: `abort` cancels running requests only. (A Tandem-side
-hold, ended by the orchestrator once decode has the K/V, waits for the orchestrator's TensorRT-LLM
-handoff, not yet on main: docs/trtllm.md.)
+build`) passes. The adapter keeps nothing of it: `abort` cancels running requests only (the
+orchestrator's side: control/trtllm_attempt.py).
 
 Concurrency: `start`, `prefill`, `decode` and `abort` are called on one asyncio loop's thread.
 """

@@ -1,7 +1,8 @@
 """Pure mappings between Tandem's types and TensorRT-LLM's LLM API (recorded in api_surface.json).
 
 - `sampling_kwargs` / `tandem_sampling`: Tandem SamplingParams <-> keyword arguments of TensorRT-LLM's
-  SamplingParams (only fields listed in the surface). Greedy is `top_k=1`, the one spelling every
+  SamplingParams (only fields listed in the surface); `refuse_not_carried` refuses a request that sets
+  a Tandem field with no counterpart there. Greedy is `top_k=1`, the one spelling every
   release read understands.
 - `wire_params` / `generation_kwargs`: a context_only answer's DisaggregatedParams <-> TrtllmParams
   (tandem/trtllm_wire.py), field by field; opaque_state stays bytes.
@@ -53,6 +54,20 @@ def tandem_sampling(kw: dict) -> SamplingParams:
                           temperature=0.0 if greedy else kw["temperature"],
                           top_k=0 if greedy else (kw.get("top_k") or 0),
                           top_p=1.0 if greedy else (kw.get("top_p") or 1.0))
+
+
+NOT_CARRIED = {"top_logprobs": 0, "prompt_logprobs": False, "min_p": 0.0, "repetition_penalty": 1.0,
+               "presence_penalty": 0.0, "frequency_penalty": 0.0}  # Tandem fields with no recorded counterpart
+
+
+def refuse_not_carried(p: SamplingParams) -> None:
+    """InvalidArgument naming the fields set away from their defaults that the adapter does not map to
+    TensorRT-LLM (they would be ignored silently otherwise)."""
+    fields = [name for name, default in NOT_CARRIED.items() if getattr(p, name) != default]
+    if fields:
+        raise InvalidArgument(f"{', '.join(fields)} {'is' if len(fields) == 1 else 'are'} not supported by this "
+                              f"deployment's TensorRT-LLM workers; leave {'it' if len(fields) == 1 else 'them'} at "
+                              f"the default", fields[0])
 
 
 def remaining(p: SamplingParams, sent: int) -> SamplingParams:

@@ -53,6 +53,16 @@ def test_2p2d_repository_parses_with_tritons_model_config(engines, tmp_path):
     assert gpus == ["0", "1", "2", "3"]
 
 
+def test_cpu_instances_for_the_test_double_parse_and_name_no_gpu(engines, tmp_path):
+    """on_gpu=False (only tests/trtllm's double of tensorrt_llm runs so): KIND_CPU, no GPU list."""
+    repo = tmp_path / "repo"
+    render_trtllm_repo(str(engines), str(repo), prefill_workers=1, decode_workers=1, on_gpu=False)
+    for worker, role in (("prefill_0", "prefill"), ("decode_0", "decode")):
+        cfg = _config(repo / worker / role / "config.pbtxt")
+        assert [(g.kind, list(g.gpus)) for g in cfg.instance_group] == [
+            (model_config_pb2.ModelInstanceGroup.KIND_CPU, [])]
+
+
 def test_gpu_assignment_keeps_tensor_parallel_engines_on_one_node(engines):
     files = role_files(str(engines))
     files = {r: (folder, {**opts, "tensor_parallel_size": 2 if r.value == "decode" else 1})

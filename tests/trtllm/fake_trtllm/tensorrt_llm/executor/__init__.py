@@ -1,0 +1,1 @@
+"""NOT TensorRT-LLM (see the package docstring)."""

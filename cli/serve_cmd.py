@@ -73,13 +73,16 @@ def _env(name: str) -> dict:
               help="PEM CA of the workers' certificates: the orchestrator talks to them over TLS.")
 @click.option("--worker-tls-server-name", default=None, **_env("WORKER_TLS_SERVER_NAME"),
               help="The name in the workers' certificates (when they are dialled by address).")
+@click.option("--otlp-endpoint", default=None, **_env("OTLP_ENDPOINT"),
+              help="OpenTelemetry traces: OTLP/HTTP URL of a collector, e.g. http://127.0.0.1:4318 (default: the "
+                   "OTEL_EXPORTER_OTLP_* variables; off when none is set). Needs the otel extra.")
 @click.option("--log-format", type=click.Choice(FORMATS), default="text", show_default=True, **_env("LOG_FORMAT"),
               help="json: one object per line, each with the request id of its request.")
 @click.option("--workdir", default=None, **_env("WORKDIR"), help="Where worker logs and the model repository go.")
 def serve_command(model, dtype, config_path, mode, prefill, decode, replicas, transport, device, handoff, router, host,
                   grpc_port, http_port, model_name, served_model_name, chat_template, kv_pool_bytes, chunk_tokens,
                   api_key_file, no_api_key, tls_cert, tls_key, tls_client_ca, worker_tls_ca, worker_tls_server_name,
-                  log_format, workdir):
+                  otlp_endpoint, log_format, workdir):
     """Serve a model: prefill and decode workers in Triton, behind Triton gRPC and OpenAI HTTP.
 
     Every option can be set by its TANDEM_* variable (shown in each option's help by --help)."""
@@ -96,6 +99,7 @@ def serve_command(model, dtype, config_path, mode, prefill, decode, replicas, tr
         "front_door.api_key_file": api_key_file, "front_door.no_api_key": no_api_key,
         "front_door.tls.cert": tls_cert, "front_door.tls.key": tls_key, "front_door.tls.client_ca": tls_client_ca,
         "worker_tls.ca": worker_tls_ca, "worker_tls.server_name": worker_tls_server_name,
+        "tracing.otlp_endpoint": otlp_endpoint,
     }.items() if v is not None}
     if model is not None:
         is_engines = os.path.isfile(os.path.join(model, "prefill", "manifest.json"))

@@ -72,6 +72,7 @@ class WorkerSet:
     nice: int = 0  # the servers' CPU priority below ours (TritonServer.nice)
     detached: bool = False  # True: the servers outlive this process (tandem workers up)
     tls: tuple[str, str] | None = None  # (certificate, key): the servers' gRPC serves TLS (TritonServer.tls)
+    env: dict = field(default_factory=dict)  # added to every server's environment (e.g. tracing settings)
     servers: dict[str, TritonServer] = field(default_factory=dict)
     specs: dict[str, WorkerSpec] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -97,7 +98,7 @@ class WorkerSet:
                 raise WorkerSetClosed(f"not starting {name}: the workers are being stopped")
             server = TritonServer(self.repo, (spec.role,), name=spec.name, cpus=spec.cpus, nice=self.nice,
                                   log_dir=self.workdir, tied=not self.detached, tls=self.tls,
-                                  env=worker_env(self.gpus, spec.role, spec.index)).launch()
+                                  env={**self.env, **worker_env(self.gpus, spec.role, spec.index)}).launch()
             self.servers[name] = server
         return server
 

@@ -87,6 +87,9 @@ class ServingPath(ABC):
                             waited = None
                             if tok.token is not None:
                                 sent.append(tok.token)
+                            if tok.finish_reason is not None:  # done: the caller may close us at this yield
+                                traced.set(finish_reason=tok.finish_reason)
+                                traced.end()
                             yield tok
                 return
             except (OutOfPages, NoWorker) as e:

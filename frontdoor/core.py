@@ -138,7 +138,7 @@ class FrontDoor:
         The one generator between the serving path's tokens and a protocol codec. Traced (when the
         service's tracer is on) as `tandem.request`, a child of the client's traceparent, with children
         `tandem.admission` (its `tandem.tokenize`) and `tandem.stream` (the attempts under it)."""
-        svc, stats_start, ok, n_in = self.service, time.perf_counter(), False, 0
+        svc, stats_start, ok, n_in, last_sent = self.service, time.perf_counter(), False, 0, False
         meter = svc.metrics.start(stats_start)  # its latencies count from arrival, tokenization included
         span = svc.tracer.start("tandem.request", client_traceparent(), request_id=req.request_id,
                                 model=self.served.served_name, mode=svc.mode)
@@ -164,11 +164,15 @@ class FrontDoor:
                                 cached, prompt_lps = min(tok.cached_tokens, n_in), tuple(tok.prompt_logprobs)
                                 piece, echo = echo + piece, ""
                                 stream.set(cached_tokens=cached)
+                            if tok.finish_reason:  # the last delta: a caller may close us once it has it
+                                stream.set(completion_tokens=meter.tokens, finish_reason=tok.finish_reason)
+                                stream.end()
+                                span.set(finish_reason=tok.finish_reason)
+                                last_sent = True
                             yield Delta(piece, tok.token, tok.logprob, tok.finish_reason, cached, n_in, tok.top,
                                         prompt_lps, tuple(prep.prompt_ids) if prompt_lps else ())
                             if tok.finish_reason:
                                 meter.done(tok.finish_reason)
-                                stream.set(completion_tokens=meter.tokens, finish_reason=tok.finish_reason)
                                 break
                 ok = True
             finally:
@@ -176,7 +180,8 @@ class FrontDoor:
         except BaseException as e:  # a TandemError, or the client leaving (GeneratorExit, CancelledError)
             if isinstance(e, TandemError):
                 meter.failed(status_of(e))
-            span.fail(e)
+            if not (last_sent and isinstance(e, GeneratorExit)):  # closed after its last delta: it went well
+                span.fail(e)
             raise
         finally:
             meter.failed(Status.CANCELLED)  # the client left (the stream closed early); no-op once it ended

@@ -49,6 +49,8 @@ class OtelSpan(Span):
         self.span.set_attributes(_attributes(attributes))
 
     def fail(self, error: BaseException) -> None:
+        if self.ended:  # it ended well before (a stream closed after its last token)
+            return
         cancelled = isinstance(error, (asyncio.CancelledError, GeneratorExit))
         status = Status.CANCELLED if cancelled else status_of(error)
         self.span.set_attribute("tandem.status", status.value)

@@ -105,7 +105,7 @@ class Span:
         """Add attributes (names without the `tandem.` prefix; values str, bool, int or float)."""
 
     def fail(self, error: BaseException) -> None:
-        """Mark the span failed by `error` (its status and message)."""
+        """Mark the span failed by `error` (its status and message); nothing once it has ended."""
 
     def end(self, end_ns: int | None = None) -> None:
         """End the span now, or at `end_ns`. Ending twice does nothing."""

@@ -136,7 +136,7 @@ class PrefillRuns:
         parent = it.msg.traceparent
         if not parent:
             return
-        started, tokens = ns_at(it.started_at), it.seq.num_tokens
+        started, tokens = ns_at(it.started_at), len(it.msg.prompt_ids) + len(it.msg.output_ids)
         self.tracer.record("tandem.prefill.queue", parent, ns_at(it.queued_at), started, tokens=tokens)
         self.tracer.record("tandem.prefill.compute", parent, started, ns_at(computed), tokens=tokens,
                            cached_tokens=it.cached_tokens, compute_seconds=it.compute_s, chunked=it.chunked)

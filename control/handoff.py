@@ -142,8 +142,8 @@ class PairAttempt(Attempt):
     def traced_prefill(self, first: Prefilled, span: Span) -> None:
         """The prefill worker's own timings of its answer on the orchestrator's `tandem.prefill` span."""
         span.set(queue_seconds=first.queue_seconds, compute_seconds=first.compute_seconds, kv_bytes=first.kv_bytes,
-                 kv_seconds=first.kv_seconds, cached_tokens=first.cached_tokens, transport=self.timings.transport or None,
-                 prompt_tokens=len(self.prompt_ids) + len(self.sent))
+                 kv_seconds=first.kv_seconds, cached_tokens=first.cached_tokens,
+                 transport=self.timings.transport or None, prompt_tokens=len(self.prompt_ids) + len(self.sent))
 
 
 class Handoff(PairAttempt):

@@ -207,7 +207,8 @@ class DecodeLoop:
             seq = lease.seq
             self.tracer.record("tandem.decode", lease.traceparent, ns_at(lease.decoding_since), time.time_ns(),
                                worker_role=self.role, local_prefill=not lease.handed_out and lease.source is None,
-                               output_tokens=len(seq.output_ids), finish_reason=seq.finish_reason.value if seq.finished else None,
+                               output_tokens=len(seq.output_ids),
+                               finish_reason=seq.finish_reason.value if seq.finished else None,
                                status=status_of(error).value if error is not None else "OK")
 
     def _quarantine(self, lease: Lease) -> None:

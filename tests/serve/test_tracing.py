@@ -149,16 +149,27 @@ def test_push_trace_in_memory_orchestrator_and_otlp_workers(built_engines, tmp_p
 def test_pull_trace_from_tandem_serve_all_over_otlp(built_engines, tmp_path):
     """`tandem serve --otlp-endpoint`: the flag reaches the workers (by environment) and every process
     exports OTLP/HTTP; the pull handoff's read is the decode worker's kv_transfer span."""
+    import tritonclient.grpc as grpcclient
+
+    from tests.serve.clients import ensemble_inputs
+
     traceparent, trace_id, client_span = client_traceparent()
+    by_grpc, grpc_trace, grpc_span = client_traceparent()
     bytes_per_token = read_manifest(str(built_engines / "decode")).kv_layout.bytes_per_token
     with OtlpReceiver() as receiver:
         s = start_serve(built_engines, tmp_path, "--handoff", "pull", "--otlp-endpoint", receiver.url, env=FAST_EXPORT)
         try:
-            answer = complete(s.http, "Write one sentence about the sea.", 5, traceparent)
+            answer = complete(s.http, "Once upon a time, in a small village,", 5, traceparent)
+            client = grpcclient.InferenceServerClient(s.grpc)
+            try:  # the gRPC door honours the same traceparent, as metadata
+                client.infer("ensemble", ensemble_inputs(grpcclient, "Hello", 2, False), headers={"traceparent": by_grpc})
+            finally:
+                client.close()
             spans = receiver.wait_for(lambda got: workers_reported(trace_id, {"tandem.kv_transfer"})(got) and
-                                      any(x.name == "tandem.request" and x.trace_id == trace_id for x in got))
+                                      {trace_id, grpc_trace} <= {x.trace_id for x in got if x.name == "tandem.request"})
         finally:
             stop_serve(s)
+    assert one([x for x in spans if x.trace_id == grpc_trace], "tandem.request").parent_id == grpc_span
     assert answer["usage"]["completion_tokens"] == 5
     assert {x.service for x in spans if x.trace_id == trace_id} == {"tandem", "tandem-prefill", "tandem-decode"}
     by = check_request_trace(spans, trace_id, client_span, 5, bytes_per_token)

@@ -130,7 +130,7 @@ async def _reload(stack, config_path, overrides) -> None:
 
 
 async def _serve(dep, workdir, config_path=None, overrides=None, log_format: str = "text") -> None:
-    from ops.stack import Stack
+    from ops.stack import Stack, trace_config
 
     say = logging.getLogger("tandem.serve").info if log_format == "json" else lambda m: click.echo(m, err=True)
     stack = Stack(dep, workdir, log=say)
@@ -149,6 +149,8 @@ async def _serve(dep, workdir, config_path=None, overrides=None, log_format: str
             f"(model '{fd.model_name}'{', TLS' if fd.tls else ''}), OpenAI HTTP {web}://{fd.host}:{fd.http_port}/v1, "
             f"metrics {web}://{fd.host}:{fd.http_port}/metrics; API keys "
             f"{'required' if stack.security.keys else 'off'}")
+        if stack.tracer.enabled:
+            say(f"traces: OTLP/HTTP to {trace_config(dep).url}")
         say("ready")
         await stop.wait()
         say(f"draining (up to {dep.health.drain_grace_s:.0f}s for requests in flight) ...")

@@ -64,7 +64,7 @@ def one(spans: list[ReceivedSpan], name: str, service: str | None = None) -> Rec
 
 
 def check_request_trace(spans: list[ReceivedSpan], trace_id: str, client_span: str, completion_tokens: int,
-                        bytes_per_token: int) -> dict[str, ReceivedSpan]:
+                        layout) -> dict[str, ReceivedSpan]:
     """What every traced disaggregated request shows, push or pull; returns the spans by name."""
     mine = [s for s in spans if s.trace_id == trace_id]
     assert len({s.trace_id for s in mine}) == 1 and not [s for s in mine if s.error]
@@ -95,8 +95,12 @@ def check_request_trace(spans: list[ReceivedSpan], trace_id: str, client_span: s
     assert decode.parent_id == attempt.span_id
     assert decode.attributes["tandem.output_tokens"] == completion_tokens
     assert decode.attributes["tandem.finish_reason"] == "length"
-    moved = prompt_tokens - reservation.attributes["tandem.cached_tokens"]
-    assert prefill.attributes["tandem.kv_bytes"] == moved * bytes_per_token
+    moved = prompt_tokens - reservation.attributes["tandem.cached_tokens"]  # K/V the decode worker lacked
+    if attempt.attributes["tandem.handoff"] == "push":  # the writer writes the positions
+        assert by["tandem.prefill"].attributes["tandem.kv_bytes"] == moved * layout.bytes_per_token > 0
+    else:  # the reader reads whole pages
+        pages = -(-moved // layout.tokens_per_page)
+        assert by["tandem.decode_reservation"].attributes["tandem.kv_bytes"] == pages * layout.tokens_per_page * layout.bytes_per_token > 0
     return by
 
 
@@ -112,7 +116,7 @@ def test_push_trace_in_memory_orchestrator_and_otlp_workers(built_engines, tmp_p
     before = leak_snapshot()
     memory = InMemorySpanExporter()
     traceparent, trace_id, client_span = client_traceparent()
-    bytes_per_token = read_manifest(str(built_engines / "decode")).kv_layout.bytes_per_token
+    layout = read_manifest(str(built_engines / "decode")).kv_layout
     with OtlpReceiver() as receiver:
         dep = Deployment(engines=str(built_engines), kv_pool_bytes=256 << 20, tracing={"otlp_endpoint": receiver.url},
                          front_door={"grpc_port": free_port(), "http_port": free_port()})
@@ -138,7 +142,7 @@ def test_push_trace_in_memory_orchestrator_and_otlp_workers(built_engines, tmp_p
     orchestrator = [from_sdk(s) for s in memory.get_finished_spans()]
     assert {s.service for s in orchestrator} == {"tandem"}
     assert {s.service for s in worker_spans} == {"tandem-prefill", "tandem-decode"}
-    by = check_request_trace(orchestrator + worker_spans, trace_id, client_span, 6, bytes_per_token)
+    by = check_request_trace(orchestrator + worker_spans, trace_id, client_span, 6, layout)
     kv = one(worker_spans, "tandem.kv_transfer", "tandem-prefill")
     assert kv.parent_id == by["tandem.prefill"].span_id
     assert kv.attributes["tandem.direction"] == "push" and kv.attributes["tandem.transport"] == "shm"
@@ -155,7 +159,7 @@ def test_pull_trace_from_tandem_serve_all_over_otlp(built_engines, tmp_path):
 
     traceparent, trace_id, client_span = client_traceparent()
     by_grpc, grpc_trace, grpc_span = client_traceparent()
-    bytes_per_token = read_manifest(str(built_engines / "decode")).kv_layout.bytes_per_token
+    layout = read_manifest(str(built_engines / "decode")).kv_layout
     with OtlpReceiver() as receiver:
         s = start_serve(built_engines, tmp_path, "--handoff", "pull", "--otlp-endpoint", receiver.url, env=FAST_EXPORT)
         try:
@@ -172,8 +176,8 @@ def test_pull_trace_from_tandem_serve_all_over_otlp(built_engines, tmp_path):
     assert one([x for x in spans if x.trace_id == grpc_trace], "tandem.request").parent_id == grpc_span
     assert answer["usage"]["completion_tokens"] == 5
     assert {x.service for x in spans if x.trace_id == trace_id} == {"tandem", "tandem-prefill", "tandem-decode"}
-    by = check_request_trace(spans, trace_id, client_span, 5, bytes_per_token)
-    read = one(spans, "tandem.kv_transfer", "tandem-decode")
+    by = check_request_trace(spans, trace_id, client_span, 5, layout)
+    read = one([x for x in spans if x.trace_id == trace_id], "tandem.kv_transfer", "tandem-decode")
     assert read.parent_id == by["tandem.attempt"].span_id
     assert read.attributes["tandem.direction"] == "pull" and read.attributes["tandem.transport"] == "shm"
     assert read.attributes["tandem.bytes"] == by["tandem.decode_reservation"].attributes["tandem.kv_bytes"] > 0

@@ -274,3 +274,17 @@ def test_a_resumed_attempt_is_its_own_span_after_the_failed_one():
     assert resumed.attributes["tandem.decode_worker"] == "decode-1"
     assert resumed.attributes["tandem.finish_reason"] == "length"
     tracer.close()
+
+
+def test_a_bad_tracing_setting_stops_serve_with_one_line(built_engines):
+    from ops.triton_process import free_port
+    from tests.serve.test_startup_errors import one_error_line, run
+
+    ports = ("--http-port", str(free_port()), "--grpc-port", str(free_port()))
+    code, err = run("serve", "--model", str(built_engines), *ports, "--otlp-endpoint", "collector:4318")
+    line = one_error_line(err)
+    assert code != 0 and "'collector:4318' must be an http:// or https:// URL" in line
+    code, err = run("serve", "--model", str(built_engines), *ports,
+                    env={"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"})
+    line = one_error_line(err)
+    assert code != 0 and "'grpc' is not supported; allowed: http/protobuf" in line

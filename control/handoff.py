@@ -129,6 +129,8 @@ class Attempt:
 class PairAttempt(Attempt):
     """An attempt on one decode and one prefill worker: what push (Handoff) and pull (PullAttempt) share."""
 
+    MODE = ""  # the handoff it speaks: push (Handoff) or pull (PullAttempt)
+
     def __init__(self, decode: WorkerState, prefill: WorkerState, request_id: str, prompt_ids: list[int],
                  params: SamplingParams, sent: list[int], timings: Timings, span: Span = NO_SPAN):
         super().__init__(decode, request_id, span)
@@ -137,7 +139,7 @@ class PairAttempt(Attempt):
         self.on_first: Callable[[], None] | None = None  # called once when the prefill worker answered
 
     def workers(self) -> dict[str, str]:
-        return {**super().workers(), "prefill_worker": self.prefill.name, "handoff": type(self).MODE}
+        return {**super().workers(), "prefill_worker": self.prefill.name, "handoff": self.MODE}
 
     def traced_prefill(self, first: Prefilled, span: Span) -> None:
         """The prefill worker's own timings of its answer on the orchestrator's `tandem.prefill` span."""

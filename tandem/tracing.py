@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Mapping
+from collections.abc import Mapping
 
 DEFAULT_ENDPOINT = "http://localhost:4318"  # the OTLP/HTTP default of the OpenTelemetry specification
 TRACES_PATH = "/v1/traces"

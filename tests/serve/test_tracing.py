@@ -288,3 +288,23 @@ def test_a_bad_tracing_setting_stops_serve_with_one_line(built_engines):
                     env={"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"})
     line = one_error_line(err)
     assert code != 0 and "'grpc' is not supported; allowed: http/protobuf" in line
+
+
+def test_colocated_trace_has_the_generate_workers_decode_span(built_engines, tmp_path):
+    """A co-located worker prefills and decodes: its one span (local_prefill) hangs under the attempt."""
+    traceparent, trace_id, _ = client_traceparent()
+    with OtlpReceiver() as receiver:
+        s = start_serve(built_engines, tmp_path, "--mode", "colocated", "--otlp-endpoint", receiver.url,
+                        env=FAST_EXPORT)
+        try:
+            answer = complete(s.http, "The capital of France is", 4, traceparent)
+            spans = receiver.wait_for(lambda got: {"tandem.decode", "tandem.attempt"} <= {
+                x.name for x in got if x.trace_id == trace_id})
+        finally:
+            stop_serve(s)
+    mine = [x for x in spans if x.trace_id == trace_id]
+    attempt, decode = one(mine, "tandem.attempt", "tandem"), one(mine, "tandem.decode", "tandem-generate")
+    assert decode.parent_id == attempt.span_id and "tandem.prefill_worker" not in attempt.attributes
+    assert decode.attributes["tandem.local_prefill"] is True
+    assert decode.attributes["tandem.output_tokens"] == answer["usage"]["completion_tokens"] == 4
+    assert not [x for x in mine if x.name in ("tandem.prefill", "tandem.kv_transfer", "tandem.decode_reservation")]

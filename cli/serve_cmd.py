@@ -76,6 +76,9 @@ def _env(name: str) -> dict:
               help="PEM CA of the workers' certificates: the orchestrator talks to them over TLS.")
 @click.option("--worker-tls-server-name", default=None, **_env("WORKER_TLS_SERVER_NAME"),
               help="The name in the workers' certificates (when they are dialled by address).")
+@click.option("--otlp-endpoint", default=None, **_env("OTLP_ENDPOINT"),
+              help="OpenTelemetry traces: OTLP/HTTP URL of a collector, e.g. http://127.0.0.1:4318 (default: the "
+                   "OTEL_EXPORTER_OTLP_* variables; off when none is set). Needs the otel extra.")
 @click.option("--log-format", type=click.Choice(FORMATS), default="text", show_default=True, **_env("LOG_FORMAT"),
               help="json: one object per line, each with the request id of its request.")
 @click.option("--workdir", default=None, **_env("WORKDIR"), help="Where worker logs and the model repository go.")
@@ -83,7 +86,7 @@ def serve_command(model, dtype, config_path, mode, prefill, decode, replicas, tr
                   router, host,
                   grpc_port, http_port, model_name, served_model_name, chat_template, kv_pool_bytes, chunk_tokens,
                   api_key_file, no_api_key, tls_cert, tls_key, tls_client_ca, worker_tls_ca, worker_tls_server_name,
-                  log_format, workdir):
+                  otlp_endpoint, log_format, workdir):
     """Serve a model: prefill and decode workers in Triton, behind Triton gRPC and OpenAI HTTP.
 
     Every option can be set by its TANDEM_* variable (shown in each option's help by --help)."""
@@ -100,6 +103,7 @@ def serve_command(model, dtype, config_path, mode, prefill, decode, replicas, tr
         "front_door.api_key_file": api_key_file, "front_door.no_api_key": no_api_key,
         "front_door.tls.cert": tls_cert, "front_door.tls.key": tls_key, "front_door.tls.client_ca": tls_client_ca,
         "worker_tls.ca": worker_tls_ca, "worker_tls.server_name": worker_tls_server_name,
+        "tracing.otlp_endpoint": otlp_endpoint,
     }.items() if v is not None}
     if model is not None:
         is_engines = any(os.path.isfile(os.path.join(model, "prefill", f)) for f in ("manifest.json",
@@ -131,7 +135,7 @@ async def _reload(stack, config_path, overrides) -> None:
 
 
 async def _serve(dep, workdir, config_path=None, overrides=None, log_format: str = "text") -> None:
-    from ops.stack import Stack
+    from ops.stack import Stack, trace_config
 
     say = logging.getLogger("tandem.serve").info if log_format == "json" else lambda m: click.echo(m, err=True)
     stack = Stack(dep, workdir, log=say)
@@ -150,6 +154,8 @@ async def _serve(dep, workdir, config_path=None, overrides=None, log_format: str
             f"(model '{fd.model_name}'{', TLS' if fd.tls else ''}), OpenAI HTTP {web}://{fd.host}:{fd.http_port}/v1, "
             f"metrics {web}://{fd.host}:{fd.http_port}/metrics; API keys "
             f"{'required' if stack.security.keys else 'off'}")
+        if stack.tracer.enabled:
+            say(f"traces: OTLP/HTTP to {trace_config(dep).url}")
         say("ready")
         await stop.wait()
         say(f"draining (up to {dep.health.drain_grace_s:.0f}s for requests in flight) ...")

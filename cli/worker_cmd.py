@@ -63,8 +63,11 @@ def _env(name: str) -> dict:
               **_env("LOG_FILE"))
 @click.option("--log-format", type=click.Choice(FORMATS), default="text", show_default=True,
               help="This command's own lines (Triton's keep Triton's format).", **_env("LOG_FORMAT"))
+@click.option("--otlp-endpoint", default=None, **_env("OTLP_ENDPOINT"),
+              help="OpenTelemetry traces: OTLP/HTTP URL of a collector (default: the OTEL_EXPORTER_OTLP_* "
+                   "variables; off when none is set). Needs the otel extra.")
 def worker_command(role, engines, host, grpc_port, http_port, metrics_port, transport, device, gpu, kv_pool_bytes,
-                   threads, chunk_tokens, handoff, tls_cert, tls_key, workdir, log_file, log_format):
+                   threads, chunk_tokens, handoff, tls_cert, tls_key, workdir, log_file, log_format, otlp_endpoint):
     """Run one role's Triton instance on this node until stopped.
 
     Every option can be set by its TANDEM_WORKER_* variable (shown in each option's help by --help)."""
@@ -74,6 +77,7 @@ def worker_command(role, engines, host, grpc_port, http_port, metrics_port, tran
     from ops.triton_process import TritonError, TritonServer
     from tandem.devices import DeviceError, resolve_device
     from tandem.secret import SecretError, is_loopback, load_secret
+    from tandem.tracing import TraceConfig, TraceConfigError
 
     setup_logging(log_format)
     say = logging.getLogger("tandem.worker").info
@@ -87,7 +91,8 @@ def worker_command(role, engines, host, grpc_port, http_port, metrics_port, tran
     try:
         on_gpu = resolve_device(device) == "cuda" and resolve_device("cuda", [gpu]) == "cuda"  # --gpu must exist
         load_secret(required=not is_loopback(host))  # checked here; the models read it themselves
-    except (DeviceError, SecretError) as e:
+        traced = TraceConfig.from_env(os.environ, otlp_endpoint, role)
+    except (DeviceError, SecretError, TraceConfigError) as e:
         raise click.ClickException(str(e)) from None
     if not is_loopback(host) and tls_cert is None:
         logging.getLogger("tandem.worker").warning(
@@ -105,7 +110,8 @@ def worker_command(role, engines, host, grpc_port, http_port, metrics_port, tran
         raise click.ClickException(str(e)) from None
     server = TritonServer(repo, (role,), name=role, host=host, grpc_port=grpc_port, http_port=http_port,
                           metrics_port=metrics_port, log_dir=workdir, log_stdout=not log_file,
-                          tls=(tls_cert, tls_key) if tls_cert else None, env={"TANDEM_LOG_FORMAT": log_format})
+                          tls=(tls_cert, tls_key) if tls_cert else None,
+                          env={"TANDEM_LOG_FORMAT": log_format, **(traced.worker_env() if traced else {})})
     stopping = threading.Event()
 
     def stop(signum, _frame):

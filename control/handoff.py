@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 from control.fleet import WorkerState
 from tandem.sampling_params import SamplingParams
 from tandem.status import TandemError, Unavailable
+from tandem.tracing import NO_SPAN, Span
 from tandem.wire import Open, Prefill, Prefilled, Pulled, Reserved, Start, Token
 
 
@@ -84,8 +85,9 @@ class Attempt:
     Leaving the `async with` ends whatever the attempt still holds on its workers, then calls `on_exit`
     (the serving path gives back the load it claimed for the attempt)."""
 
-    def __init__(self, decode: WorkerState, request_id: str):
-        self.decode, self.request_id = decode, request_id
+    def __init__(self, decode: WorkerState, request_id: str, span: Span = NO_SPAN):
+        """`span`: the attempt's `tandem.attempt` span; its workers' spans hang under it (wire traceparent)."""
+        self.decode, self.request_id, self.span = decode, request_id, span
         self.on_exit: list[Callable[[], None]] = []
         self.opened = None  # the decode worker's Open stream (control/channel.py), once opened
         self.finished = False  # the token with a finish reason was returned: next() gives None
@@ -93,6 +95,10 @@ class Attempt:
 
     async def next(self) -> Token | None:
         raise NotImplementedError
+
+    def workers(self) -> dict[str, str]:
+        """The workers it runs on, by role (span attributes)."""
+        return {"decode_worker": self.decode.name}
 
     async def _stream_next(self) -> Token | None:
         """The decode worker's next token (it is the one to blame for any failure here)."""
@@ -127,16 +133,30 @@ class Attempt:
 class PairAttempt(Attempt):
     """An attempt on one decode and one prefill worker: what push (Handoff) and pull (PullAttempt) share."""
 
+    MODE = ""  # the handoff it speaks: push (Handoff) or pull (PullAttempt)
+
     def __init__(self, decode: WorkerState, prefill: WorkerState, request_id: str, prompt_ids: list[int],
-                 params: SamplingParams, sent: list[int], timings: Timings):
-        super().__init__(decode, request_id)
+                 params: SamplingParams, sent: list[int], timings: Timings, span: Span = NO_SPAN):
+        super().__init__(decode, request_id, span)
         self.prefill, self.prompt_ids, self.params, self.sent = prefill, list(prompt_ids), params, list(sent)
         self.timings = timings
         self.on_first: Callable[[], None] | None = None  # called once when the prefill worker answered
 
+    def workers(self) -> dict[str, str]:
+        return {**super().workers(), "prefill_worker": self.prefill.name, "handoff": self.MODE}
+
+    def traced_prefill(self, first: Prefilled, span: Span) -> None:
+        """The prefill worker's own timings of its answer on the orchestrator's `tandem.prefill` span."""
+        span.set(queue_seconds=first.queue_seconds, compute_seconds=first.compute_seconds, kv_bytes=first.kv_bytes,
+                 kv_seconds=first.kv_seconds, cached_tokens=first.cached_tokens,
+                 transport=self.timings.transport or None, prompt_tokens=len(self.prompt_ids) + len(self.sent))
+
 
 class Handoff(PairAttempt):
-    """The handoff protocol on one decode and one prefill worker (see the module docstring)."""
+    """The handoff protocol on one decode and one prefill worker (see the module docstring). Traced as
+    `tandem.decode_reservation` (OPEN) and `tandem.prefill` (PREFILL) under the attempt's span."""
+
+    MODE = "push"
 
     def __init__(self, *args):
         super().__init__(*args)
@@ -156,24 +176,31 @@ class Handoff(PairAttempt):
     async def _first_token(self) -> Token:
         """OPEN (reserve pages), PREFILL into them: the first token."""
         d, t = self.decode, self.timings
-        self.opened = d.client.open(Open(self.request_id, self.prompt_ids, self.params, self.sent,
-                                         writer=self.prefill.name, writer_host=self.prefill.host))
-        try:
-            reserved = await anext(self.opened, None)
-        except TandemError as e:
-            raise blame(e, d) from None
-        if not isinstance(reserved, Reserved):
-            what = "ended the request" if reserved is None else f"answered Open with {type(reserved).__name__}"
-            raise blame(Unavailable(f"{d.name} {what} before reserving pages"), d)
+        with self.span.child("tandem.decode_reservation", worker=d.name) as span:
+            self.opened = d.client.open(Open(self.request_id, self.prompt_ids, self.params, self.sent,
+                                             writer=self.prefill.name, writer_host=self.prefill.host,
+                                             traceparent=self.span.traceparent()))
+            try:
+                reserved = await anext(self.opened, None)
+            except TandemError as e:
+                raise blame(e, d) from None
+            if not isinstance(reserved, Reserved):
+                what = "ended the request" if reserved is None else f"answered Open with {type(reserved).__name__}"
+                raise blame(Unavailable(f"{d.name} {what} before reserving pages"), d)
+            span.set(cached_tokens=reserved.cached_tokens, pages=len(reserved.destination.page_ids),
+                     transport=reserved.destination.transport)
         self.lease, t.reserved = reserved.lease, time.perf_counter()
         t.decode_cached, t.transport = reserved.cached_tokens, reserved.destination.transport
         self.writer_running = True
-        try:
-            first = await self.prefill.client.prefill(Prefill(self.request_id, self.prompt_ids, self.params,
-                                                              self.sent, reserved.destination))
-        except TandemError as e:
-            raise blame(e, self.prefill) from None
-        self.writer_running = False  # it answered: its writer is closed, whatever the answer was
+        with self.span.child("tandem.prefill", worker=self.prefill.name) as span:
+            try:
+                first = await self.prefill.client.prefill(Prefill(self.request_id, self.prompt_ids, self.params,
+                                                                  self.sent, reserved.destination,
+                                                                  traceparent=span.traceparent()))
+            except TandemError as e:
+                raise blame(e, self.prefill) from None
+            self.writer_running = False  # it answered: its writer is closed, whatever the answer was
+            self.traced_prefill(first, span)
         t.first_token, t.prefilled = time.perf_counter(), first
         if self.on_first is not None:
             self.on_first()

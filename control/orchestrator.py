@@ -18,11 +18,15 @@ from frontdoor.door_metrics import Metrics
 from control.serving_path import ServingPath
 from frontdoor.requests import GenerationRequest, Limits, Prepared, prepare
 from tandem.status import TandemError, Unavailable, status_of
+from tandem.tracing import NO_SPAN, NOOP, Span, Tracer
 
 
 class Orchestrator:
     def __init__(self, *, path: ServingPath, tokenizer: Tokenizer, limits: Limits, metrics: Metrics,
-                 admission: Admission | None = None, timeout_s: float = 600.0, mode: str = "disaggregated"):
+                 admission: Admission | None = None, timeout_s: float = 600.0, mode: str = "disaggregated",
+                 tracer: Tracer = NOOP):
+        """`tracer`: where the requests' spans go (tandem/tracing.py; NOOP: tracing off)."""
+        self.tracer = tracer
         self.path, self.tokenizer, self.limits, self.metrics = path, tokenizer, limits, metrics
         self.admission = admission or Admission()
         self.timeout_s, self.mode = timeout_s, mode
@@ -47,11 +51,15 @@ class Orchestrator:
         if self.draining:
             raise Unavailable("the server is shutting down; send the request to another replica")
 
-    async def prepare(self, req: GenerationRequest) -> Prepared:
+    async def prepare(self, req: GenerationRequest, span: Span = NO_SPAN) -> Prepared:
+        """The request validated and tokenized; `span` (its admission) gets a `tandem.tokenize` child."""
         self._refuse_if_draining()
         loop = asyncio.get_running_loop()
         with self.admission.prepare():  # checks the limits, then holds a place until the front door admits it
-            return await loop.run_in_executor(self._pool, prepare, req, self.tokenizer, self.limits)
+            with span.child("tandem.tokenize") as tokenize:
+                prep = await loop.run_in_executor(self._pool, prepare, req, self.tokenizer, self.limits)
+                tokenize.set(prompt_tokens=len(prep.prompt_ids))
+                return prep
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

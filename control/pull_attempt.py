@@ -38,7 +38,11 @@ from tandem.wire import Open, Prefill, Prefilled, Pulled, Token
 
 
 class PullAttempt(PairAttempt):
-    """The pull protocol on one decode and one prefill worker (see the module docstring)."""
+    """The pull protocol on one decode and one prefill worker (see the module docstring). Traced as
+    `tandem.prefill` (PREFILL) and `tandem.decode_reservation` (OPEN to PULLED: the reservation and the
+    read; the decode worker's own `tandem.kv_transfer` span is the read) under the attempt's span."""
+
+    MODE = "pull"
 
     def __init__(self, *args):
         super().__init__(*args)
@@ -56,16 +60,18 @@ class PullAttempt(PairAttempt):
     async def _first_token(self) -> Token:
         """PREFILL into the prefill worker's own pages, held: the first token and the source."""
         p, t = self.prefill, self.timings
-        self.held = p.client.prefill_held(Prefill(self.request_id, self.prompt_ids, self.params, self.sent,
-                                                  pull=True))
-        self.prefilling = True
-        try:
-            first = await anext(self.held, None)
-        except TandemError as e:
-            raise blame(e, p) from None
-        if not isinstance(first, Prefilled):
-            what = "ended the prefill" if first is None else f"answered a pull prefill with {type(first).__name__}"
-            raise blame(Unavailable(f"{p.name} {what} of {self.request_id} without a first token"), p)
+        with self.span.child("tandem.prefill", worker=p.name) as span:
+            self.held = p.client.prefill_held(Prefill(self.request_id, self.prompt_ids, self.params, self.sent,
+                                                      pull=True, traceparent=span.traceparent()))
+            self.prefilling = True
+            try:
+                first = await anext(self.held, None)
+            except TandemError as e:
+                raise blame(e, p) from None
+            if not isinstance(first, Prefilled):
+                what = "ended the prefill" if first is None else f"answered a pull prefill with {type(first).__name__}"
+                raise blame(Unavailable(f"{p.name} {what} of {self.request_id} without a first token"), p)
+            self.traced_prefill(first, span)
         self.prefilling, self.source = False, first.source
         t.first_token, t.prefilled = time.perf_counter(), first
         t.reserved = t.start  # nothing waited for a decode worker before the prefill
@@ -81,16 +87,19 @@ class PullAttempt(PairAttempt):
             raise blame(Unavailable(f"{self.prefill.name} held nothing for {self.request_id} (no pull source)"),
                         self.prefill)
         t.transport = source.transport
-        self.opened = d.client.open(Open(self.request_id, self.prompt_ids, self.params, self.sent,
-                                         writer=self.prefill.name, writer_host=self.prefill.host, source=source))
-        try:
-            pulled = await anext(self.opened, None)
-        except TandemError as e:  # a read refused by the fence or a source gone: the prefill side's doing
-            lost = status_of(e) in (Status.LEASE_LOST, Status.TRANSFER_FAILED)
-            raise blame(e, self.prefill if lost else d) from None
-        if not isinstance(pulled, Pulled):
-            what = "ended the request" if pulled is None else f"answered a pull Open with {type(pulled).__name__}"
-            raise blame(Unavailable(f"{d.name} {what} before reading its K/V"), d)
+        with self.span.child("tandem.decode_reservation", worker=d.name, transport=source.transport) as span:
+            self.opened = d.client.open(Open(self.request_id, self.prompt_ids, self.params, self.sent,
+                                             writer=self.prefill.name, writer_host=self.prefill.host, source=source,
+                                             traceparent=self.span.traceparent()))
+            try:
+                pulled = await anext(self.opened, None)
+            except TandemError as e:  # a read refused by the fence or a source gone: the prefill side's doing
+                lost = status_of(e) in (Status.LEASE_LOST, Status.TRANSFER_FAILED)
+                raise blame(e, self.prefill if lost else d) from None
+            if not isinstance(pulled, Pulled):
+                what = "ended the request" if pulled is None else f"answered a pull Open with {type(pulled).__name__}"
+                raise blame(Unavailable(f"{d.name} {what} before reading its K/V"), d)
+            span.set(kv_bytes=pulled.kv_bytes, kv_seconds=pulled.kv_seconds, cached_tokens=pulled.cached_tokens)
         t.pulled, t.pulled_at, t.decode_cached = pulled, time.perf_counter(), pulled.cached_tokens
         self.source = None
         self.prefill.client.unhold(self.request_id, source.hold)

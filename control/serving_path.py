@@ -32,6 +32,7 @@ from control.router import Demand, NoWorker, Router
 from control.trtllm_attempt import TrtllmAttempt
 from tandem.status import (DeadlineExceeded, InvalidArgument, OutOfPages, Status, TandemError, Unavailable, retryable,
                            status_of)
+from tandem.tracing import NO_SPAN, Span
 from tandem.wire import Open, Token
 
 log = logging.getLogger("tandem.paths")
@@ -62,14 +63,16 @@ class ServingPath(ABC):
         return -(-tokens // self.tokens_per_page)
 
     @abstractmethod
-    def attempt(self, prep, sent: list[int], avoid: set[str], request_id: str) -> Attempt:
-        """One try on one choice of workers (routing happens here: NoWorker, OutOfPages, InvalidArgument)."""
+    def attempt(self, prep, sent: list[int], avoid: set[str], request_id: str, span: Span = NO_SPAN) -> Attempt:
+        """One try on one choice of workers (routing happens here: NoWorker, OutOfPages, InvalidArgument),
+        traced under `span` (its `tandem.attempt`)."""
 
-    async def run(self, prep, deadline: float) -> AsyncIterator[Token]:
+    async def run(self, prep, deadline: float, span: Span = NO_SPAN) -> AsyncIterator[Token]:
         """The request's tokens, resuming after failures; raises the final TandemError.
 
         The one generator between a worker's stream and the front door: each attempt's `next()` is
-        awaited under the request's deadline (monotonic), never held across a `yield`."""
+        awaited under the request's deadline (monotonic), never held across a `yield`. Each attempt is a
+        `tandem.attempt` span under `span` (a resumed one says so: `resumed`, `resumed_after_tokens`)."""
         sent: list[int] = []
         avoid: set[str] = set()
         failures = 0
@@ -78,12 +81,18 @@ class ServingPath(ABC):
         while True:
             version = self.fleet.version
             try:
-                async with self.attempt(prep, sent, avoid, f"{uid}#{failures}.{len(sent)}") as attempt:
-                    while (tok := await _step(attempt, deadline)) is not None:
-                        waited = None
-                        if tok.token is not None:
-                            sent.append(tok.token)
-                        yield tok
+                with span.child("tandem.attempt", retry=failures, resumed=failures > 0,
+                                resumed_after_tokens=len(sent)) as traced:
+                    async with self.attempt(prep, sent, avoid, f"{uid}#{failures}.{len(sent)}", traced) as attempt:
+                        traced.set(**attempt.workers())
+                        while (tok := await _step(attempt, deadline)) is not None:
+                            waited = None
+                            if tok.token is not None:
+                                sent.append(tok.token)
+                            if tok.finish_reason is not None:  # done: the caller may close us at this yield
+                                traced.set(finish_reason=tok.finish_reason)
+                                traced.end()
+                            yield tok
                 return
             except (OutOfPages, NoWorker) as e:
                 waited = e
@@ -116,11 +125,11 @@ class ServingPath(ABC):
         pages = self.pages_for(len(ids) + prep.params.max_tokens - len(sent))
         return Demand(len(ids), pages, self.tokens_per_page, lambda w: lookup.tokens(w.name), local_max)
 
-    def _local(self, w: WorkerState, prep, sent: list[int], request_id: str) -> Attempt:
+    def _local(self, w: WorkerState, prep, sent: list[int], request_id: str, span: Span) -> Attempt:
         """The request on one decode or co-located worker that prefills it itself (against its cache)."""
         self.metrics.requests.labels(w.slot, w.role).inc()
         return self._claim(LocalAttempt(w, Open(request_id, list(prep.prompt_ids), prep.params, list(sent),
-                                                local_prefill=True)), w)
+                                                local_prefill=True, traceparent=span.traceparent()), span), w)
 
     def _claim(self, attempt: Attempt, w: WorkerState) -> Attempt:
         """Count the attempt on its decode worker until it ends (the router's load)."""
@@ -142,8 +151,8 @@ class ServingPath(ABC):
 class LocalAttempt(Attempt):
     """A worker that prefills the request itself: its Open stream carries every token."""
 
-    def __init__(self, w: WorkerState, msg: Open):
-        super().__init__(w, msg.request_id)
+    def __init__(self, w: WorkerState, msg: Open, span: Span = NO_SPAN):
+        super().__init__(w, msg.request_id, span)
         self.msg = msg
 
     async def next(self) -> Token | None:
@@ -160,7 +169,7 @@ class LocalAttempt(Attempt):
 class DisaggregatedPath(ServingPath):
     roles = ("prefill", "decode")
 
-    def attempt(self, prep, sent, avoid, request_id) -> Attempt:
+    def attempt(self, prep, sent, avoid, request_id, span=NO_SPAN) -> Attempt:
         demand = self._demand(prep, sent, self.local_max)
         n_ctx = demand.tokens
         self._check_fits("decode", demand.pages)
@@ -169,11 +178,11 @@ class DisaggregatedPath(ServingPath):
             if not demand.local_on(d):  # no prefill worker, and too much for the decode worker to compute
                 raise NoWorker("no healthy prefill worker")
             self.metrics.local_prefills.labels(d.slot).inc()
-            return self._local(d, prep, sent, request_id)
+            return self._local(d, prep, sent, request_id, span)
         m, timings = self.metrics, Timings()
         m.requests.labels(d.slot, "decode").inc()
         m.requests.labels(p.slot, "prefill").inc()
-        h = self._claim(self.handoff(d, p, request_id, prep.prompt_ids, prep.params, sent, timings), d)
+        h = self._claim(self.handoff(d, p, request_id, prep.prompt_ids, prep.params, sent, timings, span), d)
         p.inflight_tokens += n_ctx  # the prefill worker's queue, until it answers
         pending = [n_ctx]
 
@@ -195,11 +204,11 @@ class DisaggregatedPath(ServingPath):
 class ColocatedPath(ServingPath):
     roles = ("generate",)
 
-    def attempt(self, prep, sent, avoid, request_id) -> Attempt:
+    def attempt(self, prep, sent, avoid, request_id, span=NO_SPAN) -> Attempt:
         demand = self._demand(prep, sent, local_max=0)
         self._check_fits("generate", demand.pages)
         w, _ = self.router.pick_pair([], self._pick("generate", avoid), demand)  # no prefill workers: local
-        return self._local(w, prep, sent, request_id)
+        return self._local(w, prep, sent, request_id, span)
 
 
 PATHS = {"disaggregated": DisaggregatedPath, "colocated": ColocatedPath, "chunked": ColocatedPath}

@@ -37,7 +37,7 @@ from engine.detokenizer import TextStream
 from frontdoor.model_contract import INPUTS, MAX_BATCH_SIZE, OUTPUTS
 from frontdoor.requests import GenerationRequest
 from tandem.logprobs import Logprob
-from tandem.request_context import note_tokens
+from tandem.request_context import client_traceparent, note_tokens
 from tandem.status import Status, TandemError, status_of
 
 _TYPE = {"BYTES": mc.TYPE_STRING, "INT32": mc.TYPE_INT32, "UINT64": mc.TYPE_UINT64, "FP32": mc.TYPE_FP32,
@@ -135,43 +135,60 @@ class FrontDoor:
     async def answer(self, req: GenerationRequest) -> AsyncIterator[Delta]:
         """The request's deltas; raises a TandemError (before the first delta when it is refused).
 
-        The one generator between the serving path's tokens and a protocol codec."""
-        svc, stats_start, ok, n_in = self.service, time.perf_counter(), False, 0
+        The one generator between the serving path's tokens and a protocol codec. Traced (when the
+        service's tracer is on) as `tandem.request`, a child of the client's traceparent, with children
+        `tandem.admission` (its `tandem.tokenize`) and `tandem.stream` (the attempts under it)."""
+        svc, stats_start, ok, n_in, last_sent = self.service, time.perf_counter(), False, 0, False
         meter = svc.metrics.start(stats_start)  # its latencies count from arrival, tokenization included
+        span = svc.tracer.start("tandem.request", client_traceparent(), request_id=req.request_id,
+                                model=self.served.served_name, mode=svc.mode)
         try:
-            prep = await svc.prepare(req)
-            n_in = len(prep.prompt_ids)
-            ticket = svc.admission.admit(n_in)  # refused at once when full
+            with span.child("tandem.admission") as admission:
+                prep = await svc.prepare(req, admission)
+                n_in = len(prep.prompt_ids)
+                ticket = svc.admission.admit(n_in)  # refused at once when full
             meter.admitted(n_in)
             try:
                 text = TextStream(svc.tokenizer, prep.params.stop)
                 echo = self._echo(prep)
                 deadline = time.monotonic() + (prep.request.timeout_s or svc.timeout_s)
-                async with contextlib.aclosing(svc.path.run(prep, deadline)) as tokens:
-                    async for tok in tokens:
-                        piece = text.add(tok.token) if tok.token is not None else ""
-                        if tok.finish_reason:
-                            piece += text.flush()
-                        cached, prompt_lps = 0, ()
-                        if tok.token is not None and meter.token():  # the first token
-                            ticket.first_token()  # its prompt is done: admission counts it as queued no more
-                            cached, prompt_lps = min(tok.cached_tokens, n_in), tuple(tok.prompt_logprobs)
-                            piece, echo = echo + piece, ""
-                        yield Delta(piece, tok.token, tok.logprob, tok.finish_reason, cached, n_in, tok.top,
-                                    prompt_lps, tuple(prep.prompt_ids) if prompt_lps else ())
-                        if tok.finish_reason:
-                            meter.done(tok.finish_reason)
-                            break
+                with span.child("tandem.stream") as stream:
+                    async with contextlib.aclosing(svc.path.run(prep, deadline, stream)) as tokens:
+                        async for tok in tokens:
+                            piece = text.add(tok.token) if tok.token is not None else ""
+                            if tok.finish_reason:
+                                piece += text.flush()
+                            cached, prompt_lps = 0, ()
+                            if tok.token is not None and meter.token():  # the first token
+                                ticket.first_token()  # its prompt is done: admission counts it as queued no more
+                                cached, prompt_lps = min(tok.cached_tokens, n_in), tuple(tok.prompt_logprobs)
+                                piece, echo = echo + piece, ""
+                                stream.set(cached_tokens=cached)
+                            if tok.finish_reason:  # the last delta: a caller may close us once it has it
+                                stream.set(completion_tokens=meter.tokens, finish_reason=tok.finish_reason)
+                                stream.end()
+                                span.set(finish_reason=tok.finish_reason)
+                                last_sent = True
+                            yield Delta(piece, tok.token, tok.logprob, tok.finish_reason, cached, n_in, tok.top,
+                                        prompt_lps, tuple(prep.prompt_ids) if prompt_lps else ())
+                            if tok.finish_reason:
+                                meter.done(tok.finish_reason)
+                                break
                 ok = True
             finally:
                 ticket.close()
-        except TandemError as e:
-            meter.failed(status_of(e))
+        except BaseException as e:  # a TandemError, or the client leaving (GeneratorExit, CancelledError)
+            if isinstance(e, TandemError):
+                meter.failed(status_of(e))
+            if not (last_sent and isinstance(e, GeneratorExit)):  # closed after its last delta: it went well
+                span.fail(e)
             raise
         finally:
             meter.failed(Status.CANCELLED)  # the client left (the stream closed early); no-op once it ended
             self.served.stats.record(ok, stats_start)
             note_tokens(n_in, meter.tokens)  # for the access line
+            span.set(prompt_tokens=n_in, completion_tokens=meter.tokens)
+            span.end()
 
     def _echo(self, prep) -> str:
         """The prompt text an answer starts with unless the request excludes it (given as ids: decoded)."""

@@ -5,6 +5,8 @@ a valid one (tandem/request_context.py: 1-128 characters, no spaces), else a fre
 - the current request while the request is served, so every log line about it names it (tandem/logs.py);
 - returned: the `X-Request-Id` response header (every HTTP response, errors and streams included), or
   gRPC initial metadata `x-request-id`;
+- with the client's W3C `traceparent` (header or metadata), the parent of the request's trace
+  (frontdoor/core.py, tandem/tracing.py);
 - part of the id the doors give the request (OpenAI `cmpl-<id>`, the KServe `id` when the client sent
   none), which is what the workers receive on every wire message about it.
 
@@ -27,6 +29,7 @@ from tandem.request_context import begin, end, is_valid_id, new_request_id
 
 HEADER = "X-Request-Id"
 METADATA = "x-request-id"
+TRACEPARENT = "traceparent"  # W3C trace context: the HTTP header and the gRPC metadata key (tandem/tracing.py)
 _KEY = web.AppKey("tandem_request_id", str)
 
 
@@ -39,7 +42,7 @@ def chosen_id(given: str | None) -> str:
 async def http_request_ids(request: web.Request, handler):
     """Outermost middleware: the request's id is current while it is served; its access line at the end."""
     started = time.perf_counter()
-    record, token = begin(chosen_id(request.headers.get(HEADER)))
+    record, token = begin(chosen_id(request.headers.get(HEADER)), request.headers.get(TRACEPARENT, ""))
     request[_KEY] = record.request_id
     status: int | str = 500
     try:
@@ -76,7 +79,8 @@ class GrpcRequestIds(grpc.aio.ServerInterceptor):
         handler = await continuation(details)
         if handler is None:
             return None
-        given = dict(details.invocation_metadata or ()).get(METADATA)
+        metadata = dict(details.invocation_metadata or ())
+        given = (metadata.get(METADATA), metadata.get(TRACEPARENT, ""))
         method = details.method
         if handler.response_streaming:
             kind = "stream_stream" if handler.request_streaming else "unary_stream"
@@ -92,11 +96,12 @@ def _failed_status(context) -> str:
 
 
 @contextlib.asynccontextmanager
-async def _recorded(context, given: str | None, method: str, restore: bool):
+async def _recorded(context, given: tuple[str | None, str], method: str, restore: bool):
     """A call's id current while its body runs, sent back first, and its access line at the end.
-    `restore`: put the previous id back after (a unary call); a streaming call's task ends with it."""
+    `given`: the client's id and traceparent from its metadata. `restore`: put the previous id back
+    after (a unary call); a streaming call's task ends with it."""
     started = time.perf_counter()
-    record, token = begin(chosen_id(given))
+    record, token = begin(chosen_id(given[0]), given[1])
     status = "OK"
     try:
         await context.send_initial_metadata(((METADATA, record.request_id),))
@@ -110,14 +115,14 @@ async def _recorded(context, given: str | None, method: str, restore: bool):
             end(token)
 
 
-def _unary(behavior, given: str | None, method: str):
+def _unary(behavior, given: tuple[str | None, str], method: str):
     async def wrapped(request, context):
         async with _recorded(context, given, method, restore=True):
             return await behavior(request, context)
     return wrapped
 
 
-def _streaming(behavior, given: str | None, method: str):
+def _streaming(behavior, given: tuple[str | None, str], method: str):
     """A streaming method either yields its responses or writes them (context.write) and returns."""
     if inspect.isasyncgenfunction(behavior):
         async def wrapped(request, context):

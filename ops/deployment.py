@@ -36,6 +36,8 @@
     handoff: {mode: push, transfer_timeout_s: 30, fence_timeout_s: 60}   # the only timers left on the data path
                                    # mode push: prefill writes into pages decode reserved; pull: prefill
                                    # holds the K/V in its own pool and decode reads them (one host: shm)
+    tracing: {otlp_endpoint: null} # OpenTelemetry traces over OTLP/HTTP (docs/monitoring.md); null: the
+                                   # OTEL_* variables decide, off when they name no endpoint
 
 Unknown keys are rejected with the list of allowed ones.
 """
@@ -140,6 +142,12 @@ class Health(_Strict):
 DEFAULT_LOCAL_PREFILL_TOKENS = 0
 
 
+class Tracing(_Strict):
+    # OTLP/HTTP base URL (or its /v1/traces URL) the orchestrator and the local workers export spans to;
+    # null: the standard OTEL_* variables decide (tracing is off when they name no endpoint)
+    otlp_endpoint: str | None = None
+
+
 class PrefixCacheConfig(_Strict):
     enabled: bool = True  # off: a pool keeps no page after its request (every prompt is computed in full)
     prefill_pool_bytes: int | None = Field(None, ge=1 << 20)  # a prefill worker's own pool; null: the decode pool's
@@ -175,6 +183,7 @@ class Deployment(_Strict):
     health: Health = Health()
     handoff: Handoff = Handoff()
     worker_tls: WorkerTlsFiles | None = None
+    tracing: Tracing = Tracing()
 
     @model_validator(mode="after")
     def _workers(self):

@@ -76,7 +76,7 @@ class WorkerSet:
     tls: tuple[str, str] | None = None  # (certificate, key): the servers' gRPC serves TLS (TritonServer.tls)
     backend: str = "torch"  # or "tensorrt-llm": `engines` holds TensorRT-LLM role folders
     gpus_per_node: int = 0  # tensorrt-llm: GPUs its engines are placed on in order; 0: Triton KIND_CPU (test double)
-    env: dict = field(default_factory=dict)  # added to every server's environment
+    env: dict = field(default_factory=dict)  # added to every server's environment (e.g. tracing settings)
     servers: dict[str, TritonServer] = field(default_factory=dict)
     specs: dict[str, WorkerSpec] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)

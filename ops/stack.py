@@ -44,6 +44,7 @@ from ops.trtllm_stack import trtllm_engines, trtllm_gpus_per_node
 from tandem.manifest import EngineManifest, ManifestError, check_pair, read_manifest
 from tandem.secret import PARAMETER as SECRET_PARAMETER
 from tandem.secret import SecretError, load_secret
+from tandem.tracing import TraceConfig, TraceConfigError, Tracer, make_tracer
 
 log = logging.getLogger("tandem.serve")
 
@@ -107,9 +108,20 @@ def local_gpus(dep: Deployment) -> dict[str, tuple[int, ...]]:
         raise DeploymentError(str(e)) from None
 
 
+def trace_config(dep: Deployment) -> TraceConfig | None:
+    """Where spans go: the deployment's OTLP endpoint, else the OTEL_* variables; None: tracing off."""
+    try:
+        return TraceConfig.from_env(os.environ, dep.tracing.otlp_endpoint)
+    except TraceConfigError as e:
+        raise DeploymentError(str(e)) from None
+
+
 class Stack:
-    def __init__(self, dep: Deployment, workdir: str | None = None, log=print):
+    def __init__(self, dep: Deployment, workdir: str | None = None, log=print, tracer: Tracer | None = None):
+        """`tracer`: the orchestrator's (a test's in-memory one); None: the one the deployment configures.
+        Either way the local workers export to the deployment's configuration."""
         self.dep = dep
+        self.tracer, self._own_tracer = tracer, tracer is None
         self.workdir = workdir or tempfile.mkdtemp(prefix="tandem-serve-")
         os.makedirs(self.workdir, exist_ok=True)
         self.log = log
@@ -132,6 +144,12 @@ class Stack:
         except SecretError as e:
             raise DeploymentError(str(e)) from None
         check_secret_links(dep, secret, security.worker_tls)
+        traced = trace_config(dep)
+        if self.tracer is None:
+            try:
+                self.tracer = make_tracer(traced)
+            except TraceConfigError as e:  # the otel extra is missing
+                raise DeploymentError(str(e)) from None
         trtllm = dep.backend == "tensorrt-llm"
         if trtllm:  # TensorRT-LLM role engines: no Tandem manifest; they place themselves on the GPUs
             built = await loop.run_in_executor(None, trtllm_engines, dep, self.log)
@@ -156,7 +174,8 @@ class Stack:
         for name in remove_stale_segments() + remove_orphaned_triton_regions():
             self.log(f"removed shared memory {name} left by a process that is gone")
         self.workers = WorkerSet(engines, self.workdir, counts, options, gpus=gpus, nice=dep.worker_nice,
-                                 tls=security.local_worker_tls, backend=dep.backend, gpus_per_node=per_node)
+                                 tls=security.local_worker_tls, backend=dep.backend, gpus_per_node=per_node,
+                                 env=traced.worker_env() if traced else {})
         if any(counts.values()):  # none: every worker is remote (`tandem worker` elsewhere)
             self.log(f"starting {', '.join(f'{n} {r}' for r, n in counts.items() if n)} worker(s) ({dep.mode}) ...")
             await loop.run_in_executor(None, self.workers.prepare)
@@ -185,7 +204,7 @@ class Stack:
         self.service = Orchestrator(path=path, tokenizer=tokenizer, metrics=metrics, mode=dep.mode,
                                     limits=Limits(cfg.max_position, cfg.vocab_size, lim.max_prompt_chars),
                                     admission=Admission(lim.max_in_flight, lim.max_queued_tokens),
-                                    timeout_s=lim.request_timeout_s)
+                                    timeout_s=lim.request_timeout_s, tracer=self.tracer)
         if self.workers.servers:  # remote-only: /health says 503 until the workers answer, the front door is up
             await self._until_ready()
         served = ServedModel(self.service, dep.front_door.model_name, model_id)
@@ -247,6 +266,8 @@ class Stack:
             self.service.close()
         if self.workers is not None:
             await asyncio.get_running_loop().run_in_executor(None, self.workers.stop)
+        if self.tracer is not None and self._own_tracer:  # what is still buffered goes out (a blocking export)
+            await asyncio.get_running_loop().run_in_executor(None, self.tracer.close)
 
 
 def _model_config(engines: str) -> ModelConfig:

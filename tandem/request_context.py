@@ -22,6 +22,7 @@ class RequestRecord:
     request_id: str
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    traceparent: str = ""  # the client's W3C `traceparent` (HTTP header or gRPC metadata), if it sent one
 
 
 _current: contextvars.ContextVar[RequestRecord | None] = contextvars.ContextVar("tandem_request", default=None)
@@ -37,9 +38,9 @@ def new_request_id() -> str:
     return uuid.uuid4().hex
 
 
-def begin(request_id: str) -> tuple[RequestRecord, contextvars.Token]:
+def begin(request_id: str, traceparent: str = "") -> tuple[RequestRecord, contextvars.Token]:
     """Make `request_id` the current request; `end(token)` restores what was current before."""
-    record = RequestRecord(request_id)
+    record = RequestRecord(request_id, traceparent=traceparent)
     return record, _current.set(record)
 
 
@@ -54,6 +55,12 @@ def current() -> RequestRecord | None:
 def current_id(default: str = "") -> str:
     record = _current.get()
     return record.request_id if record is not None else default
+
+
+def client_traceparent() -> str:
+    """The current request's W3C traceparent as its client sent it ("" when none, or outside a request)."""
+    record = _current.get()
+    return record.traceparent if record is not None else ""
 
 
 def note_tokens(prompt: int, completion: int) -> None:

@@ -63,6 +63,7 @@ class Open:
     writer: str = ""  # remote prefill: the prefill worker that will write the pages (its name)
     writer_host: str = ""  # ... and its host identity (tandem.pool.host_identity), to pick the transport
     source: PullSource | None = None  # pull handoff: where the prompt's K/V wait (from Prefilled.source)
+    traceparent: str = ""  # W3C trace context of the attempt (tandem/tracing.py); "" when not traced
 
 
 @dataclass(frozen=True)
@@ -91,6 +92,7 @@ class Prefill:
     output_ids: list[int] = field(default_factory=list)  # tokens already streamed (recovery re-prefill)
     destination: Destination | None = None  # None: compute the first token only (no handoff)
     pull: bool = False  # pull handoff: keep the K/V in this worker's pool for a reader (no destination)
+    traceparent: str = ""  # W3C trace context of the orchestrator's prefill span; "" when not traced
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from tandem.logs import setup_logging
 from tandem.request_context import begin, end
 from tandem.secret import PARAMETER, load_secret
 from tandem.status import InvalidArgument, Status, Unauthenticated, status_of
+from tandem.tracing import TraceConfig, Tracer, make_tracer
 from tandem.wire import decode_request, encode_reply
 
 log = logging.getLogger("tandem.worker")
@@ -76,6 +77,12 @@ def setup_threads(params: Params) -> None:
     (TANDEM_LOG_FORMAT), each naming the request it is about."""
     torch.set_num_threads(max(1, params.int("threads")))
     setup_logging(os.environ.get("TANDEM_LOG_FORMAT", "text"), logging.WARNING)
+
+
+def worker_tracer(role: str) -> Tracer:
+    """The tracer this worker's environment asks for (TANDEM_OTLP_ENDPOINT or the OTEL_* variables: the
+    stack passes its own on, ops/local_workers.py); NOOP when none, and opentelemetry is never imported."""
+    return make_tracer(TraceConfig.from_env(os.environ, role=role))
 
 
 class ResponseSink:

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from engine.load import load_engine
 from engine.transports.host import PoolHost
-from engine.triton.common import Auth, Params, instance_device, dispatch, end_server, pass_budget, setup_threads
+from engine.triton.common import (Auth, Params, dispatch, end_server, instance_device, pass_budget, setup_threads,
+                                  worker_tracer)
 from engine.workers.decode_worker import DecodeWorker
 from tandem.wire import Flush, Open, Release, Start, Stats, Watch, WriterGone
 
@@ -30,6 +31,7 @@ class TritonPythonModel:
         p = Params(args)
         self.auth = Auth()  # before anything slow: a bad secret fails the load at once
         setup_threads(p)
+        self.tracer = worker_tracer("decode")  # spans of traced requests, exported from this process
         transports = tuple(t for t in p.str("transports").split(",") if t)
         self.engine = load_engine(p.str("engine_dir"), device=instance_device(args), kv_bytes=p.int("kv_pool_bytes"),
                                   shared_kv="shm" in transports, prefix_cache=p.str("prefix_cache") == "on")
@@ -38,7 +40,7 @@ class TritonPythonModel:
         self.worker = DecodeWorker(self.engine, self.pool, role="decode", max_batch_size=p.int("max_batch_size"),
                                    pass_tokens=pass_budget(p, self.engine.device), chunk_tokens=chunk or None,
                                    transfer_timeout_s=p.float("transfer_timeout_s"),
-                                   fence_timeout_s=p.float("fence_timeout_s")).launch(end_server)
+                                   fence_timeout_s=p.float("fence_timeout_s"), tracer=self.tracer).launch(end_server)
         self.handlers = handlers(self.worker)
 
     def execute(self, requests):
@@ -47,5 +49,6 @@ class TritonPythonModel:
 
     def finalize(self):
         self.worker.close()
+        self.tracer.close()
         self.pool.close()
         self.engine.cache.close()

@@ -7,7 +7,8 @@ the prefill-first policy or chunked prefill (`chunk_tokens` > 0): see engine/sch
 from __future__ import annotations
 
 from engine.load import load_engine
-from engine.triton.common import Auth, Params, instance_device, dispatch, end_server, pass_budget, setup_threads
+from engine.triton.common import (Auth, Params, dispatch, end_server, instance_device, pass_budget, setup_threads,
+                                  worker_tracer)
 from engine.triton.decode_model import handlers
 from engine.workers.decode_worker import DecodeWorker
 
@@ -17,13 +18,14 @@ class TritonPythonModel:
         p = Params(args)
         self.auth = Auth()  # before anything slow: a bad secret fails the load at once
         setup_threads(p)
+        self.tracer = worker_tracer("generate")  # spans of traced requests, exported from this process
         engine = load_engine(p.str("engine_dir"), device=instance_device(args), kv_bytes=p.int("kv_pool_bytes"),
                              prefix_cache=p.str("prefix_cache") == "on")
         chunk = p.int("chunk_tokens")
         # the same prefill pass budget as the disaggregated prefill worker: a fair baseline
         self.worker = DecodeWorker(engine, None, role="generate", max_batch_size=p.int("max_batch_size"),
                                    pass_tokens=pass_budget(p, engine.device),
-                                   chunk_tokens=chunk or None).launch(end_server)
+                                   chunk_tokens=chunk or None, tracer=self.tracer).launch(end_server)
         self.handlers = handlers(self.worker)
 
     def execute(self, requests):
@@ -32,3 +34,4 @@ class TritonPythonModel:
 
     def finalize(self):
         self.worker.close()
+        self.tracer.close()

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from engine.load import load_engine
 from engine.transports.host import PoolHost
-from engine.triton.common import Auth, Params, instance_device, dispatch, end_server, pass_budget, setup_threads
+from engine.triton.common import (Auth, Params, dispatch, end_server, instance_device, pass_budget, setup_threads,
+                                  worker_tracer)
 from engine.workers.prefill_worker import PrefillWorker
 from tandem.wire import Abort, Flush, Prefill, Stats, Unhold, Watch
 
@@ -18,6 +19,7 @@ class TritonPythonModel:
         p = Params(args)
         self.auth = Auth()  # before anything slow: a bad secret fails the load at once
         setup_threads(p)
+        self.tracer = worker_tracer("prefill")  # spans of traced requests, exported from this process
         engine = load_engine(p.str("engine_dir"), device=instance_device(args), kv_bytes=None)
         budget = pass_budget(p, engine.device)
         caching = p.str("prefix_cache") == "on"
@@ -30,7 +32,7 @@ class TritonPythonModel:
             engine.attach_pool(pages, prefix_cache=caching, shared=pull)
             self.pool = PoolHost(engine.cache, ("shm",)) if pull else None
         w = self.worker = PrefillWorker(engine, pass_tokens=budget, write_delay_s=p.float("fault_write_delay_ms") / 1000,
-                                        pool=self.pool).launch(end_server)
+                                        pool=self.pool, tracer=self.tracer).launch(end_server)
         self.handlers = {
             Prefill: w.submit,
             Abort: lambda msg, sink: w.abort(msg.request_id),
@@ -46,6 +48,7 @@ class TritonPythonModel:
 
     def finalize(self):
         self.worker.close()
+        self.tracer.close()
         if self.pool is not None:
             self.pool.close()
             self.engine.cache.close()

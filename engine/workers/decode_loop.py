@@ -4,8 +4,11 @@ stall, fences) and freeing pages happen here, on the loop thread."""
 
 from __future__ import annotations
 
+import time
+
 from engine.workers.leases import Lease, LeaseState
-from tandem.status import Cancelled, TandemError, TransferFailed
+from tandem.status import Cancelled, TandemError, TransferFailed, status_of
+from tandem.tracing import ns_at
 from tandem.wire import Pulled, Token
 
 # How often open requests are checked for a caller that vanished without a Release (an orchestrator that
@@ -121,12 +124,12 @@ class DecodeLoop:
             self.puller.submit(lease)
             return True
         if lease.state is LeaseState.PREFILLING and not lease.scheduled:
-            lease.scheduled = True
+            lease.scheduled, lease.decoding_since = True, time.perf_counter()
             self.scheduler.add_prefill(lease.seq)
             return True
         if lease.state is LeaseState.WAITING_KV and lease.pages_ready and self.scheduler.has_room:
             self.deadlines.cancel(("transfer", lease.request_id))
-            lease.state, lease.scheduled = LeaseState.RUNNING, True
+            lease.state, lease.scheduled, lease.decoding_since = LeaseState.RUNNING, True, time.perf_counter()
             self.scheduler.add_running(lease.seq)
             self.engine.prefix.commit(lease.seq)  # the writer is done and every page arrived: name them
             written = lease.seq.num_cached - lease.cached_tokens
@@ -150,6 +153,9 @@ class DecodeLoop:
         seq.append(src.first_token, src.first_logprob)
         lease.state, lease.scheduled, lease.pages_ready = LeaseState.WAITING_KV, False, True
         lease.sink.send(Pulled(lease.request_id, r.kv_bytes, r.seconds, cached_tokens=lease.cached_tokens))
+        now = time.time_ns()
+        self.tracer.record("tandem.kv_transfer", lease.traceparent, now - int(r.seconds * 1e9), now, direction="pull",
+                           transport=src.transport, bytes=r.kv_bytes, cached_tokens=lease.cached_tokens)
         self.inbox.append(lease)
 
     def _deadline(self, key) -> None:
@@ -177,6 +183,7 @@ class DecodeLoop:
         self.leases.pop(lease.request_id, None)
         self.deadlines.cancel(("transfer", lease.request_id))
         self.scheduler.remove(lease.seq)
+        self._traced(lease, error)
         if error is not None and not lease.sink.done:
             lease.sink.fail(error)
         if lease.pulling:
@@ -192,6 +199,17 @@ class DecodeLoop:
             self.pool.free_slot(lease.slot)
         else:
             self._quarantine(lease)  # a copy is in flight: the fence thread reports when it is out
+
+    def _traced(self, lease: Lease, error: TandemError | None) -> None:
+        """The request's `tandem.decode` span (under the orchestrator's attempt): from its hand-over to
+        the scheduler (a local prefill included) to its end, with the tokens this attempt generated."""
+        if lease.traceparent and lease.decoding_since:
+            seq = lease.seq
+            self.tracer.record("tandem.decode", lease.traceparent, ns_at(lease.decoding_since), time.time_ns(),
+                               worker_role=self.role, local_prefill=not lease.handed_out and lease.source is None,
+                               output_tokens=len(seq.output_ids),
+                               finish_reason=seq.finish_reason.value if seq.finished else None,
+                               status=status_of(error).value if error is not None else "OK")
 
     def _quarantine(self, lease: Lease) -> None:
         lease.state = LeaseState.FENCING

@@ -40,16 +40,19 @@ from engine.workers.sink import Responder
 from engine.workers.watchers import Watchers
 from tandem.pool import host_identity
 from tandem.status import Cancelled, LeaseLost
+from tandem.tracing import NOOP, Tracer
 from tandem.wire import Ack, Open, Release, Reserved, Start, WorkerStats
 
 
 class DecodeWorker(DecodeLoop):
     def __init__(self, engine: Engine, pool: PoolHost | None, *, role: str = "decode", max_batch_size: int = 256,
                  pass_tokens: int = 512, chunk_tokens: int | None = 64, transfer_timeout_s: float = 30.0,
-                 fence_timeout_s: float = 60.0, clock=time.monotonic, registry: dict | None = None):
+                 fence_timeout_s: float = 60.0, clock=time.monotonic, registry: dict | None = None,
+                 tracer: Tracer = NOOP):
         """`pool` None: a co-located worker (every request prefilled here). `chunk_tokens` is the local
-        prefill policy (None: prefill-first, see engine/scheduler.py). `registry`: inproc pools to pull from."""
-        self.engine, self.pool, self.role = engine, pool, role
+        prefill policy (None: prefill-first, see engine/scheduler.py). `registry`: inproc pools to pull from.
+        `tracer`: where the spans of traced requests (Open.traceparent) go (decode_loop.py)."""
+        self.engine, self.pool, self.role, self.tracer = engine, pool, role, tracer
         self.host = pool.host if pool is not None else host_identity()
         self.scheduler = Scheduler(engine, max_batch_size, pass_tokens, chunk_tokens)
         self.transfer_timeout_s, self.fence_timeout_s = transfer_timeout_s, fence_timeout_s
@@ -90,7 +93,7 @@ class DecodeWorker(DecodeLoop):
             cached = self.engine.prefix.reserve(seq, self.engine.cache.layout.pages_for(seq.budget))  # OutOfPages
             pages = seq.page_table
             lease = Lease(msg.request_id, secrets.token_hex(8), seq, pages, sink, LeaseState.PREFILLING,
-                          cached_tokens=cached, source=msg.source)
+                          cached_tokens=cached, source=msg.source, traceparent=msg.traceparent)
             if msg.source is not None:
                 lease.state = LeaseState.PULLING
             elif not msg.local_prefill:

@@ -53,6 +53,8 @@ class Lease:
     end_status: BaseException | None = None  # why it ends (set by release, cancel, timeout)
     source: PullSource | None = None  # pull: where its K/V are held
     pulling: bool = False  # a read into its pages is in flight: they are not freed before it returns
+    traceparent: str = ""  # the orchestrator's attempt span (Open.traceparent); "" when not traced
+    decoding_since: float = 0.0  # perf_counter when it was handed to the scheduler (its decode span's start)
 
     @property
     def handed_out(self) -> bool:

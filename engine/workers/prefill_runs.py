@@ -8,7 +8,8 @@ import time
 
 from engine.attention import PassStopped
 from engine.workers.prefill_items import PrefillItem, send_cached
-from tandem.status import Cancelled, TandemError
+from tandem.status import Cancelled, TandemError, status_of
+from tandem.tracing import ns_at
 from tandem.wire import Prefilled
 
 
@@ -111,8 +112,10 @@ class PrefillRuns:
         try:
             it.writer.finish()
         except TandemError as e:  # LeaseLost (the decode side took its pages back) or TransferFailed
+            self._traced(it, t1, time.perf_counter(), e)
             it.sink.fail(e)
             return
+        self._traced(it, t1, time.perf_counter())
         reason = it.seq.finish_reason.value if it.seq.finish_reason else None
         source = None
         if it.msg.pull and reason is not None:  # the first token ends it: nothing to hold
@@ -125,6 +128,23 @@ class PrefillRuns:
                                cached_tokens=it.cached_tokens, top=it.seq.top_report,
                                prompt_logprobs=it.seq.prompt_logprobs, source=source),
                        final=source is None)
+
+    def _traced(self, it: PrefillItem, computed: float, written: float, error: BaseException | None = None) -> None:
+        """This worker's part of the request's trace (under the orchestrator's `tandem.prefill` span):
+        its wait in the queue, its passes, and (push) its K/V writes into the decode worker's pages,
+        which overlap the passes layer by layer and end when the last write landed (`written`)."""
+        parent = it.msg.traceparent
+        if not parent:
+            return
+        started, tokens = ns_at(it.started_at), len(it.msg.prompt_ids) + len(it.msg.output_ids)
+        self.tracer.record("tandem.prefill.queue", parent, ns_at(it.queued_at), started, tokens=tokens)
+        self.tracer.record("tandem.prefill.compute", parent, started, ns_at(computed), tokens=tokens,
+                           cached_tokens=it.cached_tokens, compute_seconds=it.compute_s, chunked=it.chunked)
+        if it.msg.destination is not None:
+            self.tracer.record("tandem.kv_transfer", parent, started, ns_at(written), direction="push",
+                               transport=it.msg.destination.transport, bytes=it.writer.bytes_written,
+                               wait_after_compute_seconds=written - computed,
+                               status=status_of(error).value if error is not None else "OK")
 
     def _hold(self, it: PrefillItem, token: int, logprob: float | None):
         """Keep a pull item's pages for its reader; None (and the request ended) if it cannot be held."""

@@ -50,15 +50,17 @@ from engine.workers.watchers import Watchers
 from policies.prefill_passes import PassTurn, chunk_tokens, pack
 from tandem.pool import host_identity
 from tandem.status import Cancelled
+from tandem.tracing import NOOP, Tracer
 from tandem.wire import Ack, Prefill, WorkerStats
 
 
 class PrefillWorker(PrefillRuns):
     def __init__(self, engine: Engine, pass_tokens: int = 8192, write_delay_s: float = 0.0,
-                 registry: dict | None = None, pool: PoolHost | None = None):
+                 registry: dict | None = None, pool: PoolHost | None = None, tracer: Tracer = NOOP):
         """`engine.cache`, when there is one, holds long prompts between their chunks and the prefix cache.
-        `pool`: that cache exported to readers (pull handoff); None: this worker only pushes."""
-        self.engine = engine
+        `pool`: that cache exported to readers (pull handoff); None: this worker only pushes. `tracer`:
+        where the spans of traced requests (Prefill.traceparent) go (prefill_runs.py)."""
+        self.engine, self.tracer = engine, tracer
         self.pass_tokens = pass_tokens
         tpp = engine.cache.layout.tokens_per_page if engine.cache is not None else 1
         self.chunk_tokens = chunk_tokens(pass_tokens, tpp)

@@ -17,12 +17,13 @@ from frontdoor.admission import Admission
 from frontdoor.door_metrics import Metrics
 from control.serving_path import ServingPath
 from frontdoor.requests import GenerationRequest, Limits, Prepared, prepare
+from tandem.modes import Mode
 from tandem.status import TandemError, Unavailable, status_of
 
 
 class Orchestrator:
     def __init__(self, *, path: ServingPath, tokenizer: Tokenizer, limits: Limits, metrics: Metrics,
-                 admission: Admission | None = None, timeout_s: float = 600.0, mode: str = "disaggregated"):
+                 admission: Admission | None = None, timeout_s: float = 600.0, mode: Mode = Mode.DISAGGREGATED):
         self.path, self.tokenizer, self.limits, self.metrics = path, tokenizer, limits, metrics
         self.admission = admission or Admission()
         self.timeout_s, self.mode = timeout_s, mode

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 
 from control.channel import WorkerChannel
 from control.worker_tls import WorkerTls
+from tandem.roles import Role
 from tandem.wire import (Abort, Ack, Flush, Open, Prefill, Prefilled, Pulled, Release, Reserved, Start, Stats, Token,
                          Unhold, Watch, WorkerStats, WriterGone)
 
@@ -104,4 +105,4 @@ class PrefillClient(WorkerClient):
         self.channel.send(Abort(request_id))
 
 
-CLIENTS = {"prefill": PrefillClient, "decode": DecodeClient, "generate": GenerateClient}
+CLIENTS = {Role.PREFILL: PrefillClient, Role.DECODE: DecodeClient, Role.GENERATE: GenerateClient}  # Triton model = role

@@ -39,6 +39,8 @@ from ops.gpu_plan import check_fits, gpu_totals, planned_bytes, role_bytes, role
 from tandem.devices import DeviceError, resolve_device
 from ops.local_workers import WorkerSet
 from tandem.manifest import EngineManifest, ManifestError, check_pair, read_manifest
+from tandem.modes import Mode
+from tandem.roles import Role
 from tandem.secret import PARAMETER as SECRET_PARAMETER
 from tandem.secret import SecretError, load_secret
 
@@ -89,10 +91,10 @@ def served_name(dep: Deployment, manifest: EngineManifest) -> str:
     return os.path.basename(os.path.normpath(source)).removesuffix(".gguf")
 
 
-def worker_counts(dep: Deployment) -> dict[str, int]:
-    if dep.mode == "disaggregated":
-        return {"prefill": dep.prefill.count, "decode": dep.decode.count}
-    return {"generate": dep.replicas}
+def worker_counts(dep: Deployment) -> dict[Role, int]:
+    if dep.mode is Mode.DISAGGREGATED:
+        return {Role.PREFILL: dep.prefill.count, Role.DECODE: dep.decode.count}
+    return {Role.GENERATE: dep.replicas}
 
 
 def local_gpus(dep: Deployment) -> dict[str, tuple[int, ...]]:
@@ -139,7 +141,7 @@ class Stack:
             except DeviceError as e:
                 raise DeploymentError(str(e)) from None
         options = RepoOptions(transport=dep.transport, kv_pool_bytes=dep.kv_pool_bytes,
-                              chunk_tokens=dep.chunk_tokens if dep.mode == "chunked" else 0,
+                              chunk_tokens=dep.chunk_tokens if dep.mode is Mode.CHUNKED else 0,
                               transfer_timeout_s=dep.handoff.transfer_timeout_s,
                               fence_timeout_s=dep.handoff.fence_timeout_s, prefix_cache=dep.prefix_cache.enabled,
                               prefill_pool_bytes=dep.prefix_cache.prefill_pool_bytes, handoff=dep.handoff.mode)
@@ -201,8 +203,9 @@ class Stack:
                 raise DeploymentError(f"workers did not become ready within {timeout_s:.0f}s")
 
     def _record_workers(self) -> None:
-        """workdir/workers.json: each worker's pid, URL and cores (for operators, and failure tests)."""
-        state = {name: {"pid": s.proc.pid, "grpc": s.grpc_url, "cpus": list(s.cpus or ()), "log": s.log_path}
+        """workdir/workers.json: each worker's role, pid, URL and cores (for operators, and failure tests)."""
+        state = {name: {"role": self.workers.specs[name].role, "pid": s.proc.pid, "grpc": s.grpc_url,
+                        "cpus": list(s.cpus or ()), "log": s.log_path}
                  for name, s in self.workers.servers.items()}
         with open(os.path.join(self.workdir, "workers.json"), "w") as f:
             json.dump(state, f, indent=2)

@@ -10,6 +10,7 @@ from engine.load import load_engine
 from engine.triton.common import Auth, Params, instance_device, dispatch, end_server, pass_budget, setup_threads
 from engine.triton.decode_model import handlers
 from engine.workers.decode_worker import DecodeWorker
+from tandem.roles import Role
 
 
 class TritonPythonModel:
@@ -21,7 +22,7 @@ class TritonPythonModel:
                              prefix_cache=p.str("prefix_cache") == "on")
         chunk = p.int("chunk_tokens")
         # the same prefill pass budget as the disaggregated prefill worker: a fair baseline
-        self.worker = DecodeWorker(engine, None, role="generate", max_batch_size=p.int("max_batch_size"),
+        self.worker = DecodeWorker(engine, None, role=Role.GENERATE, max_batch_size=p.int("max_batch_size"),
                                    pass_tokens=pass_budget(p, engine.device),
                                    chunk_tokens=chunk or None).launch(end_server)
         self.handlers = handlers(self.worker)

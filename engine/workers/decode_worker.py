@@ -39,12 +39,13 @@ from engine.workers.puller import Puller
 from engine.workers.sink import Responder
 from engine.workers.watchers import Watchers
 from tandem.pool import host_identity
+from tandem.roles import Role
 from tandem.status import Cancelled, LeaseLost
 from tandem.wire import Ack, Open, Release, Reserved, Start, WorkerStats
 
 
 class DecodeWorker(DecodeLoop):
-    def __init__(self, engine: Engine, pool: PoolHost | None, *, role: str = "decode", max_batch_size: int = 256,
+    def __init__(self, engine: Engine, pool: PoolHost | None, *, role: Role = Role.DECODE, max_batch_size: int = 256,
                  pass_tokens: int = 512, chunk_tokens: int | None = 64, transfer_timeout_s: float = 30.0,
                  fence_timeout_s: float = 60.0, clock=time.monotonic, registry: dict | None = None):
         """`pool` None: a co-located worker (every request prefilled here). `chunk_tokens` is the local

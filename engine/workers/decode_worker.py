@@ -32,7 +32,7 @@ from engine.errors import InvalidRequest
 from engine.scheduler import Scheduler
 from engine.transports.host import PoolHost
 from engine.workers.cache_feed import CacheFeed
-from engine.workers.decode_loop import DecodeLoop
+from engine.workers.decode_loop import DecodeLoop, Due
 from engine.workers.leases import Lease, LeaseState
 from engine.workers.loop import Deadlines, Loop
 from engine.workers.puller import Puller
@@ -125,7 +125,7 @@ class DecodeWorker(DecodeLoop):
             self.arrived.discard(msg.request_id)
             lease.state = LeaseState.WAITING_KV
             if not lease.pages_ready:
-                self.deadlines.after(self.transfer_timeout_s, ("transfer", msg.request_id))
+                self.deadlines.after(self.transfer_timeout_s, (Due.TRANSFER, msg.request_id))
             self.inbox.append(lease)
         self.loop.wake()
         return Ack()

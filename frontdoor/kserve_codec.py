@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from frontdoor.model_contract import OUTPUTS, TensorSpec, parse_requests
-from frontdoor.requests import GenerationRequest
+from control.requests import GenerationRequest
 from frontdoor.tensors import DTYPES, TensorError, encode_bytes, from_raw
 from tandem.status import InvalidArgument
 

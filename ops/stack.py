@@ -21,7 +21,7 @@ from engine.config import ModelConfig
 from engine.errors import ModelLoadError
 from engine.shm_region import remove_orphaned_triton_regions, remove_stale_segments
 from engine.tokenizer import Tokenizer
-from frontdoor.admission import Admission
+from control.admission import Admission
 from ops.deployment import Deployment, DeploymentError
 from ops.door_security import DoorSecurity, check_ports_free, check_secret_links, door_security
 from control.discovery import Discovery
@@ -30,7 +30,7 @@ from frontdoor.grpc_door import TritonProtocolServicer, start_grpc
 from frontdoor.http_app import HttpFrontend, start_http
 from frontdoor.door_metrics import Metrics
 from control.serving_path import make_path
-from frontdoor.requests import Limits
+from control.requests import Limits
 from control.router import ROUTERS
 from frontdoor.core import FrontDoor, ServedModel
 from control.orchestrator import Orchestrator

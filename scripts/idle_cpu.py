@@ -4,7 +4,8 @@
 with no request sent, and print it as % of one core.
 
 Standard library only, so it measures any checkout: `--python` names the interpreter whose `cli.main`
-is served, `--cwd` the checkout it runs in. Extra arguments after `--` go to `tandem serve`.
+is served, `--cwd` the checkout it runs in, `--module` its `tandem` command's module (cli.main; tandem.cli
+before the layout step). Extra arguments after `--` go to `tandem serve`.
 
     python scripts/idle_cpu.py [--seconds 60] [--python .venv/bin/python] [--cwd .] -- --model engines/smollm2-135m
 """
@@ -72,12 +73,13 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=60.0)
     ap.add_argument("--python", default=sys.executable, help="the interpreter of the checkout to serve")
     ap.add_argument("--cwd", default=".", help="the checkout to serve from")
+    ap.add_argument("--module", default="cli.main", help="the module of its tandem command")
     ap.add_argument("--timeout", type=float, default=600.0, help="how long the stack may take to become healthy")
     ap.add_argument("serve_args", nargs="*", help="after --: arguments for tandem serve")
     args = ap.parse_args()
     workdir = tempfile.mkdtemp(prefix="tandem-idle-cpu-")
     http = free_port()
-    cmd = [args.python, "-m", "cli.main", "serve", "--grpc-port", str(free_port()), "--http-port", str(http),
+    cmd = [args.python, "-m", args.module, "serve", "--grpc-port", str(free_port()), "--http-port", str(http),
            "--workdir", workdir, *args.serve_args]
     log = open(os.path.join(workdir, "serve.log"), "w")
     proc = subprocess.Popen(cmd, cwd=args.cwd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -101,13 +103,22 @@ def main() -> None:
         print(json.dumps({"processes": len(end), "seconds": round(elapsed, 1), "cpu_seconds": round(used, 2),
                           "percent_of_one_core": round(100 * used / elapsed, 2), "load": os.getloadavg()}))
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        stop(proc)
         log.close()
+
+
+def stop(proc: subprocess.Popen) -> None:
+    """SIGTERM to the serve's process group (it drains and stops its workers); SIGKILL after 60 s."""
+    for sig, wait_s in ((signal.SIGTERM, 60), (signal.SIGKILL, None)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            pass
+        try:
+            proc.wait(wait_s)
+            return
+        except subprocess.TimeoutExpired:
+            continue
 
 
 if __name__ == "__main__":

@@ -82,7 +82,7 @@ class Fleet:
         """Route to the worker at `url` serving `role` (a Role or its word; ValueError for another word)."""
         if name in self.workers:
             raise ValueError(f"worker {name!r} is already in the fleet")
-        role = Role.parse(role) if isinstance(role, str) else role
+        role = Role.parse(role)
         w = WorkerState(name, role, url, CLIENTS[role](url, self.auth, self.tls), slot=self._free_slot(name, role))
         self.workers[name] = w
         w.watcher = asyncio.get_running_loop().create_task(self._watch(w), name=f"watch-{name}")

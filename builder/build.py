@@ -25,7 +25,7 @@ from tandem import __version__
 from tandem.kv_layout import KVLayout, KVLayoutMismatch, check_kv_compatible
 from tandem.manifest import FORMAT, EngineManifest, ManifestError, read_manifest
 from tandem.profiles import DEFAULT_PROFILES, RoleProfile
-from tandem.roles import Role
+from tandem.roles import ENGINE_ROLES, Role
 
 COPIED_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 WEIGHTS_FILE = "model.safetensors"
@@ -87,8 +87,8 @@ def plan(req: BuildRequest):
 
 def build(req: BuildRequest, log=print) -> list[RoleResult]:
     """Build every requested role; return what was built or found up to date."""
-    if not req.roles:
-        raise BuildError("no roles to build; --roles takes prefill, decode or both")
+    if not req.roles or any(r not in ENGINE_ROLES for r in req.roles):
+        raise BuildError(f"roles to build: {', '.join(map(str, req.roles)) or 'none'}; --roles takes prefill, decode or both")
     if req.weight_quant != "none" and Role.DECODE not in req.roles:
         raise BuildError("--weight-quant is a decode-role option: prefill is compute-bound and keeps full-precision "
                          "weights; add decode to --roles")

@@ -18,10 +18,11 @@ from dataclasses import dataclass
 
 import model_repository
 from tandem.manifest import ManifestError, check_pair, read_manifest
+from tandem.modes import HandoffMode
 from tandem.roles import Role
 
 TEMPLATES = os.path.dirname(model_repository.__file__)
-MODELS = ("prefill", "decode", "generate")
+MODELS = tuple(r.value for r in Role)  # one Triton model per role, named by it
 _PLACEHOLDER = re.compile(r"\$\{([a-z_]+)\}")
 
 
@@ -42,7 +43,7 @@ def render(template: str, values: dict, where: str) -> str:
 
 
 TRANSPORT_CHOICES = ("shm", "cuda_ipc", "nixl", "auto")  # auto: the one-host transport, and NIXL where installed
-HANDOFF_CHOICES = ("push", "pull")  # see control/handoff.py
+HANDOFF_CHOICES = tuple(m.value for m in HandoffMode)  # see control/handoff.py
 
 
 @dataclass(frozen=True)
@@ -58,7 +59,7 @@ class RepoOptions:
     fault_write_delay_ms: float = 0.0  # prefill/: fault injection only (tests, tandem chaos): a slow writer
     prefix_cache: bool = True  # every pool keeps finished requests' full pages for reuse (engine/prefix_cache.py)
     prefill_pool_bytes: int | None = None  # prefill/: its own pool (long prompts, its cache); None: the decode pool's
-    handoff: str = "push"  # push: prefill writes into decode's pages; pull: prefill holds them, decode reads
+    handoff: str = HandoffMode.PUSH  # push: prefill writes into decode's pages; pull: prefill holds them, decode reads
     gpus: tuple[tuple[str, int], ...] = ()  # (model, GPU index) of models on a GPU (KIND_GPU); others: KIND_CPU
 
     def __post_init__(self):

@@ -25,8 +25,8 @@ import tempfile
 import yaml
 
 from builder.build import BuildError, BuildRequest, plan, role_profile
-from builder.trtllm import (CacheTransceiverConfig, ConvertCheckpointArgs, CudaGraphConfig, DisaggConfig,
-                            DisaggServers, KvCacheConfig, LlmApiOptions, TrtllmBuildArgs)
+from builder.trtllm import ConvertCheckpointArgs, DisaggConfig, DisaggServers, TrtllmBuildArgs
+from engine.trtllm.llm_options import CacheTransceiverConfig, CudaGraphConfig, KvCacheConfig, LlmApiOptions
 from tandem.roles import Role
 
 CTX_PORT, GEN_PORT, FRONT_PORT = 8101, 8102, 8000

@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 
 from builder.repo import TEMPLATES, RenderError, write_model, write_replacing
-from builder.trtllm import load_role_options
+from engine.trtllm.llm_options import load_role_options
 from tandem.roles import Role
 
 TEMPLATE = os.path.join(TEMPLATES, "trtllm")

@@ -7,7 +7,8 @@ import time
 import click
 
 from engine.checkpoint import DEFAULT_MODEL
-from tandem.roles import Role
+from tandem.modes import HandoffMode
+from tandem.roles import ENGINE_ROLES, Role
 
 
 def _roles(text: str) -> tuple[Role, ...]:
@@ -17,6 +18,8 @@ def _roles(text: str) -> tuple[Role, ...]:
         raise click.BadParameter(str(e)) from None
     if not roles:
         raise click.BadParameter("give at least one role: prefill, decode or prefill,decode")
+    if any(r not in ENGINE_ROLES for r in roles):
+        raise click.BadParameter("engines are built for prefill and decode (a generate worker runs the prefill engine)")
     return roles
 
 
@@ -80,7 +83,7 @@ def build_command(model, out, roles, backend, device, dtype, tokens_per_page, we
 @click.option("--kv-pool-bytes", type=click.IntRange(1 << 20), default=None, help="Decode KV pool size (default: profile).")
 @click.option("--chunk-tokens", type=click.IntRange(0), default=0, show_default=True,
               help="generate/ model: chunked-prefill budget per step (0 = prefill first).")
-@click.option("--handoff", type=click.Choice(["push", "pull"]), default="push", show_default=True,
+@click.option("--handoff", type=click.Choice([m.value for m in HandoffMode]), default=HandoffMode.PUSH.value, show_default=True,
               help="KV handoff: push (prefill writes into decode's pages) or pull (decode reads them from prefill's pool).")
 @click.option("--prefill-workers", type=click.IntRange(1), default=1, show_default=True,
               help="tensorrt-llm: prefill engines (prefill_0...).")

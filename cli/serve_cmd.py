@@ -15,6 +15,7 @@ import urllib.request
 import click
 
 from tandem.logs import FORMATS, setup_logging
+from tandem.modes import HandoffMode, Mode
 from ops.startup import StartupError, one_line
 
 
@@ -30,7 +31,7 @@ def _env(name: str) -> dict:
               help="Weights and KV of engines built from --model (default auto: bfloat16 on CUDA, else float32).")
 @click.option("--config", "config_path", default=None, **_env("CONFIG"),
               help="Deployment YAML (flags and TANDEM_* variables given here override it).")
-@click.option("--mode", type=click.Choice(["disaggregated", "colocated", "chunked"]), default=None, **_env("MODE"))
+@click.option("--mode", type=click.Choice([m.value for m in Mode]), default=None, **_env("MODE"))
 @click.option("--prefill", type=click.IntRange(0, 64), default=None, **_env("PREFILL"),
               help="Local prefill workers (default 1).")
 @click.option("--decode", type=click.IntRange(0, 64), default=None, **_env("DECODE"),
@@ -42,7 +43,7 @@ def _env(name: str) -> dict:
                    "one, and NIXL for other hosts). Default: the one-host transport for the decode device.")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default=None, **_env("DEVICE"),
               help="Where local workers run (default auto: CUDA when visible); per role in the deployment file.")
-@click.option("--handoff", type=click.Choice(["push", "pull"]), default=None, **_env("HANDOFF"),
+@click.option("--handoff", type=click.Choice([m.value for m in HandoffMode]), default=None, **_env("HANDOFF"),
               help="KV handoff: push (prefill writes into decode's pages, default) or pull (decode reads them).")
 @click.option("--backend", type=click.Choice(["torch", "tensorrt-llm"]), default=None, **_env("BACKEND"),
               help="Role engines: Tandem's own (torch, default) or TensorRT-LLM's (`tandem build --backend "

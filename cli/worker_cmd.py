@@ -22,6 +22,8 @@ import threading
 import click
 
 from tandem.logs import FORMATS, setup_logging
+from tandem.modes import HandoffMode
+from tandem.roles import Role
 from ops.startup import one_line
 
 
@@ -31,7 +33,7 @@ def _env(name: str) -> dict:
 
 
 @click.command("worker")
-@click.option("--role", type=click.Choice(["prefill", "decode", "generate"]), required=True, **_env("ROLE"))
+@click.option("--role", type=click.Choice([r.value for r in Role]), required=True, **_env("ROLE"))
 @click.option("--engines", required=True, help="Folder with prefill/ and decode/ engines (from tandem build).",
               **_env("ENGINES"))
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (0.0.0.0: every one).",
@@ -52,7 +54,7 @@ def _env(name: str) -> dict:
               **_env("THREADS"))
 @click.option("--chunk-tokens", type=click.IntRange(0), default=0, show_default=True,
               help="generate: chunked-prefill tokens per step (0: prefill first).", **_env("CHUNK_TOKENS"))
-@click.option("--handoff", type=click.Choice(["push", "pull"]), default="push", show_default=True,
+@click.option("--handoff", type=click.Choice([m.value for m in HandoffMode]), default=HandoffMode.PUSH.value, show_default=True,
               help="prefill: pull keeps each prompt's K/V in its own pool for decode to read (one host only).",
               **_env("HANDOFF"))
 @click.option("--tls-cert", default=None, help="PEM certificate: Triton's gRPC serves TLS (needed beyond loopback "
@@ -79,6 +81,7 @@ def worker_command(role, engines, host, grpc_port, http_port, metrics_port, tran
     from tandem.secret import SecretError, is_loopback, load_secret
     from tandem.tracing import TraceConfig, TraceConfigError
 
+    role = Role(role)
     setup_logging(log_format)
     say = logging.getLogger("tandem.worker").info
     if (tls_cert is None) != (tls_key is None):

@@ -34,18 +34,19 @@ def up_command(engines, transport, kv_pool_bytes, state_dir):
     from builder.repo import RenderError, RepoOptions
     from ops.triton_process import TritonError
     from ops.local_workers import WorkerSet
+    from tandem.roles import Role
 
     state_dir = state_dir or default_state_dir()
     if os.path.exists(os.path.join(state_dir, STATE_FILE)):
         raise click.ClickException(f"workers are already up (see {state_dir}/{STATE_FILE}); run 'tandem workers down'")
     os.makedirs(state_dir, exist_ok=True)
-    ws = WorkerSet(engines, state_dir, {"prefill": 1, "decode": 1},
+    ws = WorkerSet(engines, state_dir, {Role.PREFILL: 1, Role.DECODE: 1},
                    RepoOptions(transport=transport, kv_pool_bytes=kv_pool_bytes), detached=True)
     try:
         ws.start()
     except (RenderError, TritonError) as e:
         raise click.ClickException(str(e)) from None
-    state = {name: {"pid": s.proc.pid, "grpc": s.grpc_url, "http": s.http_url, "cpus": list(s.cpus or ()),
+    state = {name: {"role": ws.specs[name].role, "pid": s.proc.pid, "grpc": s.grpc_url, "http": s.http_url, "cpus": list(s.cpus or ()),
                     "log": s.log_path} for name, s in ws.servers.items()}
     with open(os.path.join(state_dir, STATE_FILE), "w") as f:
         json.dump(state, f, indent=2)

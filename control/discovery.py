@@ -14,9 +14,11 @@ import logging
 import socket
 
 from control.fleet import Fleet
+from tandem.modes import Mode
+from tandem.roles import Role
 
 log = logging.getLogger("tandem.discovery")
-ROLES = ("prefill", "decode")
+ROLES = (Role.PREFILL, Role.DECODE)  # the roles a deployment may list remote workers for
 
 
 def remote_name(role: str, url: str) -> str:
@@ -32,12 +34,12 @@ class Discovery:
 
     async def start(self, dep) -> None:
         await self.apply(dep)
-        if any(getattr(dep, r).dns for r in ROLES) and dep.mode == "disaggregated":
+        if any(getattr(dep, r).dns for r in ROLES) and dep.mode is Mode.DISAGGREGATED:
             self._task = asyncio.get_running_loop().create_task(self._refresh())
 
     async def apply(self, dep) -> None:
         """Make the fleet's remote workers what `dep` names (local workers are the stack's own)."""
-        self.pools = {r: getattr(dep, r) for r in ROLES} if dep.mode == "disaggregated" else {}
+        self.pools = {r: getattr(dep, r) for r in ROLES} if dep.mode is Mode.DISAGGREGATED else {}
         await self.sync()
 
     async def sync(self) -> None:

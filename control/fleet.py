@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass, field
 
 from control.worker_client import CLIENTS
+from tandem.roles import Role
 from tandem.status import TandemError
 from tandem.wire import WorkerStats
 
@@ -30,7 +31,7 @@ log = logging.getLogger("tandem.fleet")
 @dataclass(eq=False)
 class WorkerState:
     name: str
-    role: str  # prefill | decode | generate
+    role: Role  # given when the worker joins (Fleet.add), never parsed from its name
     url: str
     client: object
     healthy: bool = False
@@ -70,24 +71,26 @@ class Fleet:
         self.on_change = on_change  # callback(worker) after a health change (metrics, supervisor)
         self.on_stats = on_stats  # callback(worker) after every stats push (metrics)
 
-    def role(self, role: str) -> list[WorkerState]:
+    def role(self, role: Role) -> list[WorkerState]:
         return [w for w in self.workers.values() if w.role == role]
 
-    def routable(self, role: str) -> list[WorkerState]:
+    def routable(self, role: Role) -> list[WorkerState]:
         return [w for w in self.workers.values() if w.role == role and w.routable]
 
-    def ready(self, roles: tuple[str, ...]) -> bool:
+    def ready(self, roles: tuple[Role, ...]) -> bool:
         return all(self.routable(r) for r in roles)
 
-    def add(self, name: str, role: str, url: str) -> WorkerState:
+    def add(self, name: str, role: Role | str, url: str) -> WorkerState:
+        """Route to the worker at `url` serving `role` (a Role or its word; ValueError for another word)."""
         if name in self.workers:
             raise ValueError(f"worker {name!r} is already in the fleet")
+        role = Role.parse(role)
         w = WorkerState(name, role, url, self.clients[role](url, self.auth, self.tls), slot=self._free_slot(name, role))
         self.workers[name] = w
         w.watcher = asyncio.get_running_loop().create_task(self._watch(w), name=f"watch-{name}")
         return w
 
-    def _free_slot(self, name: str, role: str) -> str:
+    def _free_slot(self, name: str, role: Role) -> str:
         """A local worker's own name (prefill-0, ...) is its slot; a remote one (role@address) gets the
         lowest `role-rN` no other worker holds, so a restarted pod at a new address takes its place."""
         if "@" not in name:

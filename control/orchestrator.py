@@ -13,19 +13,21 @@ import asyncio
 from concurrent.futures import ThreadPoolExecutor
 
 from engine.tokenizer import Tokenizer
-from frontdoor.admission import Admission
-from frontdoor.door_metrics import Metrics
+from control.admission import Admission
 from control.serving_path import ServingPath
-from frontdoor.requests import GenerationRequest, Limits, Prepared, prepare
+from control.requests import GenerationRequest, Limits, Prepared, prepare
+from tandem.modes import Mode
 from tandem.status import TandemError, Unavailable, status_of
 from tandem.tracing import NO_SPAN, NOOP, Span, Tracer
 
 
 class Orchestrator:
-    def __init__(self, *, path: ServingPath, tokenizer: Tokenizer, limits: Limits, metrics: Metrics,
-                 admission: Admission | None = None, timeout_s: float = 600.0, mode: str = "disaggregated",
+    def __init__(self, *, path: ServingPath, tokenizer: Tokenizer, limits: Limits, metrics,
+                 admission: Admission | None = None, timeout_s: float = 600.0, mode: Mode = Mode.DISAGGREGATED,
                  tracer: Tracer = NOOP):
-        """`tracer`: where the requests' spans go (tandem/tracing.py; NOOP: tracing off)."""
+        """`metrics`: the deployment's series (frontdoor/door_metrics.py Metrics), which the doors and the
+        serving path record into; the orchestrator counts refusals there (`metrics.refused(status)`).
+        `tracer`: where the requests' spans go (tandem/tracing.py; NOOP: tracing off)."""
         self.tracer = tracer
         self.path, self.tokenizer, self.limits, self.metrics = path, tokenizer, limits, metrics
         self.admission = admission or Admission()

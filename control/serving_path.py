@@ -30,20 +30,23 @@ from control.prefix_index import PrefixView
 from control.pull_attempt import PullAttempt
 from control.router import Demand, NoWorker, Router
 from control.trtllm_attempt import TrtllmAttempt
+from tandem.modes import HandoffMode, Mode
+from tandem.roles import Role
 from tandem.status import (DeadlineExceeded, InvalidArgument, OutOfPages, Status, TandemError, Unavailable, retryable,
                            status_of)
 from tandem.tracing import NO_SPAN, Span
 from tandem.wire import Open, Token
 
 log = logging.getLogger("tandem.paths")
-HANDOFFS = {"push": Handoff, "pull": PullAttempt, "trtllm": TrtllmAttempt}  # trtllm: backend tensorrt-llm
+HANDOFFS = {HandoffMode.PUSH: Handoff, HandoffMode.PULL: PullAttempt,
+            "trtllm": TrtllmAttempt}  # trtllm: backend tensorrt-llm (TensorRT-LLM pulls the K/V itself)
 
 
 class ServingPath(ABC):
-    roles: tuple[str, ...]
+    roles: tuple[Role, ...]
 
     def __init__(self, fleet: Fleet, router: Router, tokens_per_page: int, metrics, max_retries: int = 2,
-                 prefix: PrefixView | None = None, local_max: int = 0, handoff: str = "push"):
+                 prefix: PrefixView | None = None, local_max: int = 0, handoff: str = HandoffMode.PUSH):
         """`prefix`: what the workers cache (fed by their stats); `local_max`: see DisaggregatedPath;
         `handoff`: push (control/handoff.py), pull (control/pull_attempt.py) or trtllm
         (control/trtllm_attempt.py: TensorRT-LLM workers, which never prefill locally: use local_max 0)."""
@@ -112,7 +115,7 @@ class ServingPath(ABC):
                 self.metrics.recoveries.labels(worker.role if worker else "unknown").inc()
                 log.info("request %s: %s; resuming after %d token(s)", uid, e, len(sent))
 
-    def _check_fits(self, role: str, pages: int) -> None:
+    def _check_fits(self, role: Role, pages: int) -> None:
         """A request no pool could ever hold is the client's to fix, not something to wait for."""
         largest = max((w.stats.pages_total for w in self.fleet.role(role) if w.stats), default=0)
         if largest and pages > largest:
@@ -142,7 +145,7 @@ class ServingPath(ABC):
         attempt.on_exit.append(give_back)
         return attempt
 
-    def _pick(self, role: str, avoid: set[str]) -> list[WorkerState]:
+    def _pick(self, role: Role, avoid: set[str]) -> list[WorkerState]:
         """Routable workers of the role, preferring those that did not just fail this request."""
         workers = self.fleet.routable(role)
         return [w for w in workers if w.name not in avoid] or workers
@@ -167,21 +170,21 @@ class LocalAttempt(Attempt):
 
 
 class DisaggregatedPath(ServingPath):
-    roles = ("prefill", "decode")
+    roles = Mode.DISAGGREGATED.roles
 
     def attempt(self, prep, sent, avoid, request_id, span=NO_SPAN) -> Attempt:
         demand = self._demand(prep, sent, self.local_max)
         n_ctx = demand.tokens
-        self._check_fits("decode", demand.pages)
-        d, p = self.router.pick_pair(self._pick("prefill", avoid), self._pick("decode", avoid), demand)
+        self._check_fits(Role.DECODE, demand.pages)
+        d, p = self.router.pick_pair(self._pick(Role.PREFILL, avoid), self._pick(Role.DECODE, avoid), demand)
         if p is None:
             if not demand.local_on(d):  # no prefill worker, and too much for the decode worker to compute
                 raise NoWorker("no healthy prefill worker")
             self.metrics.local_prefills.labels(d.slot).inc()
             return self._local(d, prep, sent, request_id, span)
         m, timings = self.metrics, Timings()
-        m.requests.labels(d.slot, "decode").inc()
-        m.requests.labels(p.slot, "prefill").inc()
+        m.requests.labels(d.slot, Role.DECODE).inc()
+        m.requests.labels(p.slot, Role.PREFILL).inc()
         h = self._claim(self.handoff(d, p, request_id, prep.prompt_ids, prep.params, sent, timings, span), d)
         p.inflight_tokens += n_ctx  # the prefill worker's queue, until it answers
         pending = [n_ctx]
@@ -202,20 +205,20 @@ class DisaggregatedPath(ServingPath):
 
 
 class ColocatedPath(ServingPath):
-    roles = ("generate",)
+    roles = Mode.COLOCATED.roles
 
     def attempt(self, prep, sent, avoid, request_id, span=NO_SPAN) -> Attempt:
         demand = self._demand(prep, sent, local_max=0)
-        self._check_fits("generate", demand.pages)
-        w, _ = self.router.pick_pair([], self._pick("generate", avoid), demand)  # no prefill workers: local
+        self._check_fits(Role.GENERATE, demand.pages)
+        w, _ = self.router.pick_pair([], self._pick(Role.GENERATE, avoid), demand)  # no prefill workers: local
         return self._local(w, prep, sent, request_id, span)
 
 
-PATHS = {"disaggregated": DisaggregatedPath, "colocated": ColocatedPath, "chunked": ColocatedPath}
+PATHS = {Mode.DISAGGREGATED: DisaggregatedPath, Mode.COLOCATED: ColocatedPath, Mode.CHUNKED: ColocatedPath}
 
 
-def make_path(mode: str, fleet: Fleet, router: Router, tokens_per_page: int, metrics, max_retries: int,
-              local_prefill_tokens: int = 0, handoff_mode: str = "push") -> ServingPath:
+def make_path(mode: Mode | str, fleet: Fleet, router: Router, tokens_per_page: int, metrics, max_retries: int,
+              local_prefill_tokens: int = 0, handoff_mode: str = HandoffMode.PUSH) -> ServingPath:
     """The path for `mode`; it follows the workers' prefix caches through the fleet's stats callback."""
     if mode not in PATHS:
         raise ValueError(f"unknown mode {mode!r}; allowed: {', '.join(PATHS)}")

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from control.channel import WorkerChannel
 from control.worker_tls import WorkerTls
 from tandem.trtllm_wire import TrtllmDecode, TrtllmPrefilled
+from tandem.roles import Role
 from tandem.wire import (Abort, Ack, Flush, Open, Prefill, Prefilled, Pulled, Release, Reserved, Start, Stats, Token,
                          Unhold, Watch, WorkerStats, WriterGone)
 
@@ -132,5 +133,5 @@ class TrtllmDecodeClient(DecodeClient):
         the K/V itself; a pull from a dead context side fails, and the request is prefilled again)."""
 
 
-CLIENTS = {"prefill": PrefillClient, "decode": DecodeClient, "generate": GenerateClient}
-TRTLLM_CLIENTS = {"prefill": TrtllmPrefillClient, "decode": TrtllmDecodeClient}  # backend: tensorrt-llm
+CLIENTS = {Role.PREFILL: PrefillClient, Role.DECODE: DecodeClient, Role.GENERATE: GenerateClient}  # Triton model = role
+TRTLLM_CLIENTS = {Role.PREFILL: TrtllmPrefillClient, Role.DECODE: TrtllmDecodeClient}  # backend: tensorrt-llm

@@ -35,7 +35,7 @@ from tritonclient.grpc import model_config_pb2 as mc
 from control.orchestrator import Orchestrator
 from engine.detokenizer import TextStream
 from frontdoor.model_contract import INPUTS, MAX_BATCH_SIZE, OUTPUTS
-from frontdoor.requests import GenerationRequest
+from control.requests import GenerationRequest
 from tandem.logprobs import Logprob
 from tandem.request_context import client_traceparent, note_tokens
 from tandem.status import Status, TandemError, status_of

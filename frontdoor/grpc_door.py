@@ -22,11 +22,10 @@ from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
 from frontdoor.auth import ApiKeys, GrpcKeyInterceptor
 from frontdoor.core import FrontDoor
-from frontdoor.kserve_codec import InferCall, decode_call, grpc_inputs, output_tensors
+from frontdoor.kserve_codec import InferCall, decode_call, grpc_inputs, output_tensors, to_raw
 from frontdoor.model_contract import INPUTS, OUTPUTS
 from frontdoor.protocol_status import describe, grpc_code
 from frontdoor.request_ids import GrpcRequestIds
-from frontdoor.tensors import to_raw
 from tandem import __version__
 from tandem.request_context import current_id
 from tandem.status import Internal, InvalidArgument, NotFound, TandemError, status_of

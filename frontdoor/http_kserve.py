@@ -13,8 +13,7 @@ from google.protobuf import json_format
 from frontdoor.core import FrontDoor
 from frontdoor.grpc_door import EXTENSIONS
 from frontdoor.http_body import parse_json, request_timeout
-from frontdoor.kserve_codec import decode_call, http_inputs, output_tensors
-from frontdoor.tensors import to_raw
+from frontdoor.kserve_codec import decode_call, http_inputs, output_tensors, to_raw
 from tandem import __version__
 from tandem.request_context import current_id
 from tandem.status import InvalidArgument, NotFound

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from frontdoor.requests import GenerationRequest
+from control.requests import GenerationRequest
 from tandem.status import InvalidArgument
 
 MAX_BATCH_SIZE = 64

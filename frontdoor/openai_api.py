@@ -8,7 +8,7 @@ import time
 from engine.tokenizer import CHAT_ROLES, ChatMessage
 from frontdoor.openai_fields import (CHAT_FIELDS, COMPLETION_FIELDS, UnknownFields, boolean, number,
                                      refuse_unsupported, token_ids, tools, unknown_fields)
-from frontdoor.requests import GenerationRequest
+from control.requests import GenerationRequest
 from tandem.request_context import current_id
 from tandem.sampling_params import MAX_TOP_LOGPROBS
 from tandem.status import InvalidArgument, NotFound

@@ -50,6 +50,8 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from tandem.modes import HandoffMode, Mode
+
 
 class DeploymentError(ValueError):
     """The deployment file or flags are invalid; the message names the field."""
@@ -126,7 +128,7 @@ class Limits(_Strict):
 
 
 class Handoff(_Strict):
-    mode: Literal["push", "pull"] = "push"  # see control/handoff.py
+    mode: HandoffMode = HandoffMode.PUSH  # see control/handoff.py
     transfer_timeout_s: float = Field(30.0, gt=0)  # a started request whose KV never arrives fails after this
     fence_timeout_s: float = Field(60.0, gt=0)  # NIXL: a writer never heard from again is presumed gone
 
@@ -161,7 +163,7 @@ class Deployment(_Strict):
     # a bf16 checkpoint served in float32 costs twice its size per role copy
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     backend: Literal["torch", "tensorrt-llm"] = "torch"
-    mode: Literal["disaggregated", "colocated", "chunked"] = "disaggregated"
+    mode: Mode = Mode.DISAGGREGATED
     device: Literal["auto", "cpu", "cuda"] = "auto"  # every local worker's, unless its role says otherwise
     prefill: WorkerPool = WorkerPool()
     decode: WorkerPool = WorkerPool()
@@ -187,7 +189,7 @@ class Deployment(_Strict):
 
     @model_validator(mode="after")
     def _workers(self):
-        if self.mode == "disaggregated":
+        if self.mode is Mode.DISAGGREGATED:
             for role in ("prefill", "decode"):
                 pool = getattr(self, role)
                 if pool.count + len(pool.urls) < 1 and not pool.dns:

@@ -19,6 +19,7 @@ import os
 
 from ops.deployment import Deployment
 from tandem.devices import DeviceError, cuda_device_count, resolve_device
+from tandem.roles import Role
 
 
 def role_gpus(dep: Deployment, counts: dict[str, int]) -> dict[str, tuple[int, ...]]:
@@ -57,7 +58,7 @@ def worker_env(gpus: dict[str, tuple[int, ...]], role: str, index: int) -> dict[
     own = worker_gpu(gpus, role, index)
     if own is None:
         return {}
-    peers = gpus.get("decode", ()) if role == "prefill" else ()
+    peers = gpus.get(Role.DECODE, ()) if role == Role.PREFILL else ()
     return {"CUDA_VISIBLE_DEVICES": visible_devices(own, peers)}
 
 
@@ -101,8 +102,8 @@ def role_bytes(dep: Deployment, engines: str) -> tuple[dict[str, int], dict[str,
     manifests = {r: read_manifest(os.path.join(engines, r)) for r in ("prefill", "decode")}
     weights = {r: sum(os.path.getsize(os.path.join(engines, r, f)) for f in m.weight_files)
                for r, m in manifests.items()}
-    weights["generate"] = weights["prefill"]  # the co-located worker runs the prefill engine
+    weights[Role.GENERATE] = weights[Role.PREFILL]  # the co-located worker runs the prefill engine
     pool = dep.kv_pool_bytes if dep.kv_pool_bytes is not None else manifests["decode"].profile.kv_pool_bytes
     cache = dep.prefix_cache
     prefill = (cache.prefill_pool_bytes or pool) if cache.enabled else 0  # a GPU prefill pool serves the cache
-    return weights, {"prefill": prefill, "decode": pool, "generate": pool}
+    return weights, {Role.PREFILL: prefill, Role.DECODE: pool, Role.GENERATE: pool}

@@ -19,23 +19,25 @@ from builder.repo import RepoOptions, render_repo
 from builder.trtllm_repo import render_trtllm_repo
 from ops.gpu_plan import worker_env
 from ops.triton_process import TritonError, TritonServer
+from tandem.roles import Role
 
 
 @dataclass(frozen=True)
 class WorkerSpec:
-    role: str  # prefill | decode | generate
+    role: Role
     index: int
     cpus: tuple[int, ...]
 
     @property
     def name(self) -> str:
+        """<role>-<index>: a label for logs, files and metrics; the role is `role`, never parsed from this."""
         return f"{self.role}-{self.index}"
 
 
-def plan_cpus(counts: dict[str, int], cpus: list[int] | None = None) -> list[WorkerSpec]:
+def plan_cpus(counts: dict[Role, int], cpus: list[int] | None = None) -> list[WorkerSpec]:
     """Give each worker its own cores: an equal share when there are enough, one core each (shared) if not."""
     cpus = sorted(cpus if cpus is not None else os.sched_getaffinity(0))
-    roles = [(r, i) for r in ("prefill", "decode", "generate") for i in range(counts.get(r, 0))]
+    roles = [(r, i) for r in Role for i in range(counts.get(r, 0))]
     if not roles:
         raise ValueError("a deployment needs at least one worker")
     share = max(1, len(cpus) // len(roles))
@@ -67,7 +69,7 @@ class WorkerSet:
 
     engines: str
     workdir: str
-    counts: dict[str, int]
+    counts: dict[Role, int]
     options: RepoOptions = field(default_factory=RepoOptions)
     gpus: dict[str, tuple[int, ...]] = field(default_factory=dict)  # CUDA roles' GPUs (ops/gpu_plan.role_gpus)
     cpus: list[int] | None = None
@@ -139,8 +141,8 @@ class WorkerSet:
             raise
         return self
 
-    def urls(self, role: str) -> list[str]:
-        return [s.grpc_url for name, s in sorted(self.servers.items()) if name.startswith(role + "-")]
+    def urls(self, role: Role) -> list[str]:
+        return [s.grpc_url for name, s in sorted(self.servers.items()) if self.specs[name].role == role]
 
     def stop(self) -> None:
         """Stop every server at once (each takes a few seconds to unload its model; not one after another)."""

@@ -22,7 +22,7 @@ from engine.config import ModelConfig
 from engine.errors import ModelLoadError
 from engine.shm_region import remove_orphaned_triton_regions, remove_stale_segments
 from engine.tokenizer import Tokenizer
-from frontdoor.admission import Admission
+from control.admission import Admission
 from ops.deployment import Deployment, DeploymentError
 from ops.door_security import DoorSecurity, check_ports_free, check_secret_links, door_security
 from control.discovery import Discovery
@@ -32,7 +32,7 @@ from frontdoor.grpc_door import TritonProtocolServicer, start_grpc
 from frontdoor.http_app import HttpFrontend, start_http
 from frontdoor.door_metrics import Metrics
 from control.serving_path import make_path
-from frontdoor.requests import Limits
+from control.requests import Limits
 from control.router import ROUTERS
 from frontdoor.core import FrontDoor, ServedModel
 from control.orchestrator import Orchestrator
@@ -42,6 +42,8 @@ from tandem.devices import DeviceError, resolve_device
 from ops.local_workers import WorkerSet
 from ops.trtllm_stack import trtllm_engines, trtllm_gpus_per_node
 from tandem.manifest import EngineManifest, ManifestError, check_pair, read_manifest
+from tandem.modes import Mode
+from tandem.roles import Role
 from tandem.secret import PARAMETER as SECRET_PARAMETER
 from tandem.secret import SecretError, load_secret
 from tandem.tracing import TraceConfig, TraceConfigError, Tracer, make_tracer
@@ -93,10 +95,10 @@ def served_name(dep: Deployment, manifest: EngineManifest) -> str:
     return os.path.basename(os.path.normpath(source)).removesuffix(".gguf")
 
 
-def worker_counts(dep: Deployment) -> dict[str, int]:
-    if dep.mode == "disaggregated":
-        return {"prefill": dep.prefill.count, "decode": dep.decode.count}
-    return {"generate": dep.replicas}
+def worker_counts(dep: Deployment) -> dict[Role, int]:
+    if dep.mode is Mode.DISAGGREGATED:
+        return {Role.PREFILL: dep.prefill.count, Role.DECODE: dep.decode.count}
+    return {Role.GENERATE: dep.replicas}
 
 
 def local_gpus(dep: Deployment) -> dict[str, tuple[int, ...]]:
@@ -167,7 +169,7 @@ class Stack:
             except DeviceError as e:
                 raise DeploymentError(str(e)) from None
         options = RepoOptions(transport=dep.transport, kv_pool_bytes=dep.kv_pool_bytes,
-                              chunk_tokens=dep.chunk_tokens if dep.mode == "chunked" else 0,
+                              chunk_tokens=dep.chunk_tokens if dep.mode is Mode.CHUNKED else 0,
                               transfer_timeout_s=dep.handoff.transfer_timeout_s,
                               fence_timeout_s=dep.handoff.fence_timeout_s, prefix_cache=dep.prefix_cache.enabled,
                               prefill_pool_bytes=dep.prefix_cache.prefill_pool_bytes, handoff=dep.handoff.mode)
@@ -231,9 +233,10 @@ class Stack:
                 raise DeploymentError(f"workers did not become ready within {timeout_s:.0f}s")
 
     def _record_workers(self) -> None:
-        """workdir/workers.json: each worker's pid, gRPC URL, Triton metrics address (host:port, scraped at
-        /metrics), cores and log (for operators, scrapers and failure tests)."""
-        state = {name: {"pid": s.proc.pid, "grpc": s.grpc_url, "metrics": f"{s.local_host}:{s.metrics_port}",
+        """workdir/workers.json: each worker's role, pid, gRPC URL, Triton metrics address (host:port, scraped
+        at /metrics), cores and log (for operators, scrapers and failure tests)."""
+        state = {name: {"role": self.workers.specs[name].role, "pid": s.proc.pid, "grpc": s.grpc_url,
+                        "metrics": f"{s.local_host}:{s.metrics_port}",
                         "cpus": list(s.cpus or ()), "log": s.log_path}
                  for name, s in self.workers.servers.items()}
         with open(os.path.join(self.workdir, "workers.json"), "w") as f:

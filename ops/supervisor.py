@@ -22,6 +22,7 @@ import time
 from control.fleet import Fleet, WorkerState
 from ops.triton_process import TritonServer
 from ops.local_workers import WorkerSet
+from tandem.roles import Role
 
 log = logging.getLogger("tandem.supervisor")
 BACKOFF_S = (1.0, 2.0, 4.0, 8.0, 16.0, 30.0)
@@ -127,9 +128,9 @@ class Supervisor:
             old.stop(timeout_s=5.0)  # removes the shared memory its group had mapped
 
     def _tell_decoders(self, name: str) -> None:
-        if self.workers.specs[name].role != "prefill":
+        if self.workers.specs[name].role != Role.PREFILL:
             return
-        for d in self.fleet.role("decode"):
+        for d in self.fleet.role(Role.DECODE):
             d.client.writer_gone(name)
 
     async def close(self) -> None:

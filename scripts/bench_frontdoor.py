@@ -87,11 +87,19 @@ def paired(via: list[list[float]], direct_runs: list[list[float]]) -> tuple[floa
     return d_ttft * 1e3, d_gap * 1e3
 
 
+async def _drain(stream) -> None:
+    async for _ in stream:
+        pass
+
+
 async def measure(grpc_url: str, workers: dict, tokenizer: Tokenizer, requests: int, tokens: int):
     client = aio.InferenceServerClient(grpc_url)
     p = WorkerState("prefill-0", "prefill", workers["prefill-0"]["grpc"], PrefillClient(workers["prefill-0"]["grpc"]))
     d = WorkerState("decode-0", "decode", workers["decode-0"]["grpc"], DecodeClient(workers["decode-0"]["grpc"]))
     p.stats, d.stats = await p.client.stats(), await d.client.stats()
+    # keep stats flowing on both channels, as the orchestrator's fleet does: a stream that only pings while
+    # the other path runs is closed by the server (GOAWAY "too many pings") on a loaded machine
+    watches = [asyncio.create_task(_drain(w.client.watch(1.0, 3.0))) for w in (p, d)]
     ids = tokenizer.encode(PROMPT)
     via, direct_runs = [], []
     for i in range(requests + 2):  # two warm-up rounds
@@ -100,6 +108,8 @@ async def measure(grpc_url: str, workers: dict, tokenizer: Tokenizer, requests: 
         if i >= 2:
             via.append(a)
             direct_runs.append(b)
+    for task in watches:
+        task.cancel()
     await client.close()
     await p.client.close()
     await d.client.close()

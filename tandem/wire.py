@@ -44,6 +44,7 @@ from typing import ClassVar
 
 from tandem.logprobs import Logprob
 from tandem.pool import Destination, PullSource
+from tandem.roles import Role
 from tandem.sampling_params import SamplingParams
 from tandem.status import Status
 from tandem.trtllm_wire import TrtllmDecode, TrtllmPrefilled
@@ -187,7 +188,7 @@ class Ack:
 @dataclass(frozen=True)
 class WorkerStats:
     TYPE: ClassVar[str] = "stats"
-    role: str
+    role: Role
     host: str = ""  # tandem.pool.host_identity() of the worker (picks the KV transport per pair)
     pages_total: int = 0
     pages_used: int = 0  # held by requests

@@ -11,6 +11,7 @@ from engine.transports.host import PoolHost
 from engine.triton.common import (Auth, Params, dispatch, end_server, instance_device, pass_budget, setup_threads,
                                   worker_tracer)
 from engine.workers.decode_worker import DecodeWorker
+from tandem.roles import Role
 from tandem.wire import Flush, Open, Release, Start, Stats, Watch, WriterGone
 
 
@@ -37,7 +38,7 @@ class TritonPythonModel:
                                   shared_kv="shm" in transports, prefix_cache=p.str("prefix_cache") == "on")
         self.pool = PoolHost(self.engine.cache, transports)
         chunk = p.int("chunk_tokens")
-        self.worker = DecodeWorker(self.engine, self.pool, role="decode", max_batch_size=p.int("max_batch_size"),
+        self.worker = DecodeWorker(self.engine, self.pool, role=Role.DECODE, max_batch_size=p.int("max_batch_size"),
                                    pass_tokens=pass_budget(p, self.engine.device), chunk_tokens=chunk or None,
                                    transfer_timeout_s=p.float("transfer_timeout_s"),
                                    fence_timeout_s=p.float("fence_timeout_s"), tracer=self.tracer).launch(end_server)

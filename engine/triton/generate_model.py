@@ -11,6 +11,7 @@ from engine.triton.common import (Auth, Params, dispatch, end_server, instance_d
                                   worker_tracer)
 from engine.triton.decode_model import handlers
 from engine.workers.decode_worker import DecodeWorker
+from tandem.roles import Role
 
 
 class TritonPythonModel:
@@ -23,7 +24,7 @@ class TritonPythonModel:
                              prefix_cache=p.str("prefix_cache") == "on")
         chunk = p.int("chunk_tokens")
         # the same prefill pass budget as the disaggregated prefill worker: a fair baseline
-        self.worker = DecodeWorker(engine, None, role="generate", max_batch_size=p.int("max_batch_size"),
+        self.worker = DecodeWorker(engine, None, role=Role.GENERATE, max_batch_size=p.int("max_batch_size"),
                                    pass_tokens=pass_budget(p, engine.device),
                                    chunk_tokens=chunk or None, tracer=self.tracer).launch(end_server)
         self.handlers = handlers(self.worker)

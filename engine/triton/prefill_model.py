@@ -11,6 +11,7 @@ from engine.transports.host import PoolHost
 from engine.triton.common import (Auth, Params, dispatch, end_server, instance_device, pass_budget, setup_threads,
                                   worker_tracer)
 from engine.workers.prefill_worker import PrefillWorker
+from tandem.modes import HandoffMode
 from tandem.wire import Abort, Flush, Prefill, Stats, Unhold, Watch
 
 
@@ -23,7 +24,7 @@ class TritonPythonModel:
         engine = load_engine(p.str("engine_dir"), device=instance_device(args), kv_bytes=None)
         budget = pass_budget(p, engine.device)
         caching = p.str("prefix_cache") == "on"
-        pull = p.str("handoff") == "pull"
+        pull = p.str("handoff") == HandoffMode.PULL
         self.engine, self.pool = engine, None
         if budget < engine.max_context or caching or pull:  # long prompts between chunks, the prefix cache, holds
             layout = engine.kv_layout()

@@ -31,7 +31,7 @@ import time
 from dataclasses import fields
 from typing import AsyncIterator
 
-from builder.trtllm import load_role_options
+from engine.trtllm.llm_options import load_role_options
 from engine.trtllm.mapping import (CONTEXT_ONLY, error_for_exception, finish_reason, generation_kwargs,
                                    sampling_kwargs, token_logprob, wire_params)
 from engine.trtllm.surface import check_installed

@@ -4,6 +4,7 @@ stall, fences) and freeing pages happen here, on the loop thread."""
 
 from __future__ import annotations
 
+import enum
 import time
 
 from engine.workers.leases import Lease, LeaseState
@@ -14,10 +15,22 @@ from tandem.wire import Pulled, Token
 # How often open requests are checked for a caller that vanished without a Release (an orchestrator that
 # died: Triton marks its requests cancelled, but tells no one). Only while requests are open.
 CANCEL_SWEEP_S = 1.0
-SWEEP = ("sweep", "")
 # While a NIXL writer may be writing: poll this often (UCX over TCP lands WRITEs only while we poll)
 PROGRESS_S = 0.002
-PROGRESS = ("progress", "")
+
+
+class Due(enum.Enum):
+    """What a deadline of the decode loop is for. Its key in `deadlines` is (Due, target); ON_DUE below
+    says what firing does."""
+
+    TRANSFER = "transfer"  # target: a request id whose K/V must arrive by then (its Start armed it)
+    FENCE = "fence"  # target: a slot whose non-strict fence gives up waiting for the writer's close
+    PROGRESS = "progress"  # target "": poll a transport that lands writes only while polled
+    SWEEP = "sweep"  # target "": look for callers that went away without a Release
+
+
+SWEEP = (Due.SWEEP, "")
+PROGRESS = (Due.PROGRESS, "")
 
 
 class DecodeLoop:
@@ -128,7 +141,7 @@ class DecodeLoop:
             self.scheduler.add_prefill(lease.seq)
             return True
         if lease.state is LeaseState.WAITING_KV and lease.pages_ready and self.scheduler.has_room:
-            self.deadlines.cancel(("transfer", lease.request_id))
+            self.deadlines.cancel((Due.TRANSFER, lease.request_id))
             lease.state, lease.scheduled, lease.decoding_since = LeaseState.RUNNING, True, time.perf_counter()
             self.scheduler.add_running(lease.seq)
             self.engine.prefix.commit(lease.seq)  # the writer is done and every page arrived: name them
@@ -158,30 +171,34 @@ class DecodeLoop:
                            transport=src.transport, bytes=r.kv_bytes, cached_tokens=lease.cached_tokens)
         self.inbox.append(lease)
 
-    def _deadline(self, key) -> None:
-        kind, rid = key
-        if kind == "transfer":
-            lease = self.leases.get(rid)
-            if lease is not None and lease.state is LeaseState.WAITING_KV:
-                self._end(lease, TransferFailed(f"request {rid}: KV pages never arrived within "
-                                                f"{self.transfer_timeout_s:.0f}s; pages freed"))
-        elif kind == "fence":
-            lease = self.fencing.get(rid)
-            if lease is not None:
-                self._fenced(rid)  # the documented limit of a non-strict fence: see leases.py
-        elif kind == "progress":
-            pass  # nothing to do: being awake made housekeeping poll the transport
-        elif kind == "sweep":
-            for lease in list(self.leases.values()):
-                if lease.sink.cancelled():
-                    lease.end_status = Cancelled(f"request {lease.request_id}: the caller went away")
-                    self.inbox.append(lease)
+    def _deadline(self, key: tuple[Due, object]) -> None:
+        kind, target = key
+        ON_DUE[kind](self, target)
+
+    def _transfer_overdue(self, rid: str) -> None:
+        lease = self.leases.get(rid)
+        if lease is not None and lease.state is LeaseState.WAITING_KV:
+            self._end(lease, TransferFailed(f"request {rid}: KV pages never arrived within "
+                                            f"{self.transfer_timeout_s:.0f}s; pages freed"))
+
+    def _fence_overdue(self, slot: int) -> None:
+        if self.fencing.get(slot) is not None:
+            self._fenced(slot)  # the documented limit of a non-strict fence: see leases.py
+
+    def _progress_tick(self, _: str) -> None:
+        """Nothing to do: being awake made housekeeping poll the transport."""
+
+    def _sweep(self, _: str) -> None:
+        for lease in list(self.leases.values()):
+            if lease.sink.cancelled():
+                lease.end_status = Cancelled(f"request {lease.request_id}: the caller went away")
+                self.inbox.append(lease)
 
     def _end(self, lease: Lease, error: TandemError | None) -> None:
         """Take the lease out of service and answer its Open request; free its pages unless a writer may
         still write them (then they wait in `fencing`)."""
         self.leases.pop(lease.request_id, None)
-        self.deadlines.cancel(("transfer", lease.request_id))
+        self.deadlines.cancel((Due.TRANSFER, lease.request_id))
         self.scheduler.remove(lease.seq)
         self._traced(lease, error)
         if error is not None and not lease.sink.done:
@@ -215,7 +232,7 @@ class DecodeLoop:
         lease.state = LeaseState.FENCING
         self.fencing[lease.slot] = lease
         if not self.pool.strict(lease.transport):
-            self.deadlines.after(self.fence_timeout_s, ("fence", lease.slot))
+            self.deadlines.after(self.fence_timeout_s, (Due.FENCE, lease.slot))
 
     def _on_fenced(self, slot: int) -> None:  # the fence thread
         with self.lock:
@@ -226,7 +243,7 @@ class DecodeLoop:
         lease = self.fencing.pop(slot, None)
         if lease is None:
             return
-        self.deadlines.cancel(("fence", slot))
+        self.deadlines.cancel((Due.FENCE, slot))
         if self.pool.strict(lease.transport) or self.pool.revoke(slot, self._on_fenced):
             self._free(lease)
             self.pool.free_slot(slot)
@@ -241,3 +258,7 @@ class DecodeLoop:
     def _next_due(self) -> float | None:
         with self.lock:
             return self.deadlines.next()
+
+
+ON_DUE = {Due.TRANSFER: DecodeLoop._transfer_overdue, Due.FENCE: DecodeLoop._fence_overdue,
+          Due.PROGRESS: DecodeLoop._progress_tick, Due.SWEEP: DecodeLoop._sweep}  # every Due has one

@@ -32,20 +32,21 @@ from engine.errors import InvalidRequest
 from engine.scheduler import Scheduler
 from engine.transports.host import PoolHost
 from engine.workers.cache_feed import CacheFeed
-from engine.workers.decode_loop import DecodeLoop
+from engine.workers.decode_loop import DecodeLoop, Due
 from engine.workers.leases import Lease, LeaseState
 from engine.workers.loop import Deadlines, Loop
 from engine.workers.puller import Puller
 from engine.workers.sink import Responder
 from engine.workers.watchers import Watchers
 from tandem.pool import host_identity
+from tandem.roles import Role
 from tandem.status import Cancelled, LeaseLost
 from tandem.tracing import NOOP, Tracer
 from tandem.wire import Ack, Open, Release, Reserved, Start, WorkerStats
 
 
 class DecodeWorker(DecodeLoop):
-    def __init__(self, engine: Engine, pool: PoolHost | None, *, role: str = "decode", max_batch_size: int = 256,
+    def __init__(self, engine: Engine, pool: PoolHost | None, *, role: Role = Role.DECODE, max_batch_size: int = 256,
                  pass_tokens: int = 512, chunk_tokens: int | None = 64, transfer_timeout_s: float = 30.0,
                  fence_timeout_s: float = 60.0, clock=time.monotonic, registry: dict | None = None,
                  tracer: Tracer = NOOP):
@@ -127,7 +128,7 @@ class DecodeWorker(DecodeLoop):
             self.arrived.discard(msg.request_id)
             lease.state = LeaseState.WAITING_KV
             if not lease.pages_ready:
-                self.deadlines.after(self.transfer_timeout_s, ("transfer", msg.request_id))
+                self.deadlines.after(self.transfer_timeout_s, (Due.TRANSFER, msg.request_id))
             self.inbox.append(lease)
         self.loop.wake()
         return Ack()

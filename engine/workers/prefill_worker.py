@@ -49,6 +49,7 @@ from engine.workers.sink import Responder
 from engine.workers.watchers import Watchers
 from policies.prefill_passes import PassTurn, chunk_tokens, pack
 from tandem.pool import host_identity
+from tandem.roles import Role
 from tandem.status import Cancelled
 from tandem.tracing import NOOP, Tracer
 from tandem.wire import Ack, Prefill, WorkerStats
@@ -128,11 +129,11 @@ class PrefillWorker(PrefillRuns):
             queued = sum(self._todo(it) for it in self.queue)
             a = self.engine.allocator
             if a is None:
-                return WorkerStats(role="prefill", host=self.host, running=len(self.queue), queued_tokens=queued)
+                return WorkerStats(role=Role.PREFILL, host=self.host, running=len(self.queue), queued_tokens=queued)
             if self.feed is not None:
                 self.feed.collect(a)
             c = a.counters()
-            return WorkerStats(role="prefill", host=self.host, running=len(self.queue), queued_tokens=queued,
+            return WorkerStats(role=Role.PREFILL, host=self.host, running=len(self.queue), queued_tokens=queued,
                                pages_total=a.num_pages, pages_used=a.num_used, pages_cached=c.cached_pages,
                                cache_hits=c.hit_pages, cache_misses=c.miss_pages, cache_evictions=c.evicted_pages,
                                cache_salt=self.engine.salt.hex() if self.caching else "",

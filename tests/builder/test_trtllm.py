@@ -7,8 +7,9 @@ import yaml
 from pydantic import ValidationError
 
 from builder.build import BuildRequest
-from builder.trtllm import CudaGraphConfig, DisaggConfig, LlmApiOptions
+from builder.trtllm import DisaggConfig
 from builder.trtllm_build import build_trtllm
+from engine.trtllm.llm_options import CudaGraphConfig, LlmApiOptions
 
 
 def test_unknown_keys_and_inconsistent_values_are_rejected():

@@ -13,7 +13,7 @@ from tritonclient.grpc import model_config_pb2
 
 from builder.build import BuildRequest
 from builder.repo import RenderError
-from builder.trtllm import CacheTransceiverConfig, CudaGraphConfig, KvCacheConfig, LlmApiOptions, load_role_options
+from engine.trtllm.llm_options import CacheTransceiverConfig, CudaGraphConfig, KvCacheConfig, LlmApiOptions, load_role_options
 from builder.trtllm_build import build_trtllm
 from builder.trtllm_repo import render_trtllm_repo, role_files, worker_plan
 from cli.main import main

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from frontdoor.admission import Admission
+from control.admission import Admission
 from tandem.status import ResourceExhausted
 
 

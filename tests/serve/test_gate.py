@@ -11,7 +11,7 @@ import json
 
 from aiohttp import web
 
-from frontdoor.admission import Admission
+from control.admission import Admission
 from frontdoor.http_app import error_parts, error_response, raw_refusal
 from frontdoor.http_gate import Gate, Turnstile, arrived, generation_line, is_whole
 from tandem.status import ResourceExhausted, TandemError

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 
+from engine.workers.decode_loop import ON_DUE, Due
 from engine.workers.loop import Loop
 
 
@@ -41,3 +42,8 @@ def test_a_loop_that_stops_normally_reports_nothing():
     assert woken.wait(5)
     loop.stop()
     assert not loop.thread.is_alive() and got == []
+
+
+def test_every_decode_deadline_kind_has_its_handler():
+    assert set(ON_DUE) == set(Due)
+    assert all(callable(h) and h.__name__.startswith("_") for h in ON_DUE.values())

@@ -92,13 +92,14 @@ class PrefillClient(WorkerClient):
         listening before Prefilled arrives has its hold ended here when it does."""
         def orphaned(body) -> None:
             if isinstance(body, Prefilled) and body.source is not None:
-                self.unhold(msg.request_id, body.source.hold)
+                self.unhold(msg.request_id, body.source.hold, reader_closed=True)  # nobody read it
 
         return self.channel.stream(msg, on_orphan=orphaned)
 
-    def unhold(self, request_id: str, hold: str) -> None:
-        """Fire and forget: the prefill worker ends the hold (its pages return once no read is in flight)."""
-        self.channel.send(Unhold(request_id, hold))
+    def unhold(self, request_id: str, hold: str, reader_closed: bool = False) -> None:
+        """Fire and forget: the prefill worker ends the hold (its pages return once no read is in flight;
+        `reader_closed`: the caller knows none can be, see engine/workers/holds.py)."""
+        self.channel.send(Unhold(request_id, hold, reader_closed))
 
     def abort(self, request_id: str) -> None:
         self.channel.send(Abort(request_id))

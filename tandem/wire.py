@@ -91,6 +91,7 @@ class Prefill:
     output_ids: list[int] = field(default_factory=list)  # tokens already streamed (recovery re-prefill)
     destination: Destination | None = None  # None: compute the first token only (no handoff)
     pull: bool = False  # pull handoff: keep the K/V in this worker's pool for a reader (no destination)
+    reader_host: str = ""  # ... on this host (host_identity), to pick the transport it reads over
 
 
 @dataclass(frozen=True)
@@ -104,6 +105,8 @@ class Unhold:
     TYPE: ClassVar[str] = "unhold"
     request_id: str
     hold: str  # PullSource.hold: only the caller that was handed the source can end its hold
+    reader_closed: bool = False  # the orchestrator knows no reader can still read the pages (it answered
+    # Pulled, or was never handed the source): a NIXL hold's pages need not wait for the reader's notice
 
 
 @dataclass(frozen=True)

@@ -55,9 +55,10 @@ from tandem.wire import Ack, Prefill, WorkerStats
 
 class PrefillWorker(PrefillRuns):
     def __init__(self, engine: Engine, pass_tokens: int = 8192, write_delay_s: float = 0.0,
-                 registry: dict | None = None, pool: PoolHost | None = None):
+                 registry: dict | None = None, pool: PoolHost | None = None, fence_timeout_s: float = 60.0):
         """`engine.cache`, when there is one, holds long prompts between their chunks and the prefix cache.
-        `pool`: that cache exported to readers (pull handoff); None: this worker only pushes."""
+        `pool`: that cache exported to readers (pull handoff); None: this worker only pushes.
+        `fence_timeout_s`: how long an ended NIXL hold waits for its reader's notice (holds.py)."""
         self.engine = engine
         self.pass_tokens = pass_tokens
         tpp = engine.cache.layout.tokens_per_page if engine.cache is not None else 1
@@ -75,7 +76,7 @@ class PrefillWorker(PrefillRuns):
         self.turn = PassTurn()
         self.feed = CacheFeed(max(1024, 2 * engine.allocator.num_pages)) if self.caching else None
         self.watchers = Watchers(self.stats, feed=self.feed)
-        self.holds = Holds(pool, next(iter(pool.endpoints)), lambda it: self._release(it, computed=True)) \
+        self.holds = Holds(pool, lambda it: self._release(it, computed=True), fence_timeout_s) \
             if pool is not None else None
         self.loop = Loop(self.step, self._progress_due, "prefill-loop")
 
@@ -113,9 +114,10 @@ class PrefillWorker(PrefillRuns):
         self.loop.wake()
         return Ack(found=it is not None or held)
 
-    def unhold(self, request_id: str, hold: str) -> Ack:
-        """The reader has the K/V (or never will): end the hold; its pages return once no read is in flight."""
-        return Ack(found=self.holds is not None and self.holds.end(request_id, hold))
+    def unhold(self, request_id: str, hold: str, reader_closed: bool = False) -> Ack:
+        """The reader has the K/V (or never will): end the hold; its pages return once no read is in flight
+        (`reader_closed`: the orchestrator knows none is, see holds.py)."""
+        return Ack(found=self.holds is not None and self.holds.end(request_id, hold, reader_closed=reader_closed))
 
     def watch(self, sink: Responder, heartbeat_s: float) -> None:
         self.watchers.add(sink, heartbeat_s)
@@ -154,10 +156,11 @@ class PrefillWorker(PrefillRuns):
     # -- passes (the loop thread) -------------------------------------------------------------------
 
     def _progress_due(self) -> float | None:
-        """When a transport next needs progressing (NIXL notices on their way out), or the holds' callers
-        checking; None: never."""
+        """When a transport next needs progressing (NIXL notices on their way out), the holds' callers
+        checking, or the pool polling for NIXL readers' notices; None: never."""
         due = [s.progress_due() for s in list(self.senders.values())]
-        due.append(self.holds.sweep_due() if self.holds is not None else None)
+        if self.holds is not None:
+            due += [self.holds.sweep_due(), self.holds.poll_due()]
         return min((t for t in due if t is not None), default=None)
 
     def step(self) -> bool:
@@ -165,6 +168,8 @@ class PrefillWorker(PrefillRuns):
         for s in list(self.senders.values()):
             if s.progress_due() is not None:
                 s.progress()
+        if self.holds is not None and self.holds.poll_due() is not None:
+            self.holds.poll()
         swept = self.holds is not None and self.holds.sweep()
         full = []
         with self.lock:

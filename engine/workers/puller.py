@@ -1,6 +1,6 @@
 """A decode worker's pull side (pull handoff): reads each pulling lease's K/V out of its prefill
-worker's pool (engine/transports/pull.py) on one thread of its own, so the running batch keeps
-stepping while a prompt's pages are copied.
+worker's pool (engine/transports/pull.py: shm, cuda_ipc, NIXL READ) on one thread of its own, so the
+running batch keeps stepping while a prompt's pages are copied.
 
 The loop thread submits a lease whose pages are reserved; the read lands in those pages and its outcome
 (bytes read, or the error) is queued for the loop, which takes it up at its next iteration. A lease
@@ -18,7 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from engine.kv_pool import KVCache
-from engine.transports.pull import KVReader, reader
+from engine.transports.pull import ONE_HOST, KVReader, reader
 from engine.workers.leases import Lease
 from tandem.kv_layout import KVLayout
 from tandem.status import TandemError, TransferFailed
@@ -50,9 +50,9 @@ class Puller:
     def _read(self, lease: Lease, t0: float) -> None:
         src, n, error = lease.source, 0, None
         try:
-            if src.pool.host != self.host:
+            if src.transport in ONE_HOST and src.pool.host != self.host:
                 raise TransferFailed(f"request {lease.request_id}: the prefill worker's pool is on another host; "
-                                     f"the pull handoff reads within one host (use push across hosts)")
+                                     f"{src.transport} reads within one host (deploy with transport nixl or auto)")
             if src.transport not in self.readers:
                 self.readers[src.transport] = reader(src.transport, self.layout, self.registry)
             n = self.readers[src.transport].read(src, self.cache, lease.pages, lease.cached_tokens,

@@ -19,7 +19,8 @@ read it. Ending a hold revokes its slot in this pool's fence table first (engine
 - a NIXL reader READs the slot's epoch before its one-sided page READ, which this side cannot check
   (engine/transports/pull_nixl.py). So the pages of a NIXL hold are also kept out of use (REVOKING)
   until no reader can still read them: the hold was ended with `reader_closed` (the orchestrator's
-  Unhold after Pulled: the read ended before Pulled was sent; or nobody was ever handed the source),
+  Unhold after Pulled: the read ended before Pulled was sent; or nobody was ever handed the source:
+  an Abort, which the orchestrator sends only before it saw the source, or an Unhold saying so),
   or the reader's `closed` notice arrived (sent once its READs ended), or `fence_timeout_s` passed
   without either: a reader neither heard from nor done by then is presumed gone, the one bounded
   assumption (push's NIXL writers make the same one, control/handoff.py).

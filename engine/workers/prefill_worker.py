@@ -104,13 +104,16 @@ class PrefillWorker(PrefillRuns):
         self.loop.wake()
 
     def abort(self, request_id: str) -> Ack:
-        """Stop a queued or running prefill, or end its hold; it ends with CANCELLED. Its writer writes no more."""
+        """Stop a queued or running prefill, or end its hold; it ends with CANCELLED. Its writer writes no more.
+        The orchestrator aborts a pull prefill only while it has not seen its answer (PullAttempt), so no
+        reader was handed the source: the hold's pages need not wait for one (holds.py)."""
         with self.lock:
             it = self.active.get(request_id)
             if it is not None:
                 it.aborted = True
                 it.writer.stop()  # the pass it may be in writes none of its layers from now on
-        held = self.holds is not None and self.holds.end(request_id, error=Cancelled(f"{request_id} was aborted"))
+        held = self.holds is not None and self.holds.end(request_id, error=Cancelled(f"{request_id} was aborted"),
+                                                         reader_closed=True)  # sent before its source was seen
         self.loop.wake()
         return Ack(found=it is not None or held)
 

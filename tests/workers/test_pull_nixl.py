@@ -142,9 +142,17 @@ def test_an_ended_hold_nobody_reports_on_comes_back_after_the_fence_timeout(defa
     pair = NixlPullPair(default_engine, fence_timeout_s=0.5)
     try:
         src = pair.held(chat(default_engine.tokenizer, "Name a color."), "silent").source
-        assert pair.prefill.abort("silent").found  # an Abort: the orchestrator cannot vouch for a reader
+        assert pair.prefill.unhold("silent", src.hold).found  # not reader_closed: a reader may have it
         assert pair.pages_held() == len(src.page_ids)
         assert wait_until(lambda: pair.pages_held() == 0, 10)
         assert pair.prefill.holds.fence_timeouts == 1 and pair.p_engine.allocator.num_used == 0
     finally:
         pair.close()
+
+
+def test_an_abort_ends_a_nixl_hold_at_once(default_engine, pair):
+    """The orchestrator aborts a pull prefill only before it saw the source: no reader can have it."""
+    src = pair.held(chat(default_engine.tokenizer, "Name a color."), "aborted").source
+    assert pair.prefill.abort("aborted").found
+    assert pair.pages_held() == 0 and pair.prefill.holds.fence_timeouts == 0
+    assert len(src.page_ids) > 0 and pair.p_engine.allocator.num_used == 0

@@ -68,7 +68,7 @@ class PullAttempt(PairAttempt):
         """PREFILL into the prefill worker's own pages, held: the first token and the source."""
         p, t = self.prefill, self.timings
         self.held = p.client.prefill_held(Prefill(self.request_id, self.prompt_ids, self.params, self.sent,
-                                                  pull=True, reader_host=self.decode.host))
+                                                  pull=True, reader_host=self.decode.host, reader=self.decode.name))
         self.prefilling = True
         try:
             first = await anext(self.held, None)

@@ -10,8 +10,8 @@ from collections.abc import AsyncIterator
 
 from control.channel import WorkerChannel
 from control.worker_tls import WorkerTls
-from tandem.wire import (Abort, Ack, Flush, Open, Prefill, Prefilled, Pulled, Release, Reserved, Start, Stats, Token,
-                         Unhold, Watch, WorkerStats, WriterGone)
+from tandem.wire import (Abort, Ack, Flush, Open, Prefill, Prefilled, Pulled, ReaderGone, Release, Reserved, Start,
+                         Stats, Token, Unhold, Watch, WorkerStats, WriterGone)
 
 CONTROL_TIMEOUT_S = 10.0  # a control call (start, release, stats) answered by no reply in this long: worker stalled
 
@@ -103,6 +103,10 @@ class PrefillClient(WorkerClient):
 
     def abort(self, request_id: str) -> None:
         self.channel.send(Abort(request_id))
+
+    def reader_gone(self, reader: str) -> None:
+        """Fire and forget: decode worker `reader` is dead, so no hold waits on its NIXL reads any longer."""
+        self.channel.send(ReaderGone(reader))
 
 
 CLIENTS = {"prefill": PrefillClient, "decode": DecodeClient, "generate": GenerateClient}

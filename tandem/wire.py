@@ -22,6 +22,7 @@ Prefill workers:
   Abort    -> Ack      stop a queued or running prefill, or end its hold; it ends with CANCELLED
   Unhold   -> Ack      the reader pulled the K/V (or will never): the held pages go back once no
               reader can still read them
+  ReaderGone -> Ack    a decode worker died: holds waiting for its NIXL reads' end are over
 TensorRT-LLM workers (its own pull: its cache transceiver moves the K/V; tandem/trtllm_wire.py):
   Prefill (no destination) -> TrtllmPrefilled (the first token and the context side's TrtllmParams)
   TrtllmDecode -> Token...  (generation_only with those params; Abort cancels it)
@@ -92,6 +93,7 @@ class Prefill:
     destination: Destination | None = None  # None: compute the first token only (no handoff)
     pull: bool = False  # pull handoff: keep the K/V in this worker's pool for a reader (no destination)
     reader_host: str = ""  # ... on this host (host_identity), to pick the transport it reads over
+    reader: str = ""  # ... and its name (for ReaderGone)
 
 
 @dataclass(frozen=True)
@@ -113,6 +115,12 @@ class Unhold:
 class WriterGone:
     TYPE: ClassVar[str] = "writer_gone"
     writer: str  # a prefill worker that is dead: none of its writes can land any more
+
+
+@dataclass(frozen=True)
+class ReaderGone:
+    TYPE: ClassVar[str] = "reader_gone"
+    reader: str  # a decode worker that is dead: none of its reads is in flight any more
 
 
 @dataclass(frozen=True)
@@ -208,8 +216,8 @@ class WorkerStats:
     cache_salt: str = ""  # hex of the pool's tandem.prefix.engine_salt; "" when its prefix cache is off
 
 
-REQUESTS = {c.TYPE: c for c in (Open, Start, Release, WriterGone, Prefill, Abort, Unhold, Watch, Stats, Flush,
-                                TrtllmDecode)}
+REQUESTS = {c.TYPE: c for c in (Open, Start, Release, WriterGone, Prefill, Abort, Unhold, ReaderGone, Watch, Stats,
+                                Flush, TrtllmDecode)}
 REPLIES = {c.TYPE: c for c in (Reserved, Pulled, Token, Prefilled, Ack, WorkerStats, TrtllmPrefilled)}
 
 

@@ -11,7 +11,7 @@ from engine.load import load_engine
 from engine.transports.host import PoolHost
 from engine.triton.common import Auth, Params, instance_device, dispatch, end_server, pass_budget, setup_threads
 from engine.workers.prefill_worker import PrefillWorker
-from tandem.wire import Abort, Flush, Prefill, Stats, Unhold, Watch
+from tandem.wire import Abort, Flush, Prefill, ReaderGone, Stats, Unhold, Watch
 
 
 class TritonPythonModel:
@@ -37,6 +37,7 @@ class TritonPythonModel:
             Prefill: w.submit,
             Abort: lambda msg, sink: w.abort(msg.request_id),
             Unhold: lambda msg, sink: w.unhold(msg.request_id, msg.hold, msg.reader_closed),
+            ReaderGone: lambda msg, sink: w.reader_gone(msg.reader),
             Watch: lambda msg, sink: w.watch(sink, msg.heartbeat_ms / 1000),
             Stats: lambda msg, sink: w.stats(),
             Flush: lambda msg, sink: w.flush(),

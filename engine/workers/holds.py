@@ -21,9 +21,10 @@ read it. Ending a hold revokes its slot in this pool's fence table first (engine
   until no reader can still read them: the hold was ended with `reader_closed` (the orchestrator's
   Unhold after Pulled: the read ended before Pulled was sent; or nobody was ever handed the source:
   an Abort, which the orchestrator sends only before it saw the source, or an Unhold saying so),
-  or the reader's `closed` notice arrived (sent once its READs ended), or `fence_timeout_s` passed
-  without either: a reader neither heard from nor done by then is presumed gone, the one bounded
-  assumption (push's NIXL writers make the same one, control/handoff.py).
+  or the reader's `closed` notice arrived (sent once its READs ended), or its decode worker is known
+  dead (ReaderGone, from `tandem serve`'s supervisor), or `fence_timeout_s` passed without any of
+  these: a reader neither heard from nor done by then is presumed gone, the one bounded assumption
+  (push's NIXL writers make the same one, control/handoff.py).
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ class Hold:
     slot: int
     epoch: int
     transport: str  # the read side its reader uses (PullSource.transport)
+    reader: str = ""  # the decode worker it was held for (Prefill.reader; for ReaderGone)
     state: HoldState = HoldState.HELD
     unlocked: bool = False  # the revoke held the slot's write lock: no fenced read is in flight
     read_over: bool = False  # no one-sided (NIXL) read can be in flight: said, noticed, or timed out
@@ -80,13 +82,13 @@ class Holds:
         self._next_sweep: float | None = None
         self.fence_timeouts = 0  # NIXL holds whose pages came back by the fence timeout alone
 
-    def keep(self, item, token: int, logprob: float | None, reader_host: str = "") -> PullSource:
-        """Hold the item's pages for a reader on `reader_host` (its host identity; empty: unknown, the
+    def keep(self, item, token: int, logprob: float | None, reader_host: str = "", reader: str = "") -> PullSource:
+        """Hold the item's pages for `reader` on `reader_host` (its host identity; empty: unknown, the
         pool's first transport), read over the transport the pool picks for it (PoolHost.choose):
         OutOfPages if every fence slot is taken, TransferFailed if the pool cannot reach that host."""
         transport = self.pool.choose(reader_host) if reader_host else next(iter(self.pool.endpoints))
         slot, epoch = self.pool.lease_slot()
-        h = Hold(item.msg.request_id, secrets.token_hex(8), item, slot, epoch, transport)
+        h = Hold(item.msg.request_id, secrets.token_hex(8), item, slot, epoch, transport, reader)
         with self._lock:
             self.held[h.request_id] = h
             if self._next_sweep is None:
@@ -134,6 +136,16 @@ class Holds:
             del self.revoking[h.slot]
         self.free(h.item)
         self.pool.free_slot(h.slot)
+
+    def reader_gone(self, reader: str) -> None:
+        """Decode worker `reader` is dead: none of its reads is in flight, so its holds' pages need not
+        wait for its notice (ended ones come back now, held ones when they end)."""
+        with self._lock:
+            mine = [h for h in (*self.held.values(), *self.revoking.values()) if reader and h.reader == reader]
+            for h in mine:
+                h.read_over = True
+        for h in mine:
+            self._maybe_free(h if h.state is HoldState.REVOKING else None)
 
     def poll_due(self) -> float | None:
         """When the pool should next be polled: often while a NIXL hold may be read (its reader's

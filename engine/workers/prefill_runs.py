@@ -132,7 +132,7 @@ class PrefillRuns:
             if self.caching:
                 self.engine.prefix.commit(it.seq)  # others may share the prefix while it is held
         try:
-            source = self.holds.keep(it, token, logprob, it.msg.reader_host)
+            source = self.holds.keep(it, token, logprob, it.msg.reader_host, it.msg.reader)
         except TandemError as e:
             self._done(it)
             self._release(it, computed=True)

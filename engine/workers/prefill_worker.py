@@ -122,6 +122,13 @@ class PrefillWorker(PrefillRuns):
         (`reader_closed`: the orchestrator knows none is, see holds.py)."""
         return Ack(found=self.holds is not None and self.holds.end(request_id, hold, reader_closed=reader_closed))
 
+    def reader_gone(self, reader: str) -> Ack:
+        """Decode worker `reader` is dead: holds waiting for its NIXL reads to end are over (holds.py)."""
+        if self.holds is not None:
+            self.holds.reader_gone(reader)
+        self.loop.wake()
+        return Ack()
+
     def watch(self, sink: Responder, heartbeat_s: float) -> None:
         self.watchers.add(sink, heartbeat_s)
         self.loop.wake()

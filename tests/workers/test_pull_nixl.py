@@ -156,3 +156,20 @@ def test_an_abort_ends_a_nixl_hold_at_once(default_engine, pair):
     assert pair.prefill.abort("aborted").found
     assert pair.pages_held() == 0 and pair.prefill.holds.fence_timeouts == 0
     assert len(src.page_ids) > 0 and pair.p_engine.allocator.num_used == 0
+
+
+def test_a_dead_readers_holds_come_back_without_its_notice(default_engine, pair):
+    """ReaderGone (the supervisor saw the decode worker die): nothing of it can be in flight."""
+    tok = default_engine.tokenizer
+    first = pair.held(chat(tok, "Name a color."), "a")
+    sink = ListSink()
+    pair.prefill.submit(Prefill("b", chat(tok, "Write a haiku about rain."), PARAMS, pull=True,
+                                reader_host=host_identity(), reader="decode-7"), sink)
+    assert wait_until(lambda: sink.replies, 60) and sink.replies[0].source is not None
+    second = sink.replies[0].source
+    assert pair.prefill.unhold("b", second.hold).found and pair.prefill.unhold("a", first.source.hold).found
+    held = pair.pages_held()
+    assert held == len(first.source.page_ids) + len(second.page_ids)  # both wait for a reader's notice
+    assert pair.prefill.reader_gone("decode-7").found
+    assert pair.pages_held() == len(first.source.page_ids)  # only the dead reader's hold came back
+    assert pair.prefill.holds.fence_timeouts == 0

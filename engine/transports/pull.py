@@ -82,6 +82,13 @@ class KVReader(ABC):
               stopped: Callable[[], bool]) -> None:
         """Copy whole pages src_pages of the source pool into dst_pages of `cache`, every layer, K and V."""
 
+    def progress_due(self) -> float | None:
+        """When (monotonic) `progress` should next be called; None: nothing is pending (see KVSender)."""
+        return None
+
+    def progress(self) -> None:
+        return None
+
     def close(self) -> None:
         return None
 

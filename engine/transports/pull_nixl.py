@@ -10,7 +10,8 @@ registered. A read:
 2. READs every page it lacks, all layers, K and V, straight into the pages it reserved, in one
    transfer, and waits for it to complete (a bounded wait: `READ_BUDGET_S`);
 3. whatever happened after it reached the agent, sends the pool a `closed` notice for (slot, epoch):
-   from then on nothing of this reader is in flight.
+   from then on nothing of this reader is in flight. Over UCX's TCP a notice leaves only while the
+   agent is progressed: the caller keeps calling `progress` while `progress_due` says so (puller.py).
 
 The fence, the other way round and bounded. A one-sided READ cannot be checked on the prefill side, and
 step 1 and step 2 are not atomic: the hold may end between them. So the prefill worker reuses the pages
@@ -35,6 +36,7 @@ from collections.abc import Callable
 import torch
 
 from engine.kv_pool import KVCache
+from engine.transports.nixl import PROGRESS_EVERY_S, PROGRESS_FOR_S
 from engine.transports.nixl_agent import agent, descs, memory_of, notice
 from engine.transports.pull import KVReader
 from tandem.kv_layout import KVLayout
@@ -84,6 +86,7 @@ class NixlReader(KVReader):
                                                     "DRAM")
         self.sources: dict[str, _Source] = {}  # by the source's agent name
         self.locals: dict[int, _Local] = {}  # by the decode pool's address
+        self._progress_until = 0.0
 
     def _source(self, source: PullSource) -> _Source:
         part = self.check(source)
@@ -126,8 +129,16 @@ class NixlReader(KVReader):
         finally:
             try:
                 self.agent.send_notif(src.name, notice("closed", source, source.request_id))
+                self._progress_until = time.monotonic() + PROGRESS_FOR_S  # over TCP it leaves only so
             except Exception:  # noqa: BLE001 the prefill agent is gone: nobody is left to tell
                 pass
+
+    def progress_due(self) -> float | None:
+        now = time.monotonic()
+        return now + PROGRESS_EVERY_S if now < self._progress_until else None
+
+    def progress(self) -> None:
+        self.agent.get_new_notifs()  # progresses the UCX worker: queued notices leave
 
     def _transfer(self, source: PullSource, local_prep, local_ids: list[int], remote_prep, remote_ids: list[int]):
         """One READ of remote blocks into local blocks; returns once it completed; TransferFailed if not."""

@@ -81,6 +81,11 @@ class Holds:
         self.revoking: dict[int, Hold] = {}  # by slot
         self._next_sweep: float | None = None
         self.fence_timeouts = 0  # NIXL holds whose pages came back by the fence timeout alone
+        self._wake, self._stopping = threading.Event(), False
+        self._poller = None  # a pool with a one-sided transport is polled on a thread of its own (poll)
+        if any(not pool.strict(name) for name in pool.endpoints):
+            self._poller = threading.Thread(target=self._poll_loop, name="holds-poll", daemon=True)
+            self._poller.start()
 
     def keep(self, item, token: int, logprob: float | None, reader_host: str = "", reader: str = "") -> PullSource:
         """Hold the item's pages for `reader` on `reader_host` (its host identity; empty: unknown, the
@@ -93,6 +98,7 @@ class Holds:
             self.held[h.request_id] = h
             if self._next_sweep is None:
                 self._next_sweep = self.clock() + SWEEP_S
+        self._wake.set()  # the poller looks at the new hold
         return PullSource(h.request_id, h.token, transport, self.pool.descriptor, list(item.seq.page_table),
                           item.seq.num_tokens - 1, slot, epoch, token, logprob)  # the first token's K/V: decode's
 
@@ -118,6 +124,7 @@ class Holds:
             h.item.sink.send(Ack(), final=True)
         if self.pool.revoke(h.slot, self._fenced):
             self._fenced(h.slot)
+        self._wake.set()  # ... and at its fence deadline
         return True
 
     def _fenced(self, slot: int) -> None:
@@ -158,8 +165,24 @@ class Holds:
             return None
         return min([self.clock() + POLL_S, *(h.deadline for h in waiting if h.deadline is not None)])
 
+    def _poll_loop(self) -> None:
+        """The poller: polls when `poll_due` says so, sleeps otherwise. Its own thread, so that a long
+        prefill pass never holds up a NIXL READ over TCP (the target must progress) nor a notice."""
+        while not self._stopping:
+            due = self.poll_due()
+            if due is None:  # nothing to wait for: sleep until a hold is kept or ended
+                self._wake.wait()
+                self._wake.clear()
+                continue
+            if (wait := due - self.clock()) > 0:
+                self._wake.wait(wait)
+                self._wake.clear()
+            if not self._stopping:
+                self.poll()  # early when woken: harmless
+
     def poll(self) -> None:
-        """Take up the readers' `closed` notices and the fence timeouts that passed (the loop thread)."""
+        """Take up the readers' `closed` notices and the fence timeouts that passed (the poller thread:
+        the only one that touches the pool's transports after it was made)."""
         closed = self.pool.poll().closed
         now, ready = self.clock(), []
         with self._lock:
@@ -191,6 +214,10 @@ class Holds:
             return sum(h.pages for h in (*self.held.values(), *self.revoking.values()))
 
     def close(self) -> None:
-        """The worker stops: every hold ends (their pool goes with the worker)."""
+        """The worker stops: every hold ends (their pool goes with the worker), the poller stops."""
         for rid in list(self.held):
             self.end(rid)
+        self._stopping = True
+        self._wake.set()
+        if self._poller is not None:
+            self._poller.join()

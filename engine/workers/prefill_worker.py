@@ -166,11 +166,10 @@ class PrefillWorker(PrefillRuns):
     # -- passes (the loop thread) -------------------------------------------------------------------
 
     def _progress_due(self) -> float | None:
-        """When a transport next needs progressing (NIXL notices on their way out), the holds' callers
-        checking, or the pool polling for NIXL readers' notices; None: never."""
+        """When a transport next needs progressing (NIXL notices on their way out), or the holds' callers
+        checking; None: never."""
         due = [s.progress_due() for s in list(self.senders.values())]
-        if self.holds is not None:
-            due += [self.holds.sweep_due(), self.holds.poll_due()]
+        due.append(self.holds.sweep_due() if self.holds is not None else None)
         return min((t for t in due if t is not None), default=None)
 
     def step(self) -> bool:
@@ -178,8 +177,6 @@ class PrefillWorker(PrefillRuns):
         for s in list(self.senders.values()):
             if s.progress_due() is not None:
                 s.progress()
-        if self.holds is not None and self.holds.poll_due() is not None:
-            self.holds.poll()
         swept = self.holds is not None and self.holds.sweep()
         full = []
         with self.lock:

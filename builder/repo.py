@@ -52,7 +52,7 @@ class RepoOptions:
     threads: int = 1  # torch threads per model instance
     kv_pool_bytes: int | None = None  # None: the decode profile's
     transfer_timeout_s: float = 30.0  # decode: a started request whose pages never arrive fails after this
-    fence_timeout_s: float = 60.0  # decode: a NIXL writer that never sends its close notice is assumed gone
+    fence_timeout_s: float = 60.0  # a NIXL writer (decode) or pull reader (prefill) never heard from is assumed gone
     chunk_tokens: int = 0  # generate/: 0 = prefill-first co-location, N = chunked prefill
     decode_chunk_tokens: int = 64  # decode/: prompt tokens per step when it prefills a short suffix itself
     colocated_max_batch_size: int = 64
@@ -72,14 +72,15 @@ class RepoOptions:
             raise RenderError(f"gpus {list(self.gpus)}: models are {', '.join(MODELS)} and GPU indices 0 or more")
 
 
-def _transports(choice: str | None, gpu_pool: bool) -> str:
-    """The transports a decode pool offers, for the config. One host: shm for a pool in host memory,
-    cuda_ipc for one in GPU memory; auto adds NIXL where it is installed (for writers on other hosts)."""
+def _transports(choice: str | None, gpu_pool: bool, role: str = "decode") -> str:
+    """The transports a pool offers (a decode pool, or a prefill pool in the pull handoff), for the
+    config. One host: shm for a pool in host memory, cuda_ipc for one in GPU memory; auto adds NIXL where
+    it is installed (for peers on other hosts)."""
     local = "cuda_ipc" if gpu_pool else "shm"
     if choice in ("shm", "cuda_ipc") and choice != local:
         where = "GPU" if gpu_pool else "host"
-        raise RenderError(f"transport {choice} cannot reach a decode pool in {where} memory; use {local}, nixl or "
-                          f"auto (the decode worker's device decides where its pool lives)")
+        raise RenderError(f"transport {choice} cannot reach a {role} pool in {where} memory; use {local}, nixl or "
+                          f"auto (the {role} worker's device decides where its pool lives)")
     if choice in (None, "shm", "cuda_ipc"):
         return local
     if choice == "nixl":
@@ -115,7 +116,9 @@ def model_values(engines: str, opts: RepoOptions) -> dict[str, dict]:
                         max_queue_delay_us=pm.profile.max_queue_delay_us, max_num_tokens=pm.profile.max_num_tokens,
                         cpu_pass_tokens=cpu_pass, fault_write_delay_ms=opts.fault_write_delay_ms,
                         threads=opts.threads, prefix_cache=cache, instance_group=instance_group(gpu.get("prefill")),
-                        handoff=opts.handoff,
+                        handoff=opts.handoff, fence_timeout_s=opts.fence_timeout_s,
+                        transports=_transports(opts.transport, "prefill" in gpu, "prefill") if opts.handoff == "pull"
+                        else "",
                         pool_bytes=opts.prefill_pool_bytes if opts.prefill_pool_bytes is not None else pool),
         "decode": dict(name="decode", engine_dir=decode_dir, transports=_transports(opts.transport, "decode" in gpu),
                        kv_pool_bytes=pool, max_batch_size=dm.profile.max_batch_size,

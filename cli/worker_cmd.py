@@ -42,7 +42,8 @@ def _env(name: str) -> dict:
 @click.option("--http-port", type=click.IntRange(1, 65535), default=8000, show_default=True, **_env("HTTP_PORT"))
 @click.option("--metrics-port", type=click.IntRange(1, 65535), default=8002, show_default=True, **_env("METRICS_PORT"))
 @click.option("--transport", type=click.Choice(["shm", "cuda_ipc", "nixl", "auto"]), default="auto", show_default=True,
-              help="decode: how writers reach its pool (auto: shm or cuda_ipc on this host, NIXL from others).",
+              help="decode (and prefill with --handoff pull): how peers reach its pool (auto: shm or cuda_ipc on "
+                   "this host, NIXL from others).",
               **_env("TRANSPORT"))
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
               help="Where the engine runs (auto: CUDA when visible).", **_env("DEVICE"))
@@ -55,7 +56,7 @@ def _env(name: str) -> dict:
 @click.option("--chunk-tokens", type=click.IntRange(0), default=0, show_default=True,
               help="generate: chunked-prefill tokens per step (0: prefill first).", **_env("CHUNK_TOKENS"))
 @click.option("--handoff", type=click.Choice([m.value for m in HandoffMode]), default=HandoffMode.PUSH.value, show_default=True,
-              help="prefill: pull keeps each prompt's K/V in its own pool for decode to read (one host only).",
+              help="prefill: pull keeps each prompt's K/V in its own pool for decode to read (over --transport).",
               **_env("HANDOFF"))
 @click.option("--tls-cert", default=None, help="PEM certificate: Triton's gRPC serves TLS (needed beyond loopback "
               "for the orchestrator to send the secret).", **_env("TLS_CERT"))

@@ -1,14 +1,16 @@
 """The pull handoff, orchestrator side (TensorRT-LLM's, vLLM's NixlConnector's and DistServe's shape):
 one attempt of one request on a prefill and a decode worker, chosen by `handoff: {mode: pull}`.
 
-    PREFILL   prefill(prompt, pull)  -> Prefilled(first token, source: PullSource = pool, pages, tokens,
-      │       fence slot/epoch, hold id); the K/V stay in the prefill worker's own pool under a hold, and
-      │       the Prefill call stays open for as long as the hold lives (engine/workers/holds.py)
+    PREFILL   prefill(prompt, pull, reader host) -> Prefilled(first token, source: PullSource = transport,
+      │       pool, pages, tokens, fence slot/epoch, hold id); the K/V stay in the prefill worker's own
+      │       pool under a hold, and the Prefill call stays open for as long as the hold lives
+      │       (engine/workers/holds.py); the prefill worker picks the transport from the decode worker's
+      │       host: shm (host memory) or cuda_ipc (GPU memory) on one host, NIXL READ otherwise
     FIRST     the first token goes to the client at once (a first token that ends the request: done,
       │       nothing is held)
     OPEN      decode.open(prompt, source) -> the decode worker reserves pages (its prefix cache first)
-      │       and READS the positions it lacks from the source pages, layer by layer
-    PULLED    decode answers Pulled -> unhold(prefill, hold id): the prefill pages go back
+      │       and READS the positions it lacks from the source pages (engine/transports/pull*.py)
+    PULLED    decode answers Pulled -> unhold(prefill, hold id, reader closed): the prefill pages go back
     DONE      the Open call streams the remaining tokens from the first token on, and ends
 
 Every exit that is not DONE ends the hold (Unhold; an Abort while the prefill still runs) and the
@@ -19,12 +21,20 @@ a decode failure is prefilled again (a new hold, maybe on another prefill worker
 with the failed attempt. A decode worker without room (OUT_OF_PAGES on Open) ends the attempt as in
 push: the hold ends, the request waits for pages and is prefilled again.
 
-The fence the other way round: a held page is reused only when no reader can still read it. Each
-layer is read under the slot's read lock with the epoch checked (engine/transports/pull.py); ending a
-hold revokes the slot first, and frees the pages only once the revoke held the write lock, so a read
-in flight (even of a reader stopped mid-copy) keeps them out of use, and a late read fails LEASE_LOST
-having read nothing. The prefix cache works on both sides as in push: the decode worker reads only
-what its cache lacks; the prefill worker computes only what its cache lacks.
+The fence the other way round: a held page is reused only when no reader can still read it.
+- shm, cuda_ipc: each layer is read under the slot's read lock with the epoch checked
+  (engine/transports/pull.py); ending a hold revokes the slot first, and frees the pages only once the
+  revoke held the write lock, so a read in flight (even of a reader stopped mid-copy) keeps them out
+  of use, and a late read fails LEASE_LOST having read nothing;
+- NIXL: the reader READs the slot's epoch, then the pages, one-sided; the prefill side cannot check
+  that. Ending a hold still revokes the slot (a read that starts after it fails LEASE_LOST), and the
+  pages come back only once no reader can still read them: the Unhold says `reader_closed` (sent after
+  Pulled, the read having ended before it; or when the decode worker was never opened, or refused the
+  Open with OUT_OF_PAGES, which it does before reserving), or the reader's `closed` notice arrived, or
+  the fence timeout (`handoff.fence_timeout_s`, 60 s) passed without either: the one bounded
+  assumption, the same as push's NIXL writers (control/handoff.py; engine/workers/holds.py).
+The prefix cache works on both sides as in push: the decode worker reads only what its cache lacks;
+the prefill worker computes only what its cache lacks.
 """
 
 from __future__ import annotations
@@ -49,6 +59,7 @@ class PullAttempt(PairAttempt):
         self.held = None  # the prefill worker's Prefill stream: Prefilled, then open while the hold lives
         self.prefilling, self.source = False, None  # source: the PullSource whose hold is not yet ended
         self.on_pulled: Callable[[], None] | None = None  # called once when the decode worker read the K/V
+        self.refused = False  # the decode worker refused the Open before reserving (so before any read)
 
     async def next(self) -> Token | None:
         if self.held is None:
@@ -62,7 +73,8 @@ class PullAttempt(PairAttempt):
         p, t = self.prefill, self.timings
         with self.span.child("tandem.prefill", worker=p.name) as span:
             self.held = p.client.prefill_held(Prefill(self.request_id, self.prompt_ids, self.params, self.sent,
-                                                      pull=True, traceparent=span.traceparent()))
+                                                      pull=True, reader_host=self.decode.host,
+                                                      reader=self.decode.name, traceparent=span.traceparent()))
             self.prefilling = True
             try:
                 first = await anext(self.held, None)
@@ -94,6 +106,7 @@ class PullAttempt(PairAttempt):
             try:
                 pulled = await anext(self.opened, None)
             except TandemError as e:  # a read refused by the fence or a source gone: the prefill side's doing
+                self.refused = status_of(e) is Status.OUT_OF_PAGES  # refused at once, before it reserved pages
                 lost = status_of(e) in (Status.LEASE_LOST, Status.TRANSFER_FAILED)
                 raise blame(e, self.prefill if lost else d) from None
             if not isinstance(pulled, Pulled):
@@ -102,7 +115,7 @@ class PullAttempt(PairAttempt):
             span.set(kv_bytes=pulled.kv_bytes, kv_seconds=pulled.kv_seconds, cached_tokens=pulled.cached_tokens)
         t.pulled, t.pulled_at, t.decode_cached = pulled, time.perf_counter(), pulled.cached_tokens
         self.source = None
-        self.prefill.client.unhold(self.request_id, source.hold)
+        self.prefill.client.unhold(self.request_id, source.hold, reader_closed=True)  # the read ended before Pulled
         if self.on_pulled is not None:
             self.on_pulled()
 
@@ -112,8 +125,8 @@ class PullAttempt(PairAttempt):
         p = self.prefill
         if self.prefilling:
             p.client.abort(self.request_id)
-        if self.source is not None:
-            p.client.unhold(self.request_id, self.source.hold)
+        if self.source is not None:  # a reader may still read only if decode was opened and did not refuse
+            p.client.unhold(self.request_id, self.source.hold, reader_closed=self.opened is None or self.refused)
         if self.opened is not None and not self.ended:
             self.decode.client.release(self.request_id, "", writer_closed=True)
         try:

@@ -12,8 +12,8 @@ from control.channel import WorkerChannel
 from control.worker_tls import WorkerTls
 from tandem.trtllm_wire import TrtllmDecode, TrtllmPrefilled
 from tandem.roles import Role
-from tandem.wire import (Abort, Ack, Flush, Open, Prefill, Prefilled, Pulled, Release, Reserved, Start, Stats, Token,
-                         Unhold, Watch, WorkerStats, WriterGone)
+from tandem.wire import (Abort, Ack, Flush, Open, Prefill, Prefilled, Pulled, ReaderGone, Release, Reserved, Start,
+                         Stats, Token, Unhold, Watch, WorkerStats, WriterGone)
 
 CONTROL_TIMEOUT_S = 10.0  # a control call (start, release, stats) answered by no reply in this long: worker stalled
 
@@ -94,16 +94,21 @@ class PrefillClient(WorkerClient):
         listening before Prefilled arrives has its hold ended here when it does."""
         def orphaned(body) -> None:
             if isinstance(body, Prefilled) and body.source is not None:
-                self.unhold(msg.request_id, body.source.hold)
+                self.unhold(msg.request_id, body.source.hold, reader_closed=True)  # nobody read it
 
         return self.channel.stream(msg, on_orphan=orphaned)
 
-    def unhold(self, request_id: str, hold: str) -> None:
-        """Fire and forget: the prefill worker ends the hold (its pages return once no read is in flight)."""
-        self.channel.send(Unhold(request_id, hold))
+    def unhold(self, request_id: str, hold: str, reader_closed: bool = False) -> None:
+        """Fire and forget: the prefill worker ends the hold (its pages return once no read is in flight;
+        `reader_closed`: the caller knows none can be, see engine/workers/holds.py)."""
+        self.channel.send(Unhold(request_id, hold, reader_closed))
 
     def abort(self, request_id: str) -> None:
         self.channel.send(Abort(request_id))
+
+    def reader_gone(self, reader: str) -> None:
+        """Fire and forget: decode worker `reader` is dead, so no hold waits on its NIXL reads any longer."""
+        self.channel.send(ReaderGone(reader))
 
 
 class TrtllmPrefillClient(PrefillClient):
@@ -114,6 +119,10 @@ class TrtllmPrefillClient(PrefillClient):
     async def prefill_trtllm(self, msg: Prefill) -> TrtllmPrefilled:
         """Prefill without destination -> the first token and the context side's TrtllmParams."""
         return await self.channel.call(msg)
+
+    def reader_gone(self, reader: str) -> None:
+        """Nothing to do: TensorRT-LLM's cache transceiver bounds what a dead reader leaves on the context
+        side (kv_transfer_timeout_ms); this worker holds nothing for Tandem."""
 
 
 class TrtllmDecodeClient(DecodeClient):

@@ -35,7 +35,7 @@
     health: {heartbeat_s: 2.0, stall_s: 4.0, stall_restart_s: 10, drain_grace_s: 30}
     handoff: {mode: push, transfer_timeout_s: 30, fence_timeout_s: 60}   # the only timers left on the data path
                                    # mode push: prefill writes into pages decode reserved; pull: prefill
-                                   # holds the K/V in its own pool and decode reads them (one host: shm)
+                                   # holds the K/V in its own pool and decode reads them (shm, cuda_ipc, NIXL READ)
     tracing: {otlp_endpoint: null} # OpenTelemetry traces over OTLP/HTTP (docs/monitoring.md); null: the
                                    # OTEL_* variables decide, off when they name no endpoint
 
@@ -196,10 +196,8 @@ class Deployment(_Strict):
                     raise ValueError(f"disaggregated mode needs at least one {role} worker (count, urls or dns)")
         if self.backend == "tensorrt-llm":
             self._trtllm_combination()
-        elif self.handoff.mode == "pull" and (self.transport in ("nixl", "cuda_ipc") or self.role_device("prefill") == "cuda"):
-            raise ValueError("handoff mode pull reads K/V over shm from a prefill pool in host memory, within one host "
-                             "(no NIXL READ or cuda_ipc read side yet); use transport shm or auto with CPU prefill "
-                             "workers, or handoff mode push")
+        elif self.handoff.mode == "pull":
+            self._pull_transport()
         for role in ("prefill", "decode"):
             pool = getattr(self, role)
             if pool.gpus and (pool.device or self.device) == "cpu":
@@ -233,6 +231,21 @@ class Deployment(_Strict):
     def handoff_mode(self) -> str:
         """The serving path's handoff: the deployment's, or TensorRT-LLM's own pull (control/trtllm_attempt.py)."""
         return "trtllm" if self.backend == "tensorrt-llm" else self.handoff.mode
+
+    def _pull_transport(self) -> None:
+        """Pull reads from the prefill pool: shm where it is in host memory, cuda_ipc where it is on a GPU
+        (into a decode pool on a GPU), NIXL READ anywhere; refuse the combinations that cannot work."""
+        prefill, decode, t = self.role_device("prefill"), self.role_device("decode"), self.transport
+        if t == "shm" and prefill == "cuda":
+            raise ValueError("handoff mode pull with transport shm reads a prefill pool in host memory, but prefill "
+                             "workers on cuda keep theirs on the GPU; use transport cuda_ipc, nixl or auto")
+        if t == "cuda_ipc" and (prefill == "cpu" or decode == "cpu"):
+            raise ValueError("handoff mode pull with transport cuda_ipc reads a prefill pool on a GPU into a decode "
+                             "pool on a GPU; set prefill.device and decode.device to cuda (or auto), or use "
+                             "transport shm or nixl")
+        if t in (None, "auto") and prefill == "cuda" and decode == "cpu":
+            raise ValueError("handoff mode pull: prefill workers on cuda are read over cuda_ipc, which needs decode "
+                             "workers on cuda too; set decode.device: cuda, or transport nixl")
 
     def role_device(self, role: str) -> str:
         """The device choice (auto, cpu, cuda) of a role's local workers; `generate` follows `device`."""

@@ -8,7 +8,9 @@
   resumes before then simply rejoins.
 Restarts back off (1, 2, 4 ... 30 s) when a worker keeps dying young. The replacement rejoins the fleet
 under the same name when its model is ready. When a prefill worker goes, the decode workers are told,
-so pages its NIXL writes might still have reached leave quarantine (the NIXL fence, handoff.py).
+so pages its NIXL writes might still have reached leave quarantine (the NIXL fence, handoff.py); when a
+decode worker goes, the prefill workers are told, so pull holds waiting for its NIXL reads to end are
+over (engine/workers/holds.py).
 """
 
 from __future__ import annotations
@@ -101,7 +103,7 @@ class Supervisor:
             n = self.restarts.get(name, 0) if young else 0
             await asyncio.sleep(BACKOFF_S[min(n, len(BACKOFF_S) - 1)] if n else 0.0)
             await loop.run_in_executor(None, self._reap, name)
-            self._tell_decoders(name)
+            self._tell_peers(name)
             self.workers.launch(name)  # on this (the loop's) thread: the worker is tied to it
             self.restarts[name] = n + 1
             server = await loop.run_in_executor(None, self.workers.wait_ready, name)
@@ -127,11 +129,16 @@ class Supervisor:
             old.kill()
             old.stop(timeout_s=5.0)  # removes the shared memory its group had mapped
 
-    def _tell_decoders(self, name: str) -> None:
-        if self.workers.specs[name].role != Role.PREFILL:
-            return
-        for d in self.fleet.role(Role.DECODE):
-            d.client.writer_gone(name)
+    def _tell_peers(self, name: str) -> None:
+        """A dead prefill worker writes no more (decode workers' fence); a dead decode worker reads no more
+        (prefill workers' holds)."""
+        role = self.workers.specs[name].role
+        if role == Role.PREFILL:
+            for d in self.fleet.role(Role.DECODE):
+                d.client.writer_gone(name)
+        elif role == Role.DECODE:
+            for p in self.fleet.role(Role.PREFILL):
+                p.client.reader_gone(name)
 
     async def close(self) -> None:
         self._closed = True

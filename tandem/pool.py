@@ -34,6 +34,7 @@ class NixlPool:
     bytes: int
     memory: str = "DRAM"  # NIXL memory type of the pool: DRAM (host) or VRAM (GPU)
     device_id: int = 0  # VRAM: the GPU index in the decode process
+    fence_base: int = 0  # address of the pool's fence table (8 bytes a slot, DRAM) there; pull readers READ it
 
 
 @dataclass(frozen=True)
@@ -105,7 +106,7 @@ class PullSource:
 
     request_id: str
     hold: str  # the hold's id: Unhold must show it
-    transport: str  # shm | inproc: the read side the reader uses
+    transport: str  # shm | cuda_ipc | nixl | inproc: the read side the reader uses (the holder chose it)
     pool: PoolDescriptor  # the prefill worker's exported pool (layout, region, fence table)
     page_ids: list[int]
     tokens: int  # positions whose K/V are in the pages: the prompt plus tokens already sent

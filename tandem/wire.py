@@ -22,6 +22,7 @@ Prefill workers:
   Abort    -> Ack      stop a queued or running prefill, or end its hold; it ends with CANCELLED
   Unhold   -> Ack      the reader pulled the K/V (or will never): the held pages go back once no
               reader can still read them
+  ReaderGone -> Ack    a decode worker died: holds waiting for its NIXL reads' end are over
 TensorRT-LLM workers (its own pull: its cache transceiver moves the K/V; tandem/trtllm_wire.py):
   Prefill (no destination) -> TrtllmPrefilled (the first token and the context side's TrtllmParams)
   TrtllmDecode -> Token...  (generation_only with those params; Abort cancels it)
@@ -93,6 +94,8 @@ class Prefill:
     output_ids: list[int] = field(default_factory=list)  # tokens already streamed (recovery re-prefill)
     destination: Destination | None = None  # None: compute the first token only (no handoff)
     pull: bool = False  # pull handoff: keep the K/V in this worker's pool for a reader (no destination)
+    reader_host: str = ""  # ... on this host (host_identity), to pick the transport it reads over
+    reader: str = ""  # ... and its name (for ReaderGone)
     traceparent: str = ""  # W3C trace context of the orchestrator's prefill span; "" when not traced
 
 
@@ -107,12 +110,20 @@ class Unhold:
     TYPE: ClassVar[str] = "unhold"
     request_id: str
     hold: str  # PullSource.hold: only the caller that was handed the source can end its hold
+    reader_closed: bool = False  # the orchestrator knows no reader can still read the pages (it answered
+    # Pulled, or was never handed the source): a NIXL hold's pages need not wait for the reader's notice
 
 
 @dataclass(frozen=True)
 class WriterGone:
     TYPE: ClassVar[str] = "writer_gone"
     writer: str  # a prefill worker that is dead: none of its writes can land any more
+
+
+@dataclass(frozen=True)
+class ReaderGone:
+    TYPE: ClassVar[str] = "reader_gone"
+    reader: str  # a decode worker that is dead: none of its reads is in flight any more
 
 
 @dataclass(frozen=True)
@@ -208,8 +219,8 @@ class WorkerStats:
     cache_salt: str = ""  # hex of the pool's tandem.prefix.engine_salt; "" when its prefix cache is off
 
 
-REQUESTS = {c.TYPE: c for c in (Open, Start, Release, WriterGone, Prefill, Abort, Unhold, Watch, Stats, Flush,
-                                TrtllmDecode)}
+REQUESTS = {c.TYPE: c for c in (Open, Start, Release, WriterGone, Prefill, Abort, Unhold, ReaderGone, Watch, Stats,
+                                Flush, TrtllmDecode)}
 REPLIES = {c.TYPE: c for c in (Reserved, Pulled, Token, Prefilled, Ack, WorkerStats, TrtllmPrefilled)}
 
 

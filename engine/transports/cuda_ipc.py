@@ -53,8 +53,8 @@ def local_index(uuid: str) -> int:
     for i in range(torch.cuda.device_count()):
         if device_uuid(i) == uuid:
             return i
-    raise TransferFailed("the decode pool's GPU is not visible to this prefill worker (CUDA_VISIBLE_DEVICES); "
-                         "cuda_ipc needs both GPUs visible, or use nixl")
+    raise TransferFailed("the exported pool's GPU is not visible to this process (CUDA_VISIBLE_DEVICES); "
+                         "cuda_ipc needs both workers' GPUs visible to both, or use nixl")
 
 
 def _b64(raw: bytes | None) -> str:
@@ -80,7 +80,7 @@ class CudaIpcEndpoint(PoolEndpoint):
         return self._part
 
 
-class _Opened:
+class OpenedPool:
     """A decode pool opened in this process: [layers, 2, pages, tokens_per_page, Hkv, hd] on its GPU."""
 
     def __init__(self, part: CudaIpcPool, layout: KVLayout, num_pages: int):
@@ -141,14 +141,14 @@ class CudaIpcSender(KVSender):
     def __init__(self, layout: KVLayout, registry: dict | None = None, device: str = "cpu"):
         super().__init__(layout)
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kv-cuda-ipc")
-        self.opened: dict[str, _Opened] = {}  # by the export's handle
+        self.opened: dict[str, OpenedPool] = {}  # by the export's handle
 
     def writer(self, dest: Destination, request_id: str) -> CudaIpcWriter:
         part = self.check(dest)
         if part.handle not in self.opened:
             self._drop_stale()
             try:
-                self.opened[part.handle] = _Opened(part, dest.pool.layout, dest.pool.num_pages)
+                self.opened[part.handle] = OpenedPool(part, dest.pool.layout, dest.pool.num_pages)
             except (RuntimeError, ValueError) as e:
                 raise TransferFailed(f"cannot open the decode pool's CUDA IPC handle: {e} (is the decode worker "
                                      f"running on this host?)") from None

@@ -29,6 +29,8 @@ import threading
 from collections.abc import Callable
 from contextlib import contextmanager
 
+import torch
+
 from engine.shm_region import SHM_DIR, SHM_PREFIX, owned_name
 from tandem.status import LeaseLost, TransferFailed
 
@@ -125,3 +127,23 @@ class FenceGuard:
         self.words.close()
         os.close(self.fd)
         self.fd = -1
+
+
+class FenceWords:
+    """The fence table mapped once more, as a tensor `words`: [slots] int64, for NIXL to register so
+    that a remote pull reader can READ its slot's epoch (engine/transports/pull_nixl.py). Never written
+    through this mapping."""
+
+    def __init__(self, name: str):
+        if "/" in name or not name.startswith(SHM_PREFIX):
+            raise TransferFailed(f"fence table name must start with {SHM_PREFIX!r} and contain no '/'")
+        fd = os.open(os.path.join(SHM_DIR, name), os.O_RDWR)
+        try:
+            self.map = mmap.mmap(fd, 0)
+        finally:
+            os.close(fd)
+        self.words = torch.frombuffer(self.map, dtype=torch.int64)  # [slots]
+
+    def close(self) -> None:
+        del self.words  # the tensor holds an export of the map: it must go before the map closes
+        self.map.close()

@@ -1,10 +1,12 @@
-"""A decode worker's KV pool as writers see it: the transports that reach it, lease slots and the fence.
+"""A worker's exported KV pool as its peers see it: the transports that reach it, lease slots and the
+fence. A decode worker's pool, written by prefill workers (push); a prefill worker's pool, read by
+decode workers (pull: the slots fence its holds, engine/workers/holds.py).
 
 The pool is one KVCache (in shared memory when shm is offered, in GPU memory for cuda_ipc). `PoolHost`
-publishes one descriptor naming every transport, picks the transport for each lease from where its
-writer runs (shm or cuda_ipc on the same host, NIXL otherwise, unless the deployment forces one), and
-hands out fence slots: a slot is armed
-when a destination is handed out and free again only after its writer is fenced out.
+publishes one descriptor naming every transport, picks the transport for each lease or hold from where
+its peer runs (shm or cuda_ipc on the same host, NIXL otherwise, unless the deployment forces one), and
+hands out fence slots: a slot is armed when a destination or source is handed out and free again only
+after its peer is fenced out.
 """
 
 from __future__ import annotations
@@ -39,16 +41,16 @@ class PoolHost:
         self.descriptor = PoolDescriptor(layout=cache.layout, num_pages=cache.num_pages, num_slots=cache.num_pages,
                                          host=self.host, **parts)
 
-    def choose(self, writer_host: str) -> str:
-        """The transport a writer on `writer_host` uses: the one-host one (shm, cuda_ipc; inproc in tests) when
-        it shares this pool's host identity, else NIXL."""
-        local = writer_host == self.host
+    def choose(self, peer_host: str) -> str:
+        """The transport a peer (writer or reader) on `peer_host` uses: the one-host one (shm, cuda_ipc;
+        inproc in tests) when it shares this pool's host identity, else NIXL."""
+        local = peer_host == self.host
         for name in ("inproc", "shm", "cuda_ipc") if local else ():
             if name in self.endpoints:
                 return name
         if "nixl" in self.endpoints:
             return "nixl"
-        raise TransferFailed(f"the prefill worker runs on another host and this decode pool offers only "
+        raise TransferFailed(f"the other worker runs on another host and this pool offers only "
                              f"{sorted(self.endpoints)}; deploy with transport nixl (or auto) for remote workers")
 
     def lease_slot(self) -> tuple[int, int]:

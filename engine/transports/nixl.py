@@ -6,11 +6,13 @@ on computing; `finish` waits for every WRITE and then notifies the decode worker
 for what is in flight and sends `closed`. Those notices are this transport's fence (see base.py).
 A pool in GPU memory is registered as VRAM (and a prefill worker on a GPU stages in VRAM), so UCX moves
 it GPU to GPU (NVLink/RDMA with GPUDirect where present); only DRAM to DRAM has run here (no GPU).
+`NixlEndpoint` also exports a prefill worker's pool to pull readers (engine/transports/pull_nixl.py):
+with its fence table registered too, so that a reader READs its slot's epoch before the pages.
 
 Settings learned the hard way: UCX backend with `ucx_error_handling_mode: none` (shared-memory-only
 transports do not start otherwise); no progress thread (it spins a core), we poll with back-off; UCX on
-loopback unless UCX_NET_DEVICES says otherwise (docs/deploy.md); no metadata listener: agent metadata travels in our descriptor over the control channel, and
-nothing from a peer is ever unpickled (no get_serialized_descs).
+loopback unless UCX_NET_DEVICES says otherwise (docs/deploy.md); no metadata listener: agent metadata
+travels in our descriptor over the control channel; nothing from a peer is unpickled.
 """
 
 from __future__ import annotations
@@ -20,14 +22,15 @@ import os
 import secrets
 import time
 
-import numpy as np
 import torch
 
 from engine.kv_pool import TORCH_DTYPES, KVCache
-
 from engine.page_allocator import PageAllocator
 from engine.transports.base import (KVSender, LayerWriter, Notices, PoolEndpoint, TransferState, copy_into_pages,
                                     page_runs)
+from engine.transports.fence import FenceWords
+from engine.transports.nixl_agent import (agent, available, descs, memory_of, notice, parse_notice,  # noqa: F401
+                                          unavailable)
 from tandem.kv_layout import KVLayout
 from tandem.pool import Destination, NixlPool
 from tandem.status import TransferFailed
@@ -38,44 +41,6 @@ PROGRESS_EVERY_S = 0.002  # while notices may still be on their way out: progres
 PROGRESS_FOR_S = 0.5  # ... for this long after the last one (seen: a notice left within a few ms)
 
 
-def _agent(name: str):
-    os.environ.setdefault("UCX_NET_DEVICES", "lo")
-    os.environ.setdefault("UCX_LOG_LEVEL", "error")
-    os.environ.setdefault("NIXL_LOG_LEVEL", "WARN")
-    try:
-        from nixl._api import nixl_agent, nixl_agent_config
-    except ImportError:
-        try:
-            from nixl_cu12._api import nixl_agent, nixl_agent_config
-        except ImportError:
-            raise TransferFailed("the nixl transport needs NIXL: pip install --no-deps nixl-cu12") from None
-    agent = nixl_agent(name, nixl_agent_config(enable_prog_thread=False, enable_listen_thread=False, backends=[]))
-    agent.create_backend("UCX", {"ucx_error_handling_mode": "none"})
-    return agent
-
-
-def available() -> bool:
-    import importlib.util
-
-    return any(importlib.util.find_spec(m) is not None for m in ("nixl", "nixl_cu12"))
-
-
-def unavailable() -> str:
-    return "" if available() else "NIXL is not installed (pip install --no-deps nixl-cu12)"
-
-
-def memory_of(t: torch.Tensor) -> tuple[str, int]:
-    """NIXL's memory type and device id of a tensor: ("VRAM", GPU index) or ("DRAM", 0)."""
-    return ("VRAM", t.device.index or 0) if t.device.type == "cuda" else ("DRAM", 0)
-
-
-def _descs(agent, base: int, block_ids, block_bytes: int, memory: str = "DRAM", device_id: int = 0):
-    ids = np.asarray(block_ids, dtype=np.uint64)
-    rows = np.stack([base + ids * np.uint64(block_bytes), np.full(len(ids), block_bytes, np.uint64),
-                     np.full(len(ids), device_id, np.uint64)], axis=1)  # (address, length, device id)
-    return agent.get_xfer_descs(rows, memory)
-
-
 class NixlEndpoint(PoolEndpoint):
     name = NAME
     notifies = True
@@ -83,16 +48,18 @@ class NixlEndpoint(PoolEndpoint):
 
     def __init__(self, cache: KVCache, fence_name: str = "", registry: dict | None = None):
         self.cache = cache
-        self.agent_name = f"decode-{os.getpid()}-{secrets.token_hex(4)}"
-        self.agent = _agent(self.agent_name)
+        self.agent_name = f"pool-{os.getpid()}-{secrets.token_hex(4)}"
+        self.agent = agent(self.agent_name)
         self.reg = self.agent.register_memory(cache.data)
+        self.fence = FenceWords(fence_name) if fence_name else None  # pull readers check their epoch there
+        self.fence_reg = self.agent.register_memory(self.fence.words) if self.fence else None
         self.metadata = base64.b64encode(self.agent.get_agent_metadata()).decode()
 
     def part(self) -> NixlPool:
         memory, device_id = memory_of(self.cache.data)
         return NixlPool(agent=self.agent_name, metadata=self.metadata, base=self.cache.data.data_ptr(),
                         bytes=self.cache.data.numel() * self.cache.data.element_size(), memory=memory,
-                        device_id=device_id)
+                        device_id=device_id, fence_base=self.fence.words.data_ptr() if self.fence else 0)
 
     def needs_progress(self) -> bool:
         return True  # UCX's TCP transport moves incoming WRITEs only while this side polls too
@@ -101,7 +68,7 @@ class NixlEndpoint(PoolEndpoint):
         out = Notices()
         for _peer, messages in self.agent.get_new_notifs().items():
             for m in messages:
-                notice = _parse_notice(m)
+                notice = parse_notice(m)
                 if notice is None:
                     continue  # not ours, or malformed: nothing to act on
                 kind, slot, epoch, rid = notice
@@ -112,22 +79,10 @@ class NixlEndpoint(PoolEndpoint):
 
     def close(self) -> None:
         self.agent.deregister_memory(self.reg)
+        if self.fence is not None:
+            self.agent.deregister_memory(self.fence_reg)
+            self.fence.close()
         del self.agent
-
-
-def _notice(kind: str, dest: Destination, request_id: str) -> bytes:
-    """A writer's notice to the pool: `done` (every layer landed) or `closed` (aborted; nothing in flight)."""
-    return f"{kind}:{dest.slot}:{dest.epoch}:{request_id}".encode()
-
-
-def _parse_notice(raw: bytes) -> tuple[str, int, int, str] | None:
-    try:
-        kind, slot, epoch, rid = raw.decode("utf-8").split(":", 3)
-        if kind in ("done", "closed"):
-            return kind, int(slot), int(epoch), rid
-    except (UnicodeDecodeError, ValueError):
-        pass  # a malformed notice carries no information we could act on
-    return None
 
 
 class NixlWriter(LayerWriter):
@@ -210,7 +165,7 @@ class NixlWriter(LayerWriter):
     def _notify(self, kind: str) -> None:
         self.sender.keep_progressing()
         try:
-            self.sender.agent.send_notif(self.peer.name, _notice(kind, self.dest, self.request_id))
+            self.sender.agent.send_notif(self.peer.name, notice(kind, self.dest, self.request_id))
         except Exception as e:  # the decode agent is gone: there is nobody left to tell
             self.fail(TransferFailed(f"request {self.request_id}: cannot notify the decode pool: {e}"))
 
@@ -221,8 +176,8 @@ class _Peer:
     def __init__(self, agent, part: NixlPool, layout: KVLayout, num_pages: int):
         self.name = agent.add_remote_agent(base64.b64decode(part.metadata)).decode()
         blocks = layout.num_layers * 2 * num_pages  # block (layer, k|v, page) = (layer * 2 + kv) * pages + page
-        descs = _descs(agent, part.base, range(blocks), layout.page_bytes, part.memory, part.device_id)
-        self.prep = agent.prep_xfer_dlist(self.name, descs, part.memory)
+        pages = descs(agent, part.base, range(blocks), layout.page_bytes, part.memory, part.device_id)
+        self.prep = agent.prep_xfer_dlist(self.name, pages, part.memory)
 
 
 class NixlSender(KVSender):
@@ -230,7 +185,7 @@ class NixlSender(KVSender):
 
     def __init__(self, layout: KVLayout, registry: dict | None = None, device: str = "cpu"):
         super().__init__(layout)
-        self.agent = _agent(f"prefill-{os.getpid()}-{secrets.token_hex(4)}")
+        self.agent = agent(f"prefill-{os.getpid()}-{secrets.token_hex(4)}")
         pages = max(2, STAGING_BYTES // layout.page_bytes)
         # staging: [pages, tokens_per_page, kv_heads, head_dim], registered once, beside the K/V it stages
         self.staging = torch.zeros(pages, layout.tokens_per_page, layout.num_kv_heads, layout.head_dim,
@@ -238,7 +193,7 @@ class NixlSender(KVSender):
         self.staging_base = self.staging.data_ptr()
         self.reg = self.agent.register_memory(self.staging)
         memory, device_id = memory_of(self.staging)
-        self.local_prep = self.agent.prep_xfer_dlist("NIXL_INIT_AGENT", _descs(
+        self.local_prep = self.agent.prep_xfer_dlist("NIXL_INIT_AGENT", descs(
             self.agent, self.staging_base, range(pages), layout.page_bytes, memory, device_id), memory)
         self.free = PageAllocator(pages)
         self.peers: dict[str, _Peer] = {}  # by the descriptor's agent name

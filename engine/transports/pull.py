@@ -1,19 +1,22 @@
 """The pull handoff's read side: a decode worker reads a request's K/V out of a prefill worker's pool.
 
-Pull turns the push handoff around (control/handoff.py has the whole protocol): the prefill worker
-keeps a request's K/V in pages of its own pool, exported like a decode pool (engine/transports/host.py:
-a shared-memory region and a fence table), and hands out a `PullSource`. The decode worker reserves
-pages of its own and calls `KVReader.read`, which copies positions [start, source.tokens) layer by
-layer from the source pages into them (`start`: what its prefix cache already holds).
+Pull turns the push handoff around (control/pull_attempt.py has the whole protocol): the prefill
+worker keeps a request's K/V in pages of its own pool, exported like a decode pool (engine/transports/
+host.py: a shared-memory region, a GPU export or NIXL-registered memory, and a fence table), and hands
+out a `PullSource`. The decode worker reserves pages of its own and calls `KVReader.read`, which copies
+positions [start, source.tokens) from the source pages into them (`start`: what its prefix cache
+already holds).
 
-The fence, mirrored: every layer is read inside the source's fence, a read lock on its slot of the
-prefill pool's fence table with the epoch checked (engine/transports/fence.py). Once the prefill
-worker revokes the slot (the hold ended), no check passes: the read fails with LeaseLost and nothing
-of that layer was read. The prefill worker reuses the pages only after the revoke took the slot's
-write lock, so a reader stopped in the middle of a copy keeps them out of use until it resumes or dies.
+The fence, mirrored. Readers that share the prefill pool's memory (shm, cuda_ipc, inproc) read every
+layer inside the source's fence: a read lock on its slot of the prefill pool's fence table with the
+epoch checked (engine/transports/fence.py). Once the prefill worker revokes the slot (the hold ended),
+no check passes: the read fails with LeaseLost and nothing of that layer was read. The prefill worker
+reuses the pages only after the revoke took the slot's write lock, so a reader stopped in the middle
+of a copy keeps them out of use until it resumes or dies (`strict` readers). A NIXL READ is one-sided
+and cannot be fenced that way: see engine/transports/pull_nixl.py and engine/workers/holds.py.
 
-Transports: `shm` (the prefill pool's segment mapped read-only in spirit: only copied from) and
-`inproc` (tests). A NIXL READ side is not built yet: `reader("nixl")` says so (pull across hosts).
+Transports: `shm` and `inproc` here, `nixl` (pull_nixl.py, any host UCX reaches) and `cuda_ipc`
+(pull_cuda_ipc.py, a prefill pool in GPU memory on this host), imported only when used.
 """
 
 from __future__ import annotations
@@ -32,7 +35,8 @@ from tandem.kv_layout import KVLayout
 from tandem.pool import PullSource
 from tandem.status import Cancelled, TransferFailed
 
-PULL_TRANSPORTS = ("shm", "inproc")
+PULL_TRANSPORTS = ("shm", "cuda_ipc", "nixl", "inproc")
+ONE_HOST = ("shm", "cuda_ipc", "inproc")  # readers that must share the prefill pool's host
 
 
 class KVReader(ABC):
@@ -52,17 +56,13 @@ class KVReader(ABC):
                                  f"{source.pool.num_pages} pages, enough for {source.tokens} tokens")
         return part
 
-    @abstractmethod
-    def _open(self, source: PullSource) -> tuple[torch.Tensor, FenceGuard]:
-        """The source pool's pages [layers, 2, pages, tokens_per_page, kv_heads, head_dim] and a guard
-        of our own on its fence table (closed by the caller)."""
-
     def read(self, source: PullSource, cache: KVCache, page_ids: list[int], start: int = 0,
              stopped: Callable[[], bool] = lambda: False) -> int:
         """Copy positions [start, source.tokens) into `page_ids` (the request's page table in `cache`);
         returns the bytes read. Raises LeaseLost (the hold was revoked), Cancelled (`stopped()` turned
-        true between layers) or TransferFailed. Whole pages are copied: positions past `tokens` in
-        the last page are the request's own to overwrite."""
+        true before a layer, or before the transfer) or TransferFailed. Whole pages are copied:
+        positions past `tokens` in the last page are the request's own to overwrite. When it returns or
+        raises, nothing it started is still writing into `page_ids`."""
         tpp = self.layout.tokens_per_page
         if start % tpp:
             raise TransferFailed(f"request {source.request_id}: a read must start on a page boundary "
@@ -74,26 +74,55 @@ class KVReader(ABC):
                                  f"the destination has {len(page_ids)}")
         if first >= n:
             return 0
+        self._copy(source, cache, source.page_ids[first:n], page_ids[first:n], stopped)
+        return (n - first) * tpp * self.layout.bytes_per_token
+
+    @abstractmethod
+    def _copy(self, source: PullSource, cache: KVCache, src_pages: list[int], dst_pages: list[int],
+              stopped: Callable[[], bool]) -> None:
+        """Copy whole pages src_pages of the source pool into dst_pages of `cache`, every layer, K and V."""
+
+    def progress_due(self) -> float | None:
+        """When (monotonic) `progress` should next be called; None: nothing is pending (see KVSender)."""
+        return None
+
+    def progress(self) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
+
+
+class FencedReader(KVReader):
+    """A reader that maps the source pool's memory: every layer is copied under the slot's fence lock."""
+
+    @abstractmethod
+    def _open(self, source: PullSource) -> tuple[torch.Tensor, FenceGuard]:
+        """The source pool's pages [layers, 2, pages, tokens_per_page, kv_heads, head_dim] and a guard
+        of our own on its fence table (closed by the caller)."""
+
+    def _copy(self, source, cache, src_pages, dst_pages, stopped) -> None:
         data, guard = self._open(source)
-        src = torch.tensor(source.page_ids[first:n])  # [P]
-        dst = torch.tensor(page_ids[first:n], device=cache.device)  # [P]
+        src = torch.tensor(src_pages, device=data.device)  # [P]
+        dst = torch.tensor(dst_pages, device=cache.device)  # [P]
         try:
             with torch.inference_mode():
                 for layer in range(self.layout.num_layers):
                     if stopped():
                         raise Cancelled(f"request {source.request_id}: the read was stopped")
                     with guard.hold(source.slot, source.epoch):
-                        kv = data[layer].index_select(1, src)  # [2, P, tokens_per_page, kv_heads, head_dim]
-                    cache.data[layer].index_copy_(1, dst, kv.to(cache.device))
+                        self._copy_layer(data[layer], cache.data[layer], src, dst)
         finally:
             guard.close()
-        return (n - first) * tpp * self.layout.bytes_per_token
 
-    def close(self) -> None:
-        return None
+    def _copy_layer(self, src_layer: torch.Tensor, dst_layer: torch.Tensor, src: torch.Tensor,
+                    dst: torch.Tensor) -> None:
+        """src_layer, dst_layer: [2, pages, tokens_per_page, kv_heads, head_dim]; src, dst: [P] page ids.
+        Returns only once the copy is complete (the fence lock drops right after)."""
+        dst_layer.index_copy_(1, dst, src_layer.index_select(1, src).to(dst_layer.device))
 
 
-class ShmReader(KVReader):
+class ShmReader(FencedReader):
     name = "shm"
 
     def __init__(self, layout: KVLayout):
@@ -121,7 +150,7 @@ class ShmReader(KVReader):
         self.mapped.clear()
 
 
-class InprocReader(KVReader):
+class InprocReader(FencedReader):
     name = "inproc"
 
     def __init__(self, layout: KVLayout, registry: dict):
@@ -137,12 +166,24 @@ class InprocReader(KVReader):
 
 
 def reader(name: str, layout: KVLayout, registry: dict | None = None) -> KVReader:
-    """The read side of a transport; TransferFailed for one that has none (yet)."""
+    """The read side of a transport; TransferFailed for an unknown one or one that cannot run here
+    (NIXL not installed, no CUDA)."""
     if name == "shm":
         return ShmReader(layout)
     if name == "inproc":
         return InprocReader(layout, registry if registry is not None else {})
     if name == "nixl":
-        raise TransferFailed("the pull handoff has no NIXL READ side yet (pull works within one host, over "
-                             "shm); use handoff mode push for workers on other hosts")
+        from engine.transports import nixl
+        from engine.transports.pull_nixl import NixlReader
+
+        if why := nixl.unavailable():
+            raise TransferFailed(f"the pull handoff cannot read over nixl here: {why}")
+        return NixlReader(layout)
+    if name == "cuda_ipc":
+        from engine.transports import cuda_ipc
+        from engine.transports.pull_cuda_ipc import CudaIpcReader
+
+        if why := cuda_ipc.unavailable():
+            raise TransferFailed(f"the pull handoff cannot read over cuda_ipc here: {why}")
+        return CudaIpcReader(layout)
     raise TransferFailed(f"unknown transport {name!r}; the pull handoff reads over {', '.join(PULL_TRANSPORTS)}")

@@ -152,7 +152,7 @@ class PrefillRuns:
             if self.caching:
                 self.engine.prefix.commit(it.seq)  # others may share the prefix while it is held
         try:
-            source = self.holds.keep(it, token, logprob)
+            source = self.holds.keep(it, token, logprob, it.msg.reader_host, it.msg.reader)
         except TandemError as e:
             self._done(it)
             self._release(it, computed=True)
@@ -160,6 +160,7 @@ class PrefillRuns:
             return None
         self._done(it)
         if it.aborted:  # an Abort that found it still active: it ended the hold too, or ends it here
-            self.holds.end(it.msg.request_id, error=Cancelled(f"prefill of {it.msg.request_id} was aborted"))
+            self.holds.end(it.msg.request_id, error=Cancelled(f"prefill of {it.msg.request_id} was aborted"),
+                           reader_closed=True)  # nobody was handed the source
             return None
         return source

@@ -57,10 +57,12 @@ from tandem.wire import Ack, Prefill, WorkerStats
 
 class PrefillWorker(PrefillRuns):
     def __init__(self, engine: Engine, pass_tokens: int = 8192, write_delay_s: float = 0.0,
-                 registry: dict | None = None, pool: PoolHost | None = None, tracer: Tracer = NOOP):
+                 registry: dict | None = None, pool: PoolHost | None = None, tracer: Tracer = NOOP,
+                 fence_timeout_s: float = 60.0):
         """`engine.cache`, when there is one, holds long prompts between their chunks and the prefix cache.
         `pool`: that cache exported to readers (pull handoff); None: this worker only pushes. `tracer`:
-        where the spans of traced requests (Prefill.traceparent) go (prefill_runs.py)."""
+        where the spans of traced requests (Prefill.traceparent) go (prefill_runs.py). `fence_timeout_s`:
+        how long an ended NIXL hold waits for its reader's notice (holds.py)."""
         self.engine, self.tracer = engine, tracer
         self.pass_tokens = pass_tokens
         tpp = engine.cache.layout.tokens_per_page if engine.cache is not None else 1
@@ -78,7 +80,7 @@ class PrefillWorker(PrefillRuns):
         self.turn = PassTurn()
         self.feed = CacheFeed(max(1024, 2 * engine.allocator.num_pages)) if self.caching else None
         self.watchers = Watchers(self.stats, feed=self.feed)
-        self.holds = Holds(pool, next(iter(pool.endpoints)), lambda it: self._release(it, computed=True)) \
+        self.holds = Holds(pool, lambda it: self._release(it, computed=True), fence_timeout_s) \
             if pool is not None else None
         self.loop = Loop(self.step, self._progress_due, "prefill-loop")
 
@@ -106,19 +108,30 @@ class PrefillWorker(PrefillRuns):
         self.loop.wake()
 
     def abort(self, request_id: str) -> Ack:
-        """Stop a queued or running prefill, or end its hold; it ends with CANCELLED. Its writer writes no more."""
+        """Stop a queued or running prefill, or end its hold; it ends with CANCELLED. Its writer writes no more.
+        The orchestrator aborts a pull prefill only while it has not seen its answer (PullAttempt), so no
+        reader was handed the source: the hold's pages need not wait for one (holds.py)."""
         with self.lock:
             it = self.active.get(request_id)
             if it is not None:
                 it.aborted = True
                 it.writer.stop()  # the pass it may be in writes none of its layers from now on
-        held = self.holds is not None and self.holds.end(request_id, error=Cancelled(f"{request_id} was aborted"))
+        held = self.holds is not None and self.holds.end(request_id, error=Cancelled(f"{request_id} was aborted"),
+                                                         reader_closed=True)  # sent before its source was seen
         self.loop.wake()
         return Ack(found=it is not None or held)
 
-    def unhold(self, request_id: str, hold: str) -> Ack:
-        """The reader has the K/V (or never will): end the hold; its pages return once no read is in flight."""
-        return Ack(found=self.holds is not None and self.holds.end(request_id, hold))
+    def unhold(self, request_id: str, hold: str, reader_closed: bool = False) -> Ack:
+        """The reader has the K/V (or never will): end the hold; its pages return once no read is in flight
+        (`reader_closed`: the orchestrator knows none is, see holds.py)."""
+        return Ack(found=self.holds is not None and self.holds.end(request_id, hold, reader_closed=reader_closed))
+
+    def reader_gone(self, reader: str) -> Ack:
+        """Decode worker `reader` is dead: holds waiting for its NIXL reads to end are over (holds.py)."""
+        if self.holds is not None:
+            self.holds.reader_gone(reader)
+        self.loop.wake()
+        return Ack()
 
     def watch(self, sink: Responder, heartbeat_s: float) -> None:
         self.watchers.add(sink, heartbeat_s)

@@ -1,24 +1,26 @@
 """A decode worker's pull side (pull handoff): reads each pulling lease's K/V out of its prefill
-worker's pool (engine/transports/pull.py) on one thread of its own, so the running batch keeps
-stepping while a prompt's pages are copied.
+worker's pool (engine/transports/pull.py: shm, cuda_ipc, NIXL READ) on one thread of its own, so the
+running batch keeps stepping while a prompt's pages are copied.
 
 The loop thread submits a lease whose pages are reserved; the read lands in those pages and its outcome
 (bytes read, or the error) is queued for the loop, which takes it up at its next iteration. A lease
 that ends while its read is in flight keeps its pages until the read returned (`Lease.pulling`): the
 reader stops at the next layer once the lease has an end status, and no page is freed under a copy.
+Between reads the same thread progresses readers that ask for it (a NIXL reader's `closed` notice
+leaves over UCX's TCP only while its agent is progressed), so every reader is touched by one thread.
 """
 
 from __future__ import annotations
 
+import queue
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from engine.kv_pool import KVCache
-from engine.transports.pull import KVReader, reader
+from engine.transports.pull import ONE_HOST, KVReader, reader
 from engine.workers.leases import Lease
 from tandem.kv_layout import KVLayout
 from tandem.status import TandemError, TransferFailed
@@ -40,19 +42,36 @@ class Puller:
         self.readers: dict[str, KVReader] = {}
         self.results: deque[PullResult] = deque()
         self._lock = threading.Lock()
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kv-pull")
+        self._jobs: queue.Queue = queue.Queue()  # (lease, submitted at), or None: stop
+        self._thread = threading.Thread(target=self._run, name="kv-pull", daemon=True)
+        self._thread.start()
 
     def submit(self, lease: Lease) -> None:
         """Start reading the lease's K/V into its pages (the loop thread; pages already reserved)."""
         lease.pulling = True
-        self._pool.submit(self._read, lease, time.perf_counter())
+        self._jobs.put((lease, time.perf_counter()))
+
+    def _run(self) -> None:
+        """Reads in order; while none waits, progress the readers that are due (see the module doc)."""
+        while True:
+            due = min((t for r in self.readers.values() if (t := r.progress_due()) is not None), default=None)
+            try:
+                job = self._jobs.get(timeout=None if due is None else max(0.0, due - time.monotonic()))
+            except queue.Empty:
+                for r in self.readers.values():
+                    if r.progress_due() is not None:
+                        r.progress()
+                continue
+            if job is None:
+                return
+            self._read(*job)
 
     def _read(self, lease: Lease, t0: float) -> None:
         src, n, error = lease.source, 0, None
         try:
-            if src.pool.host != self.host:
+            if src.transport in ONE_HOST and src.pool.host != self.host:
                 raise TransferFailed(f"request {lease.request_id}: the prefill worker's pool is on another host; "
-                                     f"the pull handoff reads within one host (use push across hosts)")
+                                     f"{src.transport} reads within one host (deploy with transport nixl or auto)")
             if src.transport not in self.readers:
                 self.readers[src.transport] = reader(src.transport, self.layout, self.registry)
             n = self.readers[src.transport].read(src, self.cache, lease.pages, lease.cached_tokens,
@@ -70,7 +89,8 @@ class Puller:
         return out
 
     def close(self) -> None:
-        self._pool.shutdown(wait=True)
+        self._jobs.put(None)
+        self._thread.join()
         for r in self.readers.values():
             r.close()
         self.readers.clear()

@@ -6,7 +6,7 @@ section is reported (its error in the table and the JSON) and the others still r
     scripts/gpu-check --prepare-kit DIR                            # the ~2 MB kit to carry (docs/gpu.md)
 
 Exit status 0 when every correctness check held (fp32 = transformers, graphs = eager, the 1P1D answer
-exact, IPC bytes intact), 1 otherwise.
+exact, IPC bytes intact, pull reads exact and refused once their hold ended), 1 otherwise.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from scripts.gpu_check import decode_bench, device_rates, exactness_check, ipc_check, pair_check
+from scripts.gpu_check import decode_bench, device_rates, exactness_check, ipc_check, pair_check, pull_check
 from scripts.gpu_check.report_table import table, write_json
 from scripts.gpu_check.synthetic_model import model_folder, prepare_kit
 
@@ -40,13 +40,15 @@ class Sizes:
     prefill_len: int
     ipc_bytes: int
     kv_bytes: int
+    pull_pages: int  # pages (of pull_check.LAYOUT: 512 KiB each) one pull read moves
 
 
 FULL = Sizes(copy_bytes=1 << 30, matmul_n=8192, prompts=8, answer_tokens=32, batches=(1, 8, 64, 256),
              decode_steps=24, decode_prompt_len=96, prefill_prompts=8, prefill_len=1024, ipc_bytes=1 << 30,
-             kv_bytes=4 << 30)
+             kv_bytes=4 << 30, pull_pages=256)
 DRY = Sizes(copy_bytes=16 << 20, matmul_n=256, prompts=3, answer_tokens=6, batches=(1, 8), decode_steps=3,
-            decode_prompt_len=16, prefill_prompts=2, prefill_len=32, ipc_bytes=1 << 20, kv_bytes=16 << 20)
+            decode_prompt_len=16, prefill_prompts=2, prefill_len=32, ipc_bytes=1 << 20, kv_bytes=16 << 20,
+            pull_pages=8)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -129,6 +131,9 @@ def run(args: argparse.Namespace, results: dict) -> None:
             "two_processes": ipc_check.two_process_copy(device, z.ipc_bytes)} if on_gpu else "needs CUDA")
         _section(results, "nixl_vram", lambda: ipc_check.nixl_vram(device, z.ipc_bytes) if on_gpu and
                  ipc_check.nixl_available() else "needs CUDA and an importable nixl")
+        pull = ("cuda_ipc", "nixl") if on_gpu else ("shm", "nixl")  # nixl on CPU: DRAM, as in the tests
+        _section(results, "pull_read", lambda: {t: pull_check.read_check(t, device, z.pull_pages)
+                                                for t in pull if t != "nixl" or ipc_check.nixl_available()})
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -142,7 +147,8 @@ def verdict(results: dict) -> bool:
     exact = [r["fp32_exactness"]["vs_transformers"], r["1p1d"]]
     exact += [r["fp32_exactness"]["graphs_vs_eager"]] if "graphs_vs_eager" in r["fp32_exactness"] else []
     intact = [v["correct"] for v in r.get("cuda_ipc", {}).values()] + \
-        ([r["nixl_vram"]["correct"]] if r.get("nixl_vram") else [])
+        ([r["nixl_vram"]["correct"]] if r.get("nixl_vram") else []) + \
+        [v["correct"] for v in (r.get("pull_read") or {}).values()]
     return all(x["exact"] == x["of"] for x in exact) and all(intact)
 
 

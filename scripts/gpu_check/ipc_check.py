@@ -76,9 +76,9 @@ def _child() -> None:
 
 def nixl_vram(device: torch.device, nbytes: int, repeat: int = 10) -> dict:
     """Two NIXL agents in this process, both buffers registered as GPU memory: WRITE GB/s."""
-    from engine.transports.nixl import _agent
+    from engine.transports.nixl_agent import agent
 
-    a, b = _agent("gpu-check-a"), _agent("gpu-check-b")
+    a, b = agent("gpu-check-a"), agent("gpu-check-b")
     src, dst = _pattern(nbytes, device), torch.zeros(nbytes, dtype=torch.uint8, device=device)
     ra, rb = a.register_memory(src), b.register_memory(dst)
     try:

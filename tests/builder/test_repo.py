@@ -49,6 +49,20 @@ def test_render_fails_on_unfilled_or_unused_keys():
         render('a: "${a}"', {"a": 'x" injected'}, "t")
 
 
+def test_a_pull_prefill_pool_is_exported_over_the_transports_that_reach_its_memory(built_engines):
+    from builder.repo import model_values
+
+    def prefill(**kw) -> str:
+        return model_values(str(built_engines), RepoOptions(**kw))["prefill"]["transports"]
+
+    assert prefill(handoff="push") == ""  # a push prefill worker exports nothing
+    assert prefill(handoff="pull") == "shm" and prefill(handoff="pull", transport="nixl") == "nixl"
+    assert prefill(handoff="pull", gpus=(("prefill", 0), ("decode", 0))) == "cuda_ipc"  # its pool is on the GPU
+    assert prefill(handoff="pull", transport="auto").split(",")[0] == "shm"
+    with pytest.raises(RenderError, match="transport shm cannot reach a prefill pool in GPU memory"):
+        prefill(handoff="pull", transport="shm", gpus=(("prefill", 0),))
+
+
 def test_repo_refuses_engines_that_cannot_pair(built_engines, tmp_path):
     eng = tmp_path / "eng"
     shutil.copytree(built_engines / "prefill", eng / "prefill")

@@ -30,7 +30,7 @@ def test_gpu_check_dry_run_on_cpu(tmp_path):
     res = json.loads(out.read_text())
     secs = res["sections"]
     assert set(secs) == {"device_rates", "fp32_exactness", "1p1d", "bf16_sanity", "decode", "prefill", "cuda_ipc",
-                         "nixl_vram"}
+                         "nixl_vram", "pull_read"}
     assert not [k for k, s in secs.items() if s["error"]]
     fp32 = secs["fp32_exactness"]["results"]
     assert fp32["vs_transformers"]["exact"] == fp32["vs_transformers"]["of"] == 3
@@ -42,3 +42,5 @@ def test_gpu_check_dry_run_on_cpu(tmp_path):
     assert all(r["tokens_per_s"] > 0 and 0 < r["roofline_fraction"] for r in decode.values())
     assert secs["prefill"]["results"]["tokens_per_s"] > 0
     assert secs["cuda_ipc"]["skipped"] == "needs CUDA"
+    pull = secs["pull_read"]["results"]  # the pull read sides run on CPU too: shm, and NIXL DRAM where installed
+    assert "shm" in pull and all(r["exact"] and r["late_read_refused"] for r in pull.values())

@@ -21,6 +21,7 @@ from clients.chaos import scenarios as sc
 from clients.chaos.client import pages_bound
 from clients.chaos.harness import CANARIES, LOAD
 from clients.chaos.chaos_run import ChaosRun
+from engine.transports.nixl import available as nixl_available
 from ops.serve_process import ServeProcess
 from tests.conftest import leak_check, leak_snapshot, start_serve, stop_serve
 
@@ -94,13 +95,16 @@ def test_a_cancel_storm_frees_every_page_within_a_second(one_by_one, references)
     assert storm["failed_total"] == 0 and storm["wrong"] == 0
 
 
-def test_pull_1p1d_kills_and_a_cancel_storm_lose_nothing_and_free_every_page(built_engines, tmp_path, references):
-    """The pull handoff under the same faults: a killed worker's requests finish or fail retryably (a
-    resumed request is prefilled again, and its old hold ends with the failed attempt), and a cancel
-    storm gives back every decode page and every prefill hold."""
+@pytest.mark.parametrize("transport", ["shm", pytest.param("nixl", marks=pytest.mark.skipif(
+    not nixl_available(), reason="NIXL not installed"))])
+def test_pull_1p1d_kills_and_a_cancel_storm_lose_nothing_and_free_every_page(built_engines, tmp_path, references,
+                                                                            transport):
+    """The pull handoff under the same faults, read over shm and over NIXL READ: a killed worker's
+    requests finish or fail retryably (a resumed request is prefilled again, and its old hold ends with
+    the failed attempt), and a cancel storm gives back every decode page and every prefill hold."""
     path = tmp_path / "pull.yaml"
     path.write_text(yaml.safe_dump({"limits": {"max_in_flight": 128, "max_queued_tokens": 200_000},
-                                    "handoff": {"mode": "pull"}}))
+                                    "handoff": {"mode": "pull"}, "transport": transport}))
     s = start_serve(built_engines, tmp_path / "serve", "--config", str(path))
     try:
         doc = chaos(s, ["kill-decode-0", "kill-prefill-0", "cancel-storm"], references)

@@ -7,6 +7,15 @@
     python nixl_peer.py write  -> reads {"nixl": ..., "request_id", "pages", "seed", "tokens"}; writes every
                                   layer through NixlSender; prints {"bytes": n, "seconds": s}; keeps its
                                   agent progressing until the next line on stdin, then closes
+    python nixl_peer.py source -> the pull handoff's prefill side: a pool exported as a prefill worker
+                                  exports it (PoolHost: NIXL, fence table); reads commands:
+        {"cmd": "hold", "pages": [...], "seed": S, "tokens": T}
+                               -> fills the pages, arms a fence slot: {"source": PullSource fields}
+        {"cmd": "closed"}      -> {"closed": [[slot, epoch], ...]} (readers' notices so far)
+        {"cmd": "exit"}
+    python nixl_peer.py read   -> reads {"source": ..., "pages": [...], "seed": S}; reads the source's K/V
+                                  with NixlReader into pages of its own pool; prints {"bytes", "seconds",
+                                  "exact"}
 
 It drives the project's transport (engine/transports/nixl.py: NixlEndpoint, NixlSender) with the
 model's real KV shape (SmolLM2-135M: 30 layers, 3 KV heads, head dim 64), so its timing is the
@@ -21,13 +30,15 @@ import os
 import sys
 import threading
 import time
+from dataclasses import asdict
 
 import torch
 
 from engine.kv_pool import KVCache
 from engine.transports.nixl import NixlEndpoint, NixlSender
 from tandem.kv_layout import KVLayout
-from tandem.pool import Destination, NixlPool, PoolDescriptor
+from tandem.pool import Destination, NixlPool, PoolDescriptor, PullSource
+from tandem.wire import parse
 
 LAYOUT = KVLayout(num_layers=30, num_kv_heads=3, head_dim=64, dtype="float32", tokens_per_page=16)
 NUM_PAGES = 512  # 4096 tokens: 184 MiB of K/V
@@ -110,6 +121,58 @@ def run_write(out) -> None:
     s.close()
 
 
+def run_source(out) -> None:
+    from engine.transports.base import copy_into_pages, page_runs
+    from engine.transports.host import PoolHost
+
+    cache = KVCache(LAYOUT, NUM_PAGES)
+    host = PoolHost(cache, ("nixl",))
+    closed: set = set()
+    lock, stop = threading.Lock(), threading.Event()
+
+    def progress() -> None:  # a prefill worker polls its pool while NIXL holds wait (holds.py): READs
+        while not stop.is_set():  # over UCX's TCP complete only while the target progresses too
+            got = host.poll().closed
+            with lock:
+                closed.update(got)
+            time.sleep(0.0005)
+
+    poller = threading.Thread(target=progress, daemon=True)
+    poller.start()
+    for line in sys.stdin:
+        cmd = json.loads(line)
+        if cmd["cmd"] == "hold":
+            for layer in range(LAYOUT.num_layers):
+                k, v = layer_data(cmd["seed"], layer, cmd["tokens"])
+                copy_into_pages(cache.data[layer, 0], page_runs(cmd["pages"]), k)
+                copy_into_pages(cache.data[layer, 1], page_runs(cmd["pages"]), v)
+            slot, epoch = host.lease_slot()
+            say(out, {"source": asdict(PullSource("req-p", "hold", "nixl", host.descriptor, cmd["pages"],
+                                                  cmd["tokens"], slot, epoch, 0))})
+        elif cmd["cmd"] == "closed":
+            with lock:
+                say(out, {"closed": sorted(closed)})
+        else:
+            break
+    stop.set()
+    poller.join()
+    host.close()
+
+
+def run_read(out) -> None:
+    from engine.transports.pull_nixl import NixlReader
+
+    job = json.loads(sys.stdin.readline())
+    source = parse(PullSource, job["source"])
+    cache, r = KVCache(LAYOUT, NUM_PAGES), NixlReader(LAYOUT)
+    start = time.perf_counter()
+    n = r.read(source, cache, job["pages"])
+    seconds = time.perf_counter() - start
+    say(out, {"bytes": n, "seconds": seconds, "exact": landed_exactly(cache, job["pages"], job["seed"],
+                                                                       source.tokens)})
+    r.close()
+
+
 def say(out, obj) -> None:
     out.write(json.dumps(obj) + "\n")
     out.flush()
@@ -118,4 +181,4 @@ def say(out, obj) -> None:
 if __name__ == "__main__":
     proto = os.fdopen(os.dup(1), "w")  # UCX/NIXL may print to stdout: keep fd 1 for the protocol only
     os.dup2(2, 1)
-    {"pool": run_pool, "write": run_write}[sys.argv[1]](proto)
+    {"pool": run_pool, "write": run_write, "source": run_source, "read": run_read}[sys.argv[1]](proto)

@@ -1,5 +1,6 @@
 """NIXL (UCX over TCP) between two namespace hosts with the project's transport: the KV pages a writer
-in host B sends land exactly in the pool of host A; GB/s printed next to a plain TCP stream."""
+in host B sends land exactly in the pool of host A (push), and a reader in host B reads the pages a
+prefill pool in host A holds exactly (pull, NIXL READ); GB/s printed next to a plain TCP stream."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -81,3 +83,30 @@ def test_nixl_write_lands_exactly_across_hosts(two_hosts):
     tcp = tcp_throughput(a, b, nbytes=sent["bytes"])
     print(f"\nNIXL/UCX tcp {b.device} -> {a.device}: {sent['bytes'] / 2**20:.0f} MiB in {sent['seconds']:.3f} s = "
           f"{sent['bytes'] / sent['seconds'] / 1e9:.2f} GB/s; plain TCP, same bytes: {tcp.gbps:.2f} GB/s")
+
+
+def test_a_nixl_read_pulls_held_pages_exactly_across_hosts(two_hosts):
+    """The pull handoff across hosts: host A holds K/V in a pool exported as a prefill worker exports it;
+    the reader in host B READs the hold's fence word, then the pages, and tells A its reads ended."""
+    a, b = two_hosts
+    source = a.popen([sys.executable, PEER, "source"], env=ucx_env(a), stdin=subprocess.PIPE,
+                     stdout=subprocess.PIPE, text=True)
+    tokens = 4000
+    held_pages = list(range(LAYOUT.pages_for(tokens)))
+    held = ask(source, {"cmd": "hold", "pages": held_pages, "seed": 9, "tokens": tokens})["source"]
+    mine = list(range(NUM_PAGES - 1, NUM_PAGES - 1 - len(held_pages), -1))  # another order: the table is followed
+    reader = b.popen([sys.executable, PEER, "read"], env=ucx_env(b), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                     text=True)
+    got = ask(reader, {"source": held, "pages": mine, "seed": 9})
+    assert reader.wait(timeout=30) == 0
+    closed = []
+    for _ in range(200):  # the reader's `closed` notice travels after its READs completed
+        if [held["slot"], held["epoch"]] in (closed := ask(source, {"cmd": "closed"})["closed"]):
+            break
+        time.sleep(0.05)
+    source.stdin.write(json.dumps({"cmd": "exit"}) + "\n")
+    source.stdin.flush()
+    assert source.wait(timeout=30) == 0
+    assert got["exact"] and got["bytes"] == len(held_pages) * LAYOUT.tokens_per_page * LAYOUT.bytes_per_token
+    assert [held["slot"], held["epoch"]] in closed
+    print(f"\nNIXL READ across hosts: {got['bytes'] / got['seconds'] / 1e9:.2f} GB/s")

@@ -38,6 +38,28 @@ def test_bad_files_are_refused_naming_the_field(tmp_path, text, message):
     assert message in str(e.value)
 
 
+@pytest.mark.parametrize("overrides, message", [
+    ({"transport": "shm", "prefill.device": "cuda"}, "prefill workers on cuda keep theirs on the GPU; use "
+                                                     "transport cuda_ipc, nixl or auto"),
+    ({"transport": "cuda_ipc", "prefill.device": "cpu"}, "reads a prefill pool on a GPU into a decode pool on a GPU"),
+    ({"transport": "cuda_ipc", "device": "cuda", "decode.device": "cpu"}, "set prefill.device and decode.device"),
+    ({"prefill.device": "cuda", "decode.device": "cpu"}, "needs decode workers on cuda too; set decode.device: "
+                                                         "cuda, or transport nixl"),
+])
+def test_pull_refuses_only_the_transports_that_cannot_read_the_prefill_pool(overrides, message):
+    with pytest.raises(DeploymentError, match=message):
+        load_deployment(None, {"handoff.mode": "pull", **overrides})
+
+
+@pytest.mark.parametrize("overrides", [
+    {"transport": "nixl"}, {"transport": "nixl", "device": "cuda"}, {"transport": "auto"}, {"transport": "shm"},
+    {"transport": "cuda_ipc", "device": "cuda"}, {"prefill.device": "cuda", "decode.device": "cpu", "transport": "nixl"},
+])
+def test_pull_reads_over_nixl_anywhere_and_cuda_ipc_between_gpus(overrides):
+    dep = load_deployment(None, {"handoff.mode": "pull", **overrides})
+    assert dep.handoff.mode == "pull" and dep.transport == overrides["transport"]
+
+
 def test_engines_that_cannot_pair_are_refused_at_start(built_engines, tmp_path):
     eng = tmp_path / "eng"
     shutil.copytree(built_engines / "prefill", eng / "prefill")

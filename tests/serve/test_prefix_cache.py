@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from engine.generate import run_generation
+from engine.transports.nixl import available as nixl_available
 from tandem.sampling_params import SamplingParams
 from tests.conftest import start_serve, stop_serve
 from tests.serve.clients import grpc_stream, post
@@ -33,13 +34,19 @@ VARIANTS = {
                                    ("--kv-pool-bytes", str(24 << 20))),  # 34 pages: evictions
     "pull-kv-aware-small-pool": ({"local_prefill_tokens": 0, "router": "kv-aware", "handoff": {"mode": "pull"}},
                                  ("--kv-pool-bytes", str(24 << 20))),  # the pull handoff: decode reads held K/V
+    "pull-nixl-kv-aware-small-pool": ({"local_prefill_tokens": 0, "router": "kv-aware", "handoff": {"mode": "pull"},
+                                       "transport": "nixl"},  # ... over NIXL READ (one-sided; holds.py's fence)
+                                      ("--kv-pool-bytes", str(24 << 20))),
     "conditional": ({"local_prefill_tokens": 512}, ()),
     "colocated-kv-aware": ({"mode": "colocated", "replicas": 2, "router": "kv-aware"}, ()),
     "cache-off": ({"local_prefill_tokens": 0, "prefix_cache": {"enabled": False}}, ()),
 }
 
 
-@pytest.fixture(scope="module", params=list(VARIANTS))
+_NO_NIXL = pytest.mark.skipif(not nixl_available(), reason="NIXL not installed")
+
+
+@pytest.fixture(scope="module", params=[pytest.param(v, marks=_NO_NIXL) if "nixl" in v else v for v in VARIANTS])
 def stack(request, built_engines, tmp_path_factory):
     config, flags = VARIANTS[request.param]
     work = tmp_path_factory.mktemp(f"prefix-{request.param}")

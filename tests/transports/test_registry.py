@@ -53,3 +53,25 @@ def test_a_gpu_pool_descriptor_crosses_the_wire_as_json():
     bad["cuda_ipc"]["handle"] = 7
     with pytest.raises(WireError, match="CudaIpcPool.handle: expected str, got int"):
         parse(PoolDescriptor, bad)
+
+
+def test_a_pull_source_in_gpu_memory_crosses_the_wire_as_json():
+    """The pull descriptor of a prefill pool exported by CUDA IPC (and to NIXL readers, fence table and
+    all) travels as typed JSON inside Prefilled and Open, and a malformed one is refused by field."""
+    from tandem.pool import NixlPool, PullSource
+    from tandem.sampling_params import SamplingParams
+    from tandem.wire import Open
+
+    ipc = CudaIpcPool(device_uuid="GPU-0f0f", handle="aGFuZGxl", storage_bytes=4096, offset_bytes=0,
+                      ref_counter="L3RvcmNoXzE=", ref_counter_offset=0, event="", event_sync=False,
+                      fence="tandem-fence-2")
+    nixl = NixlPool(agent="pool-1", metadata="bWV0YQ==", base=1 << 20, bytes=4096, memory="VRAM", device_id=1,
+                    fence_base=2 << 20)
+    pool = PoolDescriptor(layout=LAYOUT, num_pages=NUM_PAGES, num_slots=NUM_PAGES, host="h", cuda_ipc=ipc, nixl=nixl)
+    src = PullSource("r", "0123abcd", "cuda_ipc", pool, [3, 1], 7, 2, 9, 42, -0.5)
+    msg = Open("r", [1] * 7, SamplingParams(max_tokens=4), source=src)
+    raw = json.loads(json.dumps(dataclasses.asdict(msg)))
+    assert parse(Open, raw) == msg and parse(Open, raw).source.pool.transports == ("cuda_ipc", "nixl")
+    raw["source"]["pool"]["nixl"]["fence_base"] = "0x200000"
+    with pytest.raises(WireError, match="NixlPool.fence_base: expected int, got str"):
+        parse(Open, raw)

@@ -70,6 +70,19 @@ def blame(e: TandemError, worker: WorkerState) -> TandemError:
     return e
 
 
+async def first_of(stream, expected: type, worker: WorkerState, before: str):
+    """The first message of a worker's stream, which must be an `expected`: a failure, an end or any other
+    message is that worker's fault (Unavailable, saying what came instead `before` what)."""
+    try:
+        msg = await anext(stream, None)
+    except TandemError as e:
+        raise blame(e, worker) from None
+    if not isinstance(msg, expected):
+        what = "ended the stream" if msg is None else f"answered with {type(msg).__name__}"
+        raise blame(Unavailable(f"{worker.name} {what} {before}"), worker)
+    return msg
+
+
 def first_token(first: Prefilled) -> Token:
     """The client's first token from a prefill worker's answer (push and pull alike)."""
     return Token(first.token, first.logprob, first.finish_reason, cached_tokens=first.cached_tokens,
@@ -180,13 +193,7 @@ class Handoff(PairAttempt):
             self.opened = d.client.open(Open(self.request_id, self.prompt_ids, self.params, self.sent,
                                              writer=self.prefill.name, writer_host=self.prefill.host,
                                              traceparent=self.span.traceparent()))
-            try:
-                reserved = await anext(self.opened, None)
-            except TandemError as e:
-                raise blame(e, d) from None
-            if not isinstance(reserved, Reserved):
-                what = "ended the request" if reserved is None else f"answered Open with {type(reserved).__name__}"
-                raise blame(Unavailable(f"{d.name} {what} before reserving pages"), d)
+            reserved = await first_of(self.opened, Reserved, d, "before reserving pages")
             span.set(cached_tokens=reserved.cached_tokens, pages=len(reserved.destination.page_ids),
                      transport=reserved.destination.transport)
         self.lease, t.reserved = reserved.lease, time.perf_counter()

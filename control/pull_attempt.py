@@ -42,7 +42,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from control.handoff import PairAttempt, blame, first_token
+from control.handoff import PairAttempt, blame, first_of, first_token
 from tandem.status import Status, TandemError, Unavailable, status_of
 from tandem.wire import Open, Prefill, Prefilled, Pulled, Token
 
@@ -76,13 +76,7 @@ class PullAttempt(PairAttempt):
                                                       pull=True, reader_host=self.decode.host,
                                                       reader=self.decode.name, traceparent=span.traceparent()))
             self.prefilling = True
-            try:
-                first = await anext(self.held, None)
-            except TandemError as e:
-                raise blame(e, p) from None
-            if not isinstance(first, Prefilled):
-                what = "ended the prefill" if first is None else f"answered a pull prefill with {type(first).__name__}"
-                raise blame(Unavailable(f"{p.name} {what} of {self.request_id} without a first token"), p)
+            first = await first_of(self.held, Prefilled, p, f"before the first token of {self.request_id}")
             self.traced_prefill(first, span)
         self.prefilling, self.source = False, first.source
         t.first_token, t.prefilled = time.perf_counter(), first

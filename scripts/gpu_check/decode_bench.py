@@ -71,7 +71,7 @@ def decode_rate(engine: Engine, batch: int, steps: int, prompt_len: int, copy_gb
 
 def linear_flops_per_token(engine: Engine) -> int:
     """2 x the weights every token multiplies through (the output head runs on last rows only)."""
-    return 2 * sum(d.weight.numel() for L in engine.model.layers for d in (L.qkv, L.o, L.gate_up, L.down))
+    return 2 * sum(d.out_features * d.in_features for L in engine.model.layers for d in (L.qkv, L.o, L.gate_up, L.down))
 
 
 def prefill_rate(engine: Engine, prompts: int, prompt_len: int, matmul_tflops: float, repeat: int = 3) -> dict:

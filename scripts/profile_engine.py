@@ -80,7 +80,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     engine = load_engine("smollm2-135m", dtype=args.dtype, kv_bytes=256 << 20)
-    params = SamplingParams(max_tokens=1000, ignore_eos=True)
+    params = SamplingParams(max_tokens=64, ignore_eos=True)  # room for a batch of 32 in the pool; steps stay at `context`
     seqs = [engine.new_sequence(f"d{i}", [1 + i] * args.context, params) for i in range(args.batch)]
     for s in seqs:
         engine.admit(s)

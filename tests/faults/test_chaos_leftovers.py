@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import aiohttp
 import yaml
@@ -58,22 +59,38 @@ def test_a_run_counts_its_own_processes_and_shm_and_nobody_elses():
 async def _stop_while_held(serve: ServeProcess) -> int:
     """Stream a request until its first token (the prefill worker now holds its K/V: its decode worker
     is stopped and cannot read them), then stop the serve with the stream still open; its exit code."""
-    body = {"prompt": "Tell me a long story about a lighthouse keeper.", "max_tokens": 64, "temperature": 0,
-            "stream": True}
+    body = {"prompt": "Tell me a long story about a lighthouse keeper.", "max_tokens": 64, "min_tokens": 64,
+            "temperature": 0, "stream": True}  # min_tokens: a first token that ends the request holds nothing
     async with aiohttp.ClientSession() as s, s.post(f"{serve.http}/v1/completions", json=body) as r:
         assert r.status == 200, await r.text()
         async for chunk in sse_chunks(r):
-            assert "error" not in chunk, chunk
-            if chunk.get("choices") and chunk["choices"][0]["text"]:
+            assert "error" not in chunk and chunk["choices"][0]["finish_reason"] is None, chunk
+            if chunk["choices"][0]["text"]:
                 break
-        await asyncio.sleep(1.0)  # the orchestrator has sent Open to the stopped decode worker
+        assert await _pages_held(s, serve.http) > 0  # the prefill worker holds the K/V at the stop
         return await asyncio.to_thread(serve.stop)
+
+
+async def _pages_held(s: aiohttp.ClientSession, url: str, within_s: float = 20.0) -> float:
+    """The prefill pool's held pages (/metrics) once they are above 0, or 0 if they are not within_s."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        async with s.get(f"{url}/metrics") as r:
+            text = await r.text()
+        held = sum(float(line.split()[-1]) for line in text.splitlines()
+                   if line.startswith("tandem_kv_pages_held{") and 'role="prefill"' in line)
+        if held > 0:
+            return held
+        await asyncio.sleep(0.2)
+    return 0.0
 
 
 def test_a_pull_stack_stopped_while_a_prefill_worker_holds_kv_leaves_nothing(built_engines, tmp_path):
     cfg = tmp_path / "pull.yaml"
+    # the stopped decode worker stays in routing (no stall noticed for 2 minutes), so the hold lives on;
     # drain_grace_s 0: stop at once, with the request still held
-    cfg.write_text(yaml.safe_dump({"handoff": {"mode": "pull"}, "health": {"drain_grace_s": 0}}))
+    cfg.write_text(yaml.safe_dump({"handoff": {"mode": "pull"},
+                                   "health": {"stall_s": 120, "stall_restart_s": 120, "drain_grace_s": 0}}))
     tracker = Tracker().start()
     try:
         serve = ServeProcess(str(tmp_path / "serve"), ("--model", str(built_engines), "--kv-pool-bytes",

@@ -39,6 +39,7 @@ from tandem.status import (Internal, InvalidArgument, MethodNotAllowed, NotFound
 
 log = logging.getLogger("tandem.http")
 MAX_BODY_BYTES = 16 << 20
+SHUTDOWN_S = 1.0  # at stop, how long a request still streaming may take to end on its own, then to end cancelled
 
 _KIND = {Status.INVALID_ARGUMENT: "invalid_request_error", Status.NOT_FOUND: "invalid_request_error",
          Status.METHOD_NOT_ALLOWED: "invalid_request_error", Status.TOO_LARGE: "invalid_request_error",
@@ -147,8 +148,10 @@ class HttpServer:
 
 async def start_http(frontend: HttpFrontend, host: str, port: int, ssl_context: ssl.SSLContext | None = None) -> HttpServer:
     """Serve on host:port (TLS with `ssl_context`). OSError naming the address when it cannot listen."""
-    # handler_cancellation: a client that disconnects cancels its handler, and with it the request
-    runner = web.AppRunner(frontend.app, access_log=None, handler_cancellation=True)
+    # handler_cancellation: a client that disconnects cancels its handler, and with it the request;
+    # shutdown_timeout: at stop (after the drain's grace) a request still streaming is cancelled within
+    # 2 x SHUTDOWN_S (aiohttp's default, 60 s, let one stuck on a stopped worker hold the stop for 2 minutes)
+    runner = web.AppRunner(frontend.app, access_log=None, handler_cancellation=True, shutdown_timeout=SHUTDOWN_S)
     await runner.setup()
     line, turnstile = generation_line(frontend.served.triton_name), Turnstile()
     refusal = functools.partial(raw_refusal, frontend.service.refuse_if_closed)

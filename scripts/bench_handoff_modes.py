@@ -36,7 +36,8 @@ from engine.tokenizer import Tokenizer  # noqa: E402
 from ops.serve_process import ServeProcess  # noqa: E402
 
 MODES = ("push", "pull")
-_PAGES = re.compile(r'^tandem_kv_pages_used\{worker="[\w-]+",role="(\w+)"\} ([\d.e+-]+)', re.M)
+# the exposition orders labels by name (role before worker); the pattern takes either order
+_PAGES = re.compile(r'^tandem_kv_pages_(used|held)\{(?=[^}]*role="(\w+)")[^}]*\} ([\d.e+-]+)', re.M)
 _WAIT = re.compile(r'^tandem_kv_wait_seconds_(sum|count)\{handoff="(\w+)"\} ([\d.e+-]+)', re.M)
 
 
@@ -55,8 +56,9 @@ async def sample_pages(http: str, every_s: float, out: list, stop: asyncio.Event
     while not stop.is_set():
         text = await asyncio.to_thread(scrape, http)
         roles: dict[str, float] = {}
-        for role, v in _PAGES.findall(text):
-            roles[role] = roles.get(role, 0.0) + float(v)
+        for kind, role, v in _PAGES.findall(text):
+            key = role if kind == "used" else f"{role}_held"  # prefill_held: the pull holds
+            roles[key] = roles.get(key, 0.0) + float(v)
         out.append((time.perf_counter() - t0, roles))
         try:
             await asyncio.wait_for(stop.wait(), every_s)
@@ -79,14 +81,15 @@ async def measure(serve: ServeProcess, scenario, tokenizer) -> dict:
     after = wait_totals(await asyncio.to_thread(scrape, serve.http))
     ok = [r for r in records if r.ok and not r.warmup]
     n = after.get("count", 0) - before.get("count", 0)
-    pages = {role: [s[1].get(role, 0.0) for s in samples] for role in ("prefill", "decode")}
+    pages = {role: [s[1].get(role, 0.0) for s in samples] for role in ("prefill", "prefill_held", "decode")}
     return {
         "requests": len([r for r in records if not r.warmup]), "failed": sum(1 for r in records if not r.ok),
         "ttft_s": dist([r.ttft for r in ok]), "itl_s": dist([g for r in ok for g in r.gaps]),
         "kv_wait_mean_s": (after.get("sum", 0) - before.get("sum", 0)) / n if n else None, "kv_waits": n,
         "pages": {role: {"mean": sum(v) / len(v) if v else 0.0, "p99": percentile(v, 99), "max": max(v, default=0.0)}
                   for role, v in pages.items()},
-        "pages_over_time": [[round(t, 2), s.get("prefill", 0.0), s.get("decode", 0.0)] for t, s in samples],
+        "pages_over_time": [[round(t, 2), s.get("prefill", 0.0), s.get("prefill_held", 0.0), s.get("decode", 0.0)]
+                            for t, s in samples],  # [seconds, prefill used, of them held for a reader, decode used]
     }
 
 
@@ -116,20 +119,28 @@ async def one_mode(engines: str, mode: str, layout: tuple[int, int], scenarios: 
             print(f"[{mode}] tandem serve exited with {code}", file=sys.stderr)
 
 
+def _load(avg) -> str:
+    return " / ".join(f"{x:.1f}" for x in avg)
+
+
 def markdown(doc: dict) -> str:
     lines = ["# Push vs pull KV handoff", "", f"Command: `{doc['command']}`", "",
-             "All numbers are wall-clock on this machine, both modes in one run (read them side by side).", "",
+             "All numbers are wall-clock on this machine, both modes in one run (read them side by side). "
+             f"Load average (1/5/15 min) at the start {_load(doc['load_average_start'])}, at the end "
+             f"{_load(doc['load_average_end'])}.", "",
              "| layout | workload | mode | failed | TTFT p50 s | TTFT p99 s | ITL p99 s | decode wait for KV, mean s "
-             "| prefill pages mean / max | decode pages mean / max |", "|---|---|---|---:|---:|---:|---:|---:|---|---|"]
+             "| prefill pages mean / max | of them held, mean / max | decode pages mean / max |",
+             "|---|---|---|---:|---:|---:|---:|---:|---|---|---|"]
     for layout, modes in doc["layouts"].items():
         for sc in doc["scenarios"]:
             for mode in MODES:
                 r = modes[mode][sc]
                 wait = f"{r['kv_wait_mean_s']:.4f}" if r["kv_wait_mean_s"] is not None else "n/a"
-                p, d = r["pages"]["prefill"], r["pages"]["decode"]
+                p, h, d = r["pages"]["prefill"], r["pages"]["prefill_held"], r["pages"]["decode"]
                 lines.append(f"| {layout} | {sc} | {mode} | {r['failed']} | {r['ttft_s']['p50']:.3f} | "
                              f"{r['ttft_s']['p99']:.3f} | {r['itl_s']['p99']:.3f} | {wait} | "
-                             f"{p['mean']:.1f} / {p['max']:.0f} | {d['mean']:.1f} / {d['max']:.0f} |")
+                             f"{p['mean']:.1f} / {p['max']:.0f} | {h['mean']:.1f} / {h['max']:.0f} | "
+                             f"{d['mean']:.1f} / {d['max']:.0f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -149,11 +160,12 @@ def main() -> None:
     tokenizer = Tokenizer(os.path.join(args.engines, "prefill"))
     workdir = tempfile.mkdtemp(prefix="tandem-handoff-modes-")
     doc = {"command": " ".join(["python scripts/bench_handoff_modes.py", *sys.argv[1:]]), "scenarios": names,
-           "layouts": {}}
+           "layouts": {}, "load_average_start": os.getloadavg()}  # 1, 5, 15 min: the machine may be shared
     for p, d in layouts:
         doc["layouts"][f"{p}P{d}D"] = {mode: asyncio.run(one_mode(args.engines, mode, (p, d), [SCENARIOS[n] for n in names],
                                                                  args.kv_pool_bytes, workdir, tokenizer))
                                        for mode in MODES}
+    doc["load_average_end"] = os.getloadavg()
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "report.json"), "w") as f:
         json.dump(doc, f, indent=1)

@@ -64,7 +64,8 @@ def markdown(doc: dict, command: str) -> str:
                   f"{o['wrong']} wrong of {o['checked']} checked answers; longest request {o['longest_s']:.1f} s.",
               f"Pages in use at the end: {_fmt(doc['pages_in_use_at_end'])}.", ""]
     if doc.get("leftovers") is not None:
-        lines.append(f"Left over after the deployment stopped: {doc['leftovers'] or 'nothing'}.")
+        lines.append(f"Left over after the deployment stopped (its own processes and shm; others on the machine "
+                     f"are not counted): {doc['leftovers'] or 'nothing'}.")
     lines += ["", "Details per fault:", ""]
     for s in doc["scenarios"]:
         lines.append(f"- {s['name']}: " + ", ".join(f"{k} {_fmt(v)}" for k, v in s["details"].items()))

@@ -1,5 +1,6 @@
 """One chaos run: the configuration for its length, references, and (optionally) its own deployment,
-with the check that nothing of it is left once it stopped."""
+with the check that nothing of it is left once it stopped (clients/chaos/leftovers.py: its own
+processes and shared memory only, not those of others on the same machine)."""
 
 from __future__ import annotations
 
@@ -7,20 +8,8 @@ import asyncio
 import os
 
 from clients.chaos.harness import CANARIES, LOAD, ChaosConfig, Harness, server_references
+from clients.chaos.leftovers import Tracker
 from clients.chaos.scenarios import LONG_PROMPT
-
-
-def leftovers_snapshot() -> set[str]:
-    """Our shm segments, Triton's regions, and tritonserver / stub processes alive now."""
-    import psutil
-
-    from engine.shm_region import SHM_DIR, SHM_PREFIX, TRITON_PREFIX
-
-    found = {f"shm {n}" for n in os.listdir(SHM_DIR) if n.startswith((SHM_PREFIX, TRITON_PREFIX))}
-    for p in psutil.process_iter(["name"]):
-        if p.info["name"] in ("tritonserver", "triton_python_backend_stub"):
-            found.add(f"process {p.pid} {p.info['name']}")
-    return found
 
 
 class ChaosRun:
@@ -60,14 +49,17 @@ class ChaosRun:
         """Start `tandem serve ARGS`, run the faults against it, stop it, and list what it left behind."""
         from ops.serve_process import ServeProcess
 
-        before = leftovers_snapshot()
-        serve = ServeProcess(workdir, tuple(args)).start()
+        tracker = Tracker().start()
         try:
-            cfg = self.config(serve.http, workdir)
-            refs = self.references(cfg)
-            doc = asyncio.run(Harness(cfg, refs).run(self.faults))
+            serve = ServeProcess(workdir, tuple(args), env=tracker.env).start()
+            try:
+                cfg = self.config(serve.http, workdir)
+                refs = self.references(cfg)
+                doc = asyncio.run(Harness(cfg, refs).run(self.faults))
+            finally:
+                code = serve.stop()
         finally:
-            code = serve.stop()
+            tracker.stop()
         doc["serve_exit_code"] = code
-        doc["leftovers"] = sorted(leftovers_snapshot() - before)
+        doc["leftovers"] = tracker.leftovers()
         return doc

@@ -96,6 +96,29 @@ class KVReader(ABC):
 class FencedReader(KVReader):
     """A reader that maps the source pool's memory: every layer is copied under the slot's fence lock."""
 
+    def __init__(self, layout: KVLayout):
+        super().__init__(layout)
+        self.peers: dict = {}  # source pools opened so far (each with .data, .fence_name, .close()), by export key
+
+    def _peer(self, key: str, open_new: Callable[[], object], errors: tuple, what: str):
+        """(pages, a fence guard of our own) of the source pool exported under `key`, opened once by
+        `open_new`. Pools whose prefill worker stopped (their fence table is gone) are closed first. A pool
+        that cannot be opened is TransferFailed naming `what`."""
+        if key not in self.peers:
+            for k in [k for k, o in self.peers.items() if not os.path.exists(os.path.join(SHM_DIR, o.fence_name))]:
+                self.peers.pop(k).close()
+            try:
+                self.peers[key] = open_new()
+            except errors as e:
+                raise TransferFailed(f"cannot open {what}: {e} (is the prefill worker running on this host?)") from None
+        o = self.peers[key]
+        return o.data, FenceGuard(o.fence_name)
+
+    def close(self) -> None:
+        for o in self.peers.values():
+            o.close()
+        self.peers.clear()
+
     @abstractmethod
     def _open(self, source: PullSource) -> tuple[torch.Tensor, FenceGuard]:
         """The source pool's pages [layers, 2, pages, tokens_per_page, kv_heads, head_dim] and a guard
@@ -125,29 +148,12 @@ class FencedReader(KVReader):
 class ShmReader(FencedReader):
     name = "shm"
 
-    def __init__(self, layout: KVLayout):
-        super().__init__(layout)
-        self.mapped: dict = {}
-
     def _open(self, source: PullSource):
         from engine.transports.shm import MappedPool
 
         part = self.check(source)
-        if part.segment not in self.mapped:
-            for name in [n for n in self.mapped if not os.path.exists(os.path.join(SHM_DIR, n))]:
-                self.mapped.pop(name).close()  # its prefill worker stopped
-            try:
-                self.mapped[part.segment] = MappedPool(part, source.pool.layout, source.pool.num_pages)
-            except (OSError, ValueError) as e:
-                raise TransferFailed(f"cannot map prefill pool {part.segment!r}: {e} (is the prefill worker "
-                                     f"running on this host?)") from None
-        m = self.mapped[part.segment]
-        return m.data, FenceGuard(m.fence_name)
-
-    def close(self) -> None:
-        for m in self.mapped.values():
-            m.close()
-        self.mapped.clear()
+        return self._peer(part.segment, lambda: MappedPool(part, source.pool.layout, source.pool.num_pages),
+                          (OSError, ValueError), f"prefill pool {part.segment!r}")
 
 
 class InprocReader(FencedReader):

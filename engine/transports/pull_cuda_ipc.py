@@ -17,13 +17,9 @@ marker, and scripts/gpu_check/pull_ipc_check.py on the first GPU lent to the pro
 
 from __future__ import annotations
 
-import os
-
 import torch
 
-from engine.shm_region import SHM_DIR
 from engine.transports.cuda_ipc import OpenedPool
-from engine.transports.fence import FenceGuard
 from engine.transports.pull import FencedReader
 from tandem.kv_layout import KVLayout
 from tandem.pool import PullSource
@@ -35,22 +31,12 @@ class CudaIpcReader(FencedReader):
 
     def __init__(self, layout: KVLayout):
         super().__init__(layout)
-        self.opened: dict[str, OpenedPool] = {}  # by the export's handle
         self.streams: dict[torch.device, torch.cuda.Stream] = {}  # a copy stream per GPU
 
     def _open(self, source: PullSource):
         part = self.check(source)
-        if part.handle not in self.opened:
-            for handle in [h for h, o in self.opened.items()
-                           if not os.path.exists(os.path.join(SHM_DIR, o.fence_name))]:
-                self.opened.pop(handle).close()  # its prefill worker stopped (its fence table went with it)
-            try:
-                self.opened[part.handle] = OpenedPool(part, source.pool.layout, source.pool.num_pages)
-            except (RuntimeError, ValueError) as e:
-                raise TransferFailed(f"cannot open the prefill pool's CUDA IPC handle: {e} (is the prefill "
-                                     f"worker running on this host?)") from None
-        o = self.opened[part.handle]
-        return o.data, FenceGuard(o.fence_name)
+        return self._peer(part.handle, lambda: OpenedPool(part, source.pool.layout, source.pool.num_pages),
+                          (RuntimeError, ValueError), "the prefill pool's CUDA IPC handle")
 
     def _stream(self, device: torch.device) -> torch.cuda.Stream:
         if device not in self.streams:
@@ -73,8 +59,3 @@ class CudaIpcReader(FencedReader):
             landed = torch.cuda.Event()
             landed.record(scatter)
         landed.synchronize()  # in the decode pool before the fence lock drops
-
-    def close(self) -> None:
-        for o in self.opened.values():
-            o.close()
-        self.opened.clear()

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from builder.repo import RepoOptions, render_repo
 from builder.trtllm_repo import render_trtllm_repo
 from ops.gpu_plan import worker_env
-from ops.triton_process import TritonError, TritonServer
+from ops.triton_process import TritonError, TritonServer, free_port
 from tandem.roles import Role
 
 
@@ -79,6 +79,7 @@ class WorkerSet:
     backend: str = "torch"  # or "tensorrt-llm": `engines` holds TensorRT-LLM role folders
     gpus_per_node: int = 0  # tensorrt-llm: GPUs its engines are placed on in order; 0: Triton KIND_CPU (test double)
     env: dict = field(default_factory=dict)  # added to every server's environment (e.g. tracing settings)
+    avoid_ports: tuple[int, ...] = ()  # promised elsewhere, bound later (the front door's): no server takes them
     servers: dict[str, TritonServer] = field(default_factory=dict)
     specs: dict[str, WorkerSpec] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -107,7 +108,11 @@ class WorkerSet:
             if self._closed:
                 raise WorkerSetClosed(f"not starting {name}: the workers are being stopped")
             repo = self.repo if self.backend == "torch" else os.path.join(self.repo, f"{spec.role}_{spec.index}")
+            ports: list[int] = []
+            for _ in range(3):  # gRPC, HTTP, metrics: distinct, and none of the front door's
+                ports.append(free_port([*self.avoid_ports, *ports]))
             server = TritonServer(repo, (spec.role,), name=spec.name, cpus=spec.cpus, nice=self.nice,
+                                  grpc_port=ports[0], http_port=ports[1], metrics_port=ports[2],
                                   log_dir=self.workdir, tied=not self.detached, tls=self.tls,
                                   env={**self.env, **worker_env(self.gpus, spec.role, spec.index)}).launch()
             self.servers[name] = server

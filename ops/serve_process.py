@@ -53,7 +53,8 @@ class ServeProcess:
 
     def start(self, timeout_s: float = 600.0) -> "ServeProcess":
         os.makedirs(self.workdir, exist_ok=True)
-        self.grpc_port, self.http_port = free_port(), free_port()
+        self.grpc_port = free_port()
+        self.http_port = free_port([self.grpc_port])
         cmd = [sys.executable, "-m", "cli.main", "serve", "--grpc-port", str(self.grpc_port), "--http-port",
                str(self.http_port), "--workdir", self.workdir, *self.args]
         if self.tied:  # see child_exec.py

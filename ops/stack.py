@@ -177,7 +177,8 @@ class Stack:
             self.log(f"removed shared memory {name} left by a process that is gone")
         self.workers = WorkerSet(engines, self.workdir, counts, options, gpus=gpus, nice=dep.worker_nice,
                                  tls=security.local_worker_tls, backend=dep.backend, gpus_per_node=per_node,
-                                 env=traced.worker_env() if traced else {})
+                                 env=traced.worker_env() if traced else {},
+                                 avoid_ports=(dep.front_door.grpc_port, dep.front_door.http_port))
         if any(counts.values()):  # none: every worker is remote (`tandem worker` elsewhere)
             self.log(f"starting {', '.join(f'{n} {r}' for r, n in counts.items() if n)} worker(s) ({dep.mode}) ...")
             await loop.run_in_executor(None, self.workers.prepare)

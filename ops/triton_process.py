@@ -18,6 +18,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from engine.shm_region import (SHM_PREFIX, mapped_shm_files, owner_alive, process_started_at,
@@ -29,10 +30,15 @@ from tandem.secret import is_loopback
 _PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # where `orchestrator` imports from
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def free_port(avoid: Collection[int] = ()) -> int:
+    """A port free on 127.0.0.1 now (the kernel's choice), other than those in `avoid` (ports promised
+    to someone who has not bound them yet). Nothing holds it: a caller binds it soon, or retries."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in avoid:
+            return port
 
 
 @dataclass

@@ -89,7 +89,9 @@ def test_a_request_no_pool_can_hold_is_a_client_error_at_once(small):
 def test_pool_full_past_the_deadline_is_429_and_over_admission_limits_is_429_at_once(small):
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         holder = pool.submit(_complete, small.http, "Once upon a time", 60, 60)  # 4 of the 5 pages, a few s
-        time.sleep(1.0)
+        until = time.monotonic() + 30
+        while sum(pages_used(small.http).values()) < 4 and time.monotonic() < until:  # the holder has them
+            time.sleep(0.05)
         waiting = pool.submit(_complete, small.http, "The sky is", 20, 1.0)  # 2 pages: waits, then gives up
         time.sleep(0.3)
         t = time.monotonic()

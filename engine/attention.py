@@ -16,7 +16,9 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
+from engine.cpu_kernels import attention as cpu_attention
 from engine.kv_pool import KVCache
+from engine.rope import apply_rotary
 
 
 class KVWriter(Protocol):
@@ -51,7 +53,23 @@ def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kw) -> torch.Tens
     return F.scaled_dot_product_attention(q, k, v, enable_gqa=q.shape[1] != k.shape[1], **kw)
 
 
-class PrefillAttention:
+class Attention:
+    """What the model's layers call. `attend` takes rotated q and k; `attend_qkv` takes one layer's fused
+    projections before the rotary embedding, so an attention that can do the rotation and the K/V write in
+    the same call as the attention (PagedAttention on CPU) does."""
+
+    def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """q: [T, H, hd], k/v: [T, Hkv, hd] -> [T, H * hd]."""
+        raise NotImplementedError
+
+    def attend_qkv(self, layer: int, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: int) -> torch.Tensor:
+        """qkv: [T, H + 2*Hkv, hd] (q, k, v heads; H = `heads`), cos/sin: [T, 1, hd] -> [T, H * hd]."""
+        kv_heads = (qkv.shape[1] - heads) // 2
+        qk = apply_rotary(qkv[:, :heads + kv_heads], cos, sin)  # [T, H + Hkv, hd]: q and k rotated in one go
+        return self.attend(layer, qk[:, :heads], qk[:, heads:], qkv[:, heads + kv_heads:])
+
+
+class PrefillAttention(Attention):
     def __init__(self, seq_lens: list[int], writers: list[KVWriter]):
         self.ranges = []
         start = 0
@@ -73,7 +91,7 @@ class PrefillAttention:
         return outs[0] if len(outs) == 1 else torch.cat(outs)
 
 
-class TeeAttention:
+class TeeAttention(Attention):
     """Any attention, with each sequence's new K/V also handed to a writer (a prompt prefilled in
     chunks against a local pool, while its pages stream to the decode worker chunk by chunk)."""
 
@@ -96,7 +114,7 @@ class PassStopped(Exception):
     computed is valid: no sequence advanced, and the K/V it wrote past their cached tokens are junk."""
 
 
-class StoppableAttention:
+class StoppableAttention(Attention):
     """Any attention, checking `stop()` before each layer and raising PassStopped once it is true (a
     long prompt chunk whose client left frees its pages now, not when the pass would have ended)."""
 
@@ -109,11 +127,20 @@ class StoppableAttention:
         return self.inner.attend(layer, q, k, v)
 
 
-class PagedAttention:
+def _padded(tables: list[list[int]], longest: int, tpp: int, dev) -> torch.Tensor:
+    """Page tables [B, P] as wide as the longest context needs, padded with a page the sequence owns (keys
+    there are masked out or never read)."""
+    width = -(-longest // tpp)
+    return torch.tensor([t[:width] + [t[0]] * (width - min(len(t), width)) for t in tables], device=dev)
+
+
+class PagedAttention(Attention):
     """Each sequence b brings q_lens[b] new tokens and has ctx_lens[b] tokens after them (cached + new).
 
     Decode rows (one new token) attend as one batch over their gathered pages; a prompt chunk (several
-    new tokens) attends on its own, so decode rows are never padded to a chunk's length.
+    new tokens) attends on its own, so decode rows are never padded to a chunk's length. On CPUs where
+    Tandem's kernel applies (engine/cpu_kernels/attention.py), decode rows read the pool in place instead
+    of gathering it.
     """
 
     def __init__(self, cache: KVCache, page_tables: list[list[int]], q_lens: list[int], ctx_lens: list[int]):
@@ -128,7 +155,12 @@ class PagedAttention:
         self.slots = torch.tensor(slots, device=dev)  # [T] where each new token's K/V go (one tensor made per pass)
         dec = [b for b, n in enumerate(q_lens) if n == 1]
         self.decode_rows = torch.tensor([starts[b] for b in dec], device=dev)  # [Bd] rows of the packed batch
-        self.decode = self._group([page_tables[b] for b in dec], [1] * len(dec), [ctx_lens[b] for b in dec], dev)
+        self.in_place = bool(dec) and cpu_attention.supports(cache.data)
+        if self.in_place:  # (page tables [Bd, P], context lengths [Bd]) for the kernel: no gather, no mask
+            self.decode = (_padded([page_tables[b] for b in dec], max(ctx_lens[b] for b in dec), tpp, dev),
+                           torch.tensor([ctx_lens[b] for b in dec], device=dev))
+        else:
+            self.decode = self._group([page_tables[b] for b in dec], [1] * len(dec), [ctx_lens[b] for b in dec], dev)
         self.chunks = [(starts[b], starts[b + 1], self._group([page_tables[b]], [q_lens[b]], [ctx_lens[b]], dev))
                        for b, n in enumerate(q_lens) if n > 1]
         self.all_decode = len(dec) == len(q_lens)
@@ -140,16 +172,30 @@ class PagedAttention:
         if not tables:
             return None
         tpp = self.cache.layout.tokens_per_page
-        width = max(-(-c // tpp) for c in ctx_lens)  # pages needed by the longest context
-        # pad with a page the sequence owns; keys there are masked out
-        padded = torch.tensor([t[:width] + [t[0]] * (width - min(len(t), width)) for t in tables], device=dev)
-        keys = torch.arange(width * tpp, device=dev)  # [L] key positions
+        padded = _padded(tables, max(ctx_lens), tpp, dev)  # [B, P]
+        keys = torch.arange(padded.shape[1] * tpp, device=dev)  # [L] key positions
         q = max(q_lens)
         qpos = torch.tensor([c - n for n, c in zip(q_lens, ctx_lens)], device=dev)[:, None] + \
             torch.arange(q, device=dev)[None, :]  # [B, Q] absolute position of each query
         hidden = (keys[None, None, :] > qpos[:, :, None])[:, None]  # [B, 1, Q, L]
         mask = torch.zeros(hidden.shape, dtype=self.cache.data.dtype, device=dev).masked_fill_(hidden, float("-inf"))
         return padded, mask  # [B, P], [B, 1, Q, L]
+
+    def attend_qkv(self, layer: int, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: int) -> torch.Tensor:
+        """As Attention.attend_qkv; a pass of decode rows only, read in place, goes to the CPU kernel's one
+        call (rotation, K/V write and attention)."""
+        if not (self.in_place and self.all_decode):
+            return super().attend_qkv(layer, qkv, cos, sin, heads)
+        tables, lens = self.decode
+        return cpu_attention.decode_step(qkv, cos.flatten(1), sin.flatten(1), self.cache.layer_kv(layer), self.slots,
+                                         tables, lens)  # [T, H * hd]
+
+    def _decode_rows(self, layer: int, q: torch.Tensor) -> torch.Tensor:
+        """q: [Bd, H, hd], one row per decode sequence -> [Bd, H * hd]."""
+        if self.in_place:
+            tables, lens = self.decode
+            return cpu_attention.decode(q, self.cache.layer_kv(layer), tables, lens).flatten(1)
+        return self._attend(layer, self.decode, q[:, :, None, :]).flatten(1)  # [Bd, H, 1, hd] -> [Bd, H*hd]
 
     def _attend(self, layer: int, group, q: torch.Tensor) -> torch.Tensor:
         """q: [B, H, Q, hd] -> [B, H, Q, hd] over the group's gathered pages."""
@@ -171,11 +217,11 @@ class PagedAttention:
         self.cache.write(layer, k, v, self.slots)
         T, H, hd = q.shape
         if self.all_decode:
-            return self._attend(layer, self.decode, q[:, :, None, :]).reshape(T, H * hd)  # [B, H, 1, hd] -> [T, H*hd]
+            return self._decode_rows(layer, q)  # [T, H*hd]
         out = q.new_empty(T, H * hd)
         if self.decode is not None:
             rows = self.decode_rows
-            out[rows] = self._attend(layer, self.decode, q[rows][:, :, None, :]).reshape(len(rows), H * hd)
+            out[rows] = self._decode_rows(layer, q[rows])
         for a, b, group in self.chunks:
             o = self._attend(layer, group, q[a:b].transpose(0, 1)[None])  # [1, H, n, hd]
             out[a:b] = o[0].transpose(0, 1).reshape(b - a, H * hd)

@@ -24,12 +24,12 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.attention import _sdpa
+from engine.attention import Attention, _sdpa
 from engine.kv_pool import KVCache
 from engine.model import LlamaModel
 
 
-class _StaticDecodeAttention:
+class _StaticDecodeAttention(Attention):
     """Decode attention over static buffers: slots [B], page tables [B, P], mask [B, 1, 1, P * tpp]."""
 
     def __init__(self, cache: KVCache, slots: torch.Tensor, tables: torch.Tensor, mask: torch.Tensor):

@@ -43,6 +43,10 @@ class KVCache:
         self._k_slots[layer].index_copy_(0, slots, k)
         self._v_slots[layer].index_copy_(0, slots, v)
 
+    def layer_kv(self, layer: int) -> torch.Tensor:
+        """One layer's storage, a view: [2 (k|v), pages, tokens_per_page, kv_heads, head_dim]."""
+        return self._layer[layer]
+
     def gather_pages(self, layer: int, tables: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """tables: [B, P] page ids -> k, v: [B, P * tokens_per_page, kv_heads, head_dim], in page order."""
         kv = self._layer[layer].index_select(1, tables.flatten())  # [2, B*P, tpp, kv_heads, head_dim]: one copy

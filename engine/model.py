@@ -11,12 +11,13 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from engine.attention import PagedAttention, PrefillAttention
+from engine.attention import Attention
 from engine.config import ModelConfig
+from engine.cpu_kernels import norm as cpu_norm
 from engine.errors import ModelLoadError
 from engine.linear import Dense
 from engine.quant import SCALE_SUFFIX, make_quantized
-from engine.rope import Rotary, apply_rotary
+from engine.rope import Rotary
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -25,6 +26,16 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     xf = x if x.dtype == torch.float32 else x.float()  # no conversion op in fp32
     xf = xf * torch.rsqrt((xf * xf).mean(-1, keepdim=True).add_(eps))  # xf * xf: pow(2) without its scalar casts
     return weight * (xf if x.dtype == torch.float32 else xf.to(x.dtype))
+
+
+def add_rms_norm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x: [T, D] += delta [T, D] in place (when given), then rms_norm(x): one call where Tandem's CPU kernel
+    applies (engine/cpu_kernels/norm.py: a decode step's few rows), PyTorch's ops otherwise."""
+    if cpu_norm.supports(x):
+        return cpu_norm.add_rms_norm(x, delta, weight, eps)
+    if delta is not None:
+        x += delta
+    return rms_norm(x, weight, eps)
 
 
 @dataclass
@@ -75,7 +86,7 @@ class LlamaModel:
 
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, seq_lens_for_rope: torch.Tensor,
-                attn: PrefillAttention | PagedAttention, last_rows: torch.Tensor,
+                attn: Attention, last_rows: torch.Tensor,
                 max_len: int | None = None) -> torch.Tensor:
         """tokens, positions: [T] -> logits [R, V] at rows `last_rows` [R] (each sequence's last, and any
         prompt rows whose logprobs were asked for).
@@ -87,15 +98,16 @@ class LlamaModel:
         cos, sin = self.rotary.cos_sin(positions, seq_lens_for_rope, self.dtype, max_len)  # [T, hd] each
         cos, sin = cos[:, None, :], sin[:, None, :]  # [T, 1, hd]: broadcast over heads, shaped once per pass
         H, Hkv, hd = c.num_heads, c.num_kv_heads, c.head_dim
+        mlp_out = None  # the previous layer's MLP output [T, D], added to x by the next norm
         for i, L in enumerate(self.layers):
-            h = rms_norm(x, L.attn_norm, c.rms_norm_eps)  # [T, D]
+            h = add_rms_norm(x, mlp_out, L.attn_norm, c.rms_norm_eps)  # [T, D]; x is this pass's own tensor
             qkv = L.qkv(h).view(T, H + 2 * Hkv, hd)  # [T, H + 2*Hkv, hd]: q heads, k heads, v heads
-            qk = apply_rotary(qkv[:, :H + Hkv], cos, sin)  # [T, H + Hkv, hd]: q and k rotated in one go
-            q, k, v = qk[:, :H], qk[:, H:], qkv[:, H + Hkv:]  # [T, H, hd], [T, Hkv, hd], [T, Hkv, hd]
-            x += L.o(attn.attend(i, q, k, v))  # [T, D]; x is this pass's own tensor, updated in place
-            h = rms_norm(x, L.mlp_norm, c.rms_norm_eps)
+            out = attn.attend_qkv(i, qkv, cos, sin, H)  # [T, H*hd]: rotary embedding, K/V written, attention
+            h = add_rms_norm(x, L.o(out), L.mlp_norm, c.rms_norm_eps)  # x += attention's projection
             gate, up = L.gate_up(h).chunk(2, dim=-1)  # [T, I] each, views of one fresh tensor
-            x += L.down(F.silu(gate, inplace=True).mul_(up))  # [T, D]
+            mlp_out = L.down(F.silu(gate, inplace=True).mul_(up))  # [T, D]
+        if mlp_out is not None:
+            x += mlp_out
         x = rms_norm(x[last_rows], self.norm, c.rms_norm_eps)  # [B, D]
         return self.lm_head(x)  # [B, V]
 

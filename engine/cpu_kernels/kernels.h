@@ -1,0 +1,33 @@
+// Tandem's CPU kernels (engine/cpu_kernels): the contracts the Python wrappers check before calling.
+// Every loop that uses AVX-512 carries its own target attribute and the rest is built for any x86-64,
+// so loading the module never executes an instruction the CPU lacks; the wrappers check the CPU flags.
+#pragma once
+#include <torch/extension.h>
+
+// x: [1, in] contiguous, W: [out, in] contiguous, both float32 or both bfloat16 -> [1, out] of that
+// dtype. out % 4 == 0; in % 16 == 0 (fp32) or % 32 == 0 (bf16, needs AVX512_BF16). Needs AVX-512F.
+torch::Tensor gemv(const torch::Tensor& x, const torch::Tensor& W);
+
+// One query row per sequence over its paged context:
+//   q: [B, H, hd]; kv: [2, pages, tokens_per_page, Hkv, hd] (one layer of the pool, k then v);
+//   tables: [B, P] int64 page ids; ctx: [B] int64 context lengths (1 <= ctx[b] <= P * tokens_per_page)
+//   -> [B, H, hd]: softmax(q . k / sqrt(hd)) . v over keys 0..ctx[b]-1, query head h reading kv head
+//   h / (H / Hkv). q and kv both float32 or both bfloat16 (math in fp32); hd % 16 == 0, hd <= 256.
+torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& kv, const torch::Tensor& tables,
+                               const torch::Tensor& ctx);
+
+// A decode step's attention for one row per sequence, from the unrotated projections: rotates q and k
+// (rotary tables cos, sin with the sign of rotate_half in sin, as engine/rope.py), writes k and v to the
+// pool at slots[b], then decode_attention. qkv: [B, H + 2*Hkv, hd] (q heads, k heads, v heads; rows may
+// be strided); cos, sin: [B, hd]; kv: one pool layer as above (written); slots: [B] int64 flat slot
+// (page * tokens_per_page + row) -> [B, H * hd]. Same dtype and size rules as decode_attention.
+torch::Tensor decode_step_attention(const torch::Tensor& qkv, const torch::Tensor& cos, const torch::Tensor& sin,
+                                    torch::Tensor kv, const torch::Tensor& slots, const torch::Tensor& tables,
+                                    const torch::Tensor& ctx);
+
+// RMSNorm of rows, after an optional residual add: if delta is given, x += delta in place (rounded to x's
+// dtype); then -> [T, D] = weight * round(x * rsqrt(mean(x^2) + eps)), the statistics in fp32 and the
+// rounding steps of the reference (module comment in rms_norm.cpp). x [T, D], delta [T, D], weight [D]
+// contiguous, all float32 or all bfloat16. Plain C++: no CPU requirement.
+torch::Tensor rms_norm(const torch::Tensor& x, const c10::optional<torch::Tensor>& delta, const torch::Tensor& w,
+                       double eps);

@@ -1,0 +1,154 @@
+"""The engine's CPU kernels (engine/cpu_kernels): built here; one-row products, in-place paged decode
+attention (with its rotary embedding and K/V write) and the norms equal a float64 or PyTorch reference
+within the dtype's rounding (bit for bit where the rounding steps are the same); refused where they do
+not apply."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+
+from engine.cpu_kernels import attention as cpu_attention
+from engine.cpu_kernels import build
+from engine.cpu_kernels import gemv as cpu_gemv
+from engine.cpu_kernels import norm as cpu_norm
+from engine.linear import Dense
+from engine.model import rms_norm
+from engine.rope import apply_rotary
+
+HAS_AVX512 = "avx512f" in build.cpu_flags()
+needs_kernel = pytest.mark.skipif(not (HAS_AVX512 and build.load() is not None),
+                                  reason="the kernels need a CPU with AVX-512 and a C++ compiler (or a built cache)")
+SHAPES = [(4, 32), (960, 576), (576, 1536), (3072, 576)]  # the default model's projections, and the smallest
+
+
+@pytest.mark.skipif(not (HAS_AVX512 and shutil.which("c++")), reason="needs AVX-512 and a C++ compiler")
+def test_the_kernel_builds_where_the_cpu_and_a_compiler_allow_it():
+    assert build.load() is not None
+
+
+@needs_kernel
+@pytest.mark.parametrize("shape", SHAPES)
+def test_fp32_equals_a_float64_product(shape):
+    torch.manual_seed(0)
+    w, x = torch.randn(shape), torch.randn(1, shape[1])
+    assert cpu_gemv.supports(w)
+    want = (x.double() @ w.double().T).float()  # [1, out]
+    torch.testing.assert_close(cpu_gemv.gemv(x, w), want, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.skipif("avx512_bf16" not in build.cpu_flags(), reason="needs AVX512_BF16")
+@pytest.mark.parametrize("shape", SHAPES)
+def test_bf16_equals_a_float64_product_of_the_same_values(shape):
+    torch.manual_seed(0)
+    w, x = torch.randn(shape).bfloat16(), torch.randn(1, shape[1]).bfloat16()
+    assert cpu_gemv.supports(w)
+    got = cpu_gemv.gemv(x, w)
+    assert got.dtype == torch.bfloat16 and got.shape == (1, shape[0])
+    want = (x.double() @ w.double().T).bfloat16()  # fp32 sums rounded once: within one bf16 step of the exact
+    torch.testing.assert_close(got.float(), want.float(), rtol=2 ** -7, atol=1e-3)
+
+
+@needs_kernel
+@pytest.mark.parametrize("w", [torch.randn(6, 32), torch.randn(8, 24), torch.randn(8, 32).half(),
+                               torch.randn(32, 8).T, torch.randn(32)],
+                         ids=["rows-not-multiple-of-4", "inner-not-multiple-of-16", "fp16", "transposed", "1-d"])
+def test_weights_it_cannot_multiply_are_refused(w):
+    assert not cpu_gemv.supports(w)
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_dense_layer_gives_one_row_what_the_batched_kernel_gives_it(dtype):
+    """One row goes to this kernel, several to oneDNN's: the same product within rounding."""
+    torch.manual_seed(1)
+    w, b, x = torch.randn(960, 576).to(dtype), torch.randn(960).to(dtype), torch.randn(3, 576).to(dtype)
+    layer = Dense(w, b)
+    assert layer._row_weight is not None or not cpu_gemv.supports(w)
+    one, batch = layer(x[:1]), layer(x)  # [1, 960], [3, 960]
+    tol = dict(rtol=1e-5, atol=1e-4) if dtype == torch.float32 else dict(rtol=2 ** -6, atol=2e-2)
+    torch.testing.assert_close(one.float(), batch[:1].float(), **tol)
+
+
+def _reference_attention(q, kv, tables, lens):
+    """float64 softmax(q k / sqrt(hd)) v per row over its first lens[b] keys, read through its table."""
+    B, H, hd = q.shape
+    tpp, Hkv = kv.shape[2], kv.shape[3]
+    out = torch.empty(B, H, hd, dtype=torch.float64)
+    for b in range(B):
+        slots = [tables[b][t // tpp] * tpp + t % tpp for t in range(lens[b])]
+        k = kv[0].flatten(0, 1)[slots].double()  # [L, Hkv, hd]
+        v = kv[1].flatten(0, 1)[slots].double()
+        for h in range(H):
+            g = h // (H // Hkv)
+            w = torch.softmax(k[:, g] @ q[b, h].double() / hd ** 0.5, dim=0)  # [L]
+            out[b, h] = w @ v[:, g]
+    return out
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_paged_decode_attention_equals_a_float64_reference(dtype):
+    """Scrambled page tables, contexts of 1 to 700 tokens (not multiples of the page or of 16), grouped
+    heads, a page past the context that holds garbage (never read)."""
+    torch.manual_seed(2)
+    H, Hkv, hd, tpp, pages = 9, 3, 64, 16, 64
+    kv = torch.randn(2, pages, tpp, Hkv, hd).to(dtype)  # one layer of a pool
+    lens = [1, 17, 64, 700]
+    order = torch.randperm(pages).tolist()
+    tables, at = [], 0
+    for n in lens:
+        need = -(-n // tpp) + 1  # one spare page each: the kernel must stop at the context
+        tables.append(order[at:at + need])
+        at += need
+    width = max(len(t) for t in tables)
+    tab = torch.tensor([t + [t[0]] * (width - len(t)) for t in tables])
+    q = torch.randn(len(lens), H, hd).to(dtype)
+    assert cpu_attention.supports(torch.empty(1, *kv.shape, dtype=dtype))
+    got = cpu_attention.decode(q, kv, tab, torch.tensor(lens))
+    want = _reference_attention(q, kv, tables, lens)
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2 ** -7, atol=4e-3)
+    torch.testing.assert_close(got.double(), want.to(dtype).double(), **tol)
+
+
+@needs_kernel
+def test_pools_the_attention_kernel_cannot_read_are_refused():
+    assert not cpu_attention.supports(torch.empty(2, 2, 4, 16, 3, 64, dtype=torch.float16))
+    assert not cpu_attention.supports(torch.empty(2, 2, 4, 16, 3, 24))  # head size not a multiple of 16
+    assert not cpu_attention.supports(torch.empty(2, 2, 4, 16, 3, 64).transpose(2, 3))
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_fused_decode_step_rotates_and_writes_as_pytorch_does_then_attends(dtype):
+    """decode_step writes exactly what apply_rotary gives (bit for bit) and v into the slots, then attends
+    over the context including the new token."""
+    torch.manual_seed(3)
+    H, Hkv, hd, tpp, pages = 9, 3, 64, 16, 16
+    kv = torch.randn(2, pages, tpp, Hkv, hd).to(dtype)
+    tables, lens = [[3, 7, 1], [0, 12]], [40, 17]  # the new token is each context's last
+    slots = torch.tensor([t[(n - 1) // tpp] * tpp + (n - 1) % tpp for t, n in zip(tables, lens)])
+    qkv = torch.randn(2, H + 2 * Hkv, hd).to(dtype)
+    cos, sin = torch.randn(2, 1, hd).to(dtype), torch.randn(2, 1, hd).to(dtype)
+    want_qk = apply_rotary(qkv[:, :H + Hkv], cos, sin)  # [2, H + Hkv, hd]
+    tab = torch.tensor([t + [t[0]] * (3 - len(t)) for t in tables])
+    got = cpu_attention.decode_step(qkv, cos.flatten(1), sin.flatten(1), kv, slots, tab, torch.tensor(lens))
+    k_slots, v_slots = kv[0].flatten(0, 1), kv[1].flatten(0, 1)  # [pages * tpp, Hkv, hd]
+    assert torch.equal(k_slots[slots], want_qk[:, H:]) and torch.equal(v_slots[slots], qkv[:, H + Hkv:])
+    want = _reference_attention(want_qk[:, :H], kv, tables, lens).flatten(1)  # [2, H * hd]
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2 ** -7, atol=4e-3)
+    torch.testing.assert_close(got.double(), want.to(dtype).double(), **tol)
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_norm_kernel_equals_the_pytorch_norm_after_the_same_residual_add(dtype):
+    torch.manual_seed(4)
+    x, delta, w = torch.randn(5, 576).to(dtype), torch.randn(5, 576).to(dtype), torch.randn(576).to(dtype)
+    want_x = x + delta
+    want = rms_norm(want_x, w, 1e-5)
+    got = cpu_norm.add_rms_norm(x, delta, w, 1e-5)
+    assert torch.equal(x, want_x)  # the residual add is in place and rounds as PyTorch's add does
+    torch.testing.assert_close(got, want, rtol=2 ** -7 if dtype == torch.bfloat16 else 1e-6, atol=1e-6)

@@ -65,8 +65,10 @@ def http_infer(url: str, prompt: str, max_tokens: int) -> str:
         c.close()
 
 
-def post(url: str, path: str, body, raw: bytes | None = None, headers: dict | None = None) -> tuple[int, dict | list]:
-    """POST JSON; returns (status, parsed body), or (status, list of SSE events) for a stream."""
+def post(url: str, path: str, body, raw: bytes | None = None, headers: dict | None = None,
+         on_event=None) -> tuple[int, dict | list]:
+    """POST JSON; returns (status, parsed body), or (status, list of SSE events) for a stream.
+    `on_event(n)` is called after the n-th streamed event arrives (n from 1)."""
     data = raw if raw is not None else json.dumps(body).encode()
     req = urllib.request.Request(url + path, data=data, headers={"Content-Type": "application/json", **(headers or {})})
     try:
@@ -77,6 +79,8 @@ def post(url: str, path: str, body, raw: bytes | None = None, headers: dict | No
                     line = line.decode().strip()
                     if line.startswith("data: ") and line != "data: [DONE]":
                         events.append(json.loads(line[6:]))
+                        if on_event is not None:
+                            on_event(len(events))
                 return r.status, events
             return r.status, json.loads(r.read())
     except urllib.error.HTTPError as e:

@@ -4,10 +4,7 @@ dies mid-answer loses nothing: the stream resumes on the other one without repea
 from __future__ import annotations
 
 import concurrent.futures
-import os
 import re
-import signal
-import time
 import urllib.request
 
 import pytest
@@ -15,6 +12,7 @@ import pytest
 from engine.generate import run_generation
 from tandem.sampling_params import SamplingParams
 from tests.serve.clients import grpc_stream, post
+from tests.serve.kill import KillServing, worker_requests
 from tests.conftest import start_serve, stop_serve
 
 PROMPTS = ["The capital of France is", "Once upon a time, in a small village,", "def fibonacci(n):",
@@ -26,13 +24,6 @@ def served_2p2d(built_engines, tmp_path_factory):
     s = start_serve(built_engines, tmp_path_factory.mktemp("serve-2p2d"), "--prefill", "2", "--decode", "2")
     yield s
     stop_serve(s)
-
-
-def worker_requests(http: str) -> dict[str, float]:
-    with urllib.request.urlopen(http + "/metrics") as r:
-        text = r.read().decode()
-    return {m.group(1): float(m.group(2)) for m in
-            re.finditer(r'^tandem_worker_requests_total\{role="\w+",worker="([\w-]+)"\} ([\d.e+]+)', text, re.M)}
 
 
 def test_load_spreads_over_all_four_workers(served_2p2d, default_engine):
@@ -52,17 +43,10 @@ def test_a_decode_worker_dying_mid_stream_loses_no_token(served_2p2d, default_en
     want = run_generation(default_engine, default_engine.tokenizer.encode(prompt), SamplingParams(max_tokens=80))
     assert len(want.token_ids) == 80  # long enough to be interrupted
 
-    def kill_decode_serving_it():
-        time.sleep(1.5)  # a few tokens in
-        victim = served_2p2d.workers()["decode-0"]
-        os.killpg(victim["pid"], signal.SIGKILL)
-
-    with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        killer = pool.submit(kill_decode_serving_it)
-        status, events = post(served_2p2d.http, "/v1/completions",
-                              {"prompt": prompt, "max_tokens": 80, "temperature": 0, "stream": True})
-        killer.result()
-    assert status == 200
+    kill = KillServing(served_2p2d, "decode")  # the decode worker serving it, at the 5th token
+    status, events = post(served_2p2d.http, "/v1/completions",
+                          {"prompt": prompt, "max_tokens": 80, "temperature": 0, "stream": True}, on_event=kill)
+    assert status == 200 and kill.killed
     assert "".join(e["choices"][0]["text"] for e in events) == want.text
     with urllib.request.urlopen(served_2p2d.http + "/metrics") as r:
         recoveries = re.findall(r'^tandem_recoveries_total\{role="(\w+)"\} ([\d.]+)', r.read().decode(), re.M)
@@ -88,18 +72,9 @@ def test_a_sampled_request_resumes_with_exactly_its_own_tokens(served_2p2d, defa
         with urllib.request.urlopen(served_2p2d.http + "/metrics") as r:
             return sum(float(n) for n in re.findall(r"^tandem_recoveries_total\{[^}]*\} ([\d.]+)", r.read().decode(), re.M))
 
-    before, sent = recoveries(), worker_requests(served_2p2d.http)
-
-    def kill_the_decode_worker_serving_it():
-        time.sleep(1.5)  # a few tokens in
-        now = worker_requests(served_2p2d.http)
-        busy = next(w for w in sorted(now) if w.startswith("decode") and now[w] > sent.get(w, 0))
-        os.killpg(served_2p2d.workers()[busy]["pid"], signal.SIGKILL)
-
-    with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        killer = pool.submit(kill_the_decode_worker_serving_it)
-        status, events = post(served_2p2d.http, "/v1/completions", {"prompt": prompt, "stream": True, **params})
-        killer.result()
-    assert status == 200
+    before, kill = recoveries(), KillServing(served_2p2d, "decode")
+    status, events = post(served_2p2d.http, "/v1/completions", {"prompt": prompt, "stream": True, **params},
+                          on_event=kill)
+    assert status == 200 and kill.killed
     assert "".join(e["choices"][0]["text"] for e in events) == want.text
     assert recoveries() > before  # it really was resumed, not served whole before the kill

@@ -4,17 +4,14 @@ once, from the other replica."""
 
 from __future__ import annotations
 
-import concurrent.futures
-import os
 import re
-import signal
-import time
 import urllib.request
 
 from engine.generate import run_generation
 from tandem.sampling_params import SamplingParams
 from tests.conftest import start_serve, stop_serve
 from tests.serve.clients import post
+from tests.serve.kill import KillServing
 
 
 def test_two_colocated_replicas_serve_and_resume_when_one_is_killed(built_engines, tmp_path, default_engine):
@@ -26,19 +23,10 @@ def test_two_colocated_replicas_serve_and_resume_when_one_is_killed(built_engine
         assert set(s.workers()) == {"generate-0", "generate-1"}
         assert {tuple(w["cpus"]) for w in s.workers().values()} == {(0,), (1,)}  # each on its own core
 
-        def kill_the_busy_one():
-            time.sleep(1.5)
-            with urllib.request.urlopen(s.http + "/metrics") as r:
-                text = r.read().decode()
-            busy = re.search(r'^tandem_worker_requests_total\{role="generate",worker="(generate-\d)"\} 1\.0', text, re.M)
-            os.killpg(s.workers()[busy.group(1)]["pid"], signal.SIGKILL)
-
-        with concurrent.futures.ThreadPoolExecutor(1) as pool:
-            killer = pool.submit(kill_the_busy_one)
-            status, events = post(s.http, "/v1/completions", {"prompt": prompt, "max_tokens": 80, "temperature": 0,
-                                                              "stream": True})
-            killer.result()
-        assert status == 200
+        kill = KillServing(s, "generate")  # the replica serving it, at the 5th token
+        status, events = post(s.http, "/v1/completions", {"prompt": prompt, "max_tokens": 80, "temperature": 0,
+                                                          "stream": True}, on_event=kill)
+        assert status == 200 and kill.killed
         assert "".join(e["choices"][0]["text"] for e in events) == want.text
         with urllib.request.urlopen(s.http + "/metrics") as r:
             assert re.search(r'^tandem_recoveries_total\{role="generate"\} [1-9]', r.read().decode(), re.M)

@@ -62,6 +62,12 @@ class Attention:
         """q: [T, H, hd], k/v: [T, Hkv, hd] -> [T, H * hd]."""
         raise NotImplementedError
 
+    def in_place_decode(self) -> tuple | None:
+        """(pool, slots [T], tables [T, P], ctx_lens [T]) when this pass is decode rows only and Tandem's CPU
+        kernels read the pool in place (engine/cpu_kernels/layers.py then runs a one-row pass's layers in
+        one call); None otherwise. Wrappers that act between layers keep the default, None."""
+        return None
+
     def attend_qkv(self, layer: int, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: int) -> torch.Tensor:
         """qkv: [T, H + 2*Hkv, hd] (q, k, v heads; H = `heads`), cos/sin: [T, 1, hd] -> [T, H * hd]."""
         kv_heads = (qkv.shape[1] - heads) // 2
@@ -180,6 +186,11 @@ class PagedAttention(Attention):
         hidden = (keys[None, None, :] > qpos[:, :, None])[:, None]  # [B, 1, Q, L]
         mask = torch.zeros(hidden.shape, dtype=self.cache.data.dtype, device=dev).masked_fill_(hidden, float("-inf"))
         return padded, mask  # [B, P], [B, 1, Q, L]
+
+    def in_place_decode(self) -> tuple | None:
+        if not (self.in_place and self.all_decode):
+            return None
+        return (self.cache.data, self.slots, *self.decode)
 
     def attend_qkv(self, layer: int, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: int) -> torch.Tensor:
         """As Attention.attend_qkv; a pass of decode rows only, read in place, goes to the CPU kernel's one

@@ -40,6 +40,12 @@ class Dense:
         self.weight = torch.ops.mkldnn._reorder_linear_weight(weight, self.PACK_BATCH) if self._onednn else weight
         self._row_weight = weight if self._onednn and cpu_gemv.supports(weight) else None  # [out, in] plain
 
+    @property
+    def row_weight(self) -> torch.Tensor | None:
+        """The plain weight [out, in] that one-row products read with Tandem's kernel, when they do and
+        the layer has no bias (engine/cpu_kernels/layers.py chains such layers in C++); else None."""
+        return self._row_weight if self.bias is None else None
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self._row_weight is not None and x.shape[0] == 1:
             y = cpu_gemv.gemv(x, self._row_weight)  # [1, out]

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 from engine.attention import Attention
 from engine.config import ModelConfig
+from engine.cpu_kernels import layers as cpu_layers
 from engine.cpu_kernels import norm as cpu_norm
 from engine.errors import ModelLoadError
 from engine.linear import Dense
@@ -65,6 +66,7 @@ class LlamaModel:
             self.lm_head = Dense(self.embed)
         w.check_all_used()
         self.rotary = Rotary(cfg, self.device)
+        self._one_row = cpu_layers.layer_weights(self.layers)  # None unless every layer can run in one call
 
     def _layer(self, w: "_Weights", i: int) -> Layer:
         c, p = self.cfg, f"model.layers.{i}."
@@ -96,7 +98,18 @@ class LlamaModel:
         T = tokens.shape[0]
         x = self.embed[tokens]  # [T, D]
         cos, sin = self.rotary.cos_sin(positions, seq_lens_for_rope, self.dtype, max_len)  # [T, hd] each
-        cos, sin = cos[:, None, :], sin[:, None, :]  # [T, 1, hd]: broadcast over heads, shaped once per pass
+        in_place = attn.in_place_decode() if T == 1 and self._one_row is not None else None
+        if in_place is not None:  # one decode row: every layer in one call, the same kernels in the same order
+            x = cpu_layers.decode(x, self._one_row, in_place, cos, sin, c.num_heads, c.rms_norm_eps)
+        else:  # cos, sin [T, 1, hd]: broadcast over heads, shaped once per pass
+            self._layer_loop(x, cos[:, None, :], sin[:, None, :], attn)
+        x = rms_norm(x[last_rows], self.norm, c.rms_norm_eps)  # [B, D]
+        return self.lm_head(x)  # [B, V]
+
+    def _layer_loop(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: Attention) -> None:
+        """x: [T, D] through every layer, in place; cos, sin: [T, 1, hd]."""
+        c = self.cfg
+        T = x.shape[0]
         H, Hkv, hd = c.num_heads, c.num_kv_heads, c.head_dim
         mlp_out = None  # the previous layer's MLP output [T, D], added to x by the next norm
         for i, L in enumerate(self.layers):
@@ -108,8 +121,6 @@ class LlamaModel:
             mlp_out = L.down(F.silu(gate, inplace=True).mul_(up))  # [T, D]
         if mlp_out is not None:
             x += mlp_out
-        x = rms_norm(x[last_rows], self.norm, c.rms_norm_eps)  # [B, D]
-        return self.lm_head(x)  # [B, V]
 
 
 class _Weights:

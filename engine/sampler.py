@@ -37,7 +37,8 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], steps: list[int],
     repetition, presence or frequency penalty.
     """
     raw = logits.float()  # [B, V]
-    logits = raw.clone()
+    edited = any(p.repetition_penalty != 1.0 or p.presence_penalty or p.frequency_penalty for p in params)
+    logits = raw.clone() if edited or any(banned) else raw  # `raw` stays the model's own, for logprobs
     for i, p in enumerate(params):
         if p.repetition_penalty != 1.0:
             _penalize(logits[i], history[i], p.repetition_penalty)

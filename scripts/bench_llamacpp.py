@@ -26,8 +26,8 @@ GGML_TYPES = {"float32": "F32", "bfloat16": "BF16"}
 
 def load_llama_cpp():
     """The llama_cpp module from the cache folder, or None (with the reason printed) when absent."""
-    if LLAMA_CPP_DIR not in sys.path:
-        sys.path.insert(0, LLAMA_CPP_DIR)
+    if LLAMA_CPP_DIR not in sys.path:  # last: the folder also holds a numpy that must not shadow the venv's
+        sys.path.append(LLAMA_CPP_DIR)
     try:
         import llama_cpp
     except ImportError as e:

@@ -23,13 +23,15 @@ from engine.load import load_engine
 from tandem.sampling_params import SamplingParams
 
 GROUPS = (  # (group, substrings of op names), first match wins
+    # a one-row step's layers in one call: its products, attention and norms (its few ATen ops count apart)
+    ("decode layers, one call", ("decode_layers",)),
     ("matmul", ("linear", "addmm", "mm", "matmul", "bmm", "gemv")),
     ("attention", ("scaled_dot_product", "flash_attention", "softmax", "decode_step_attention", "decode_attention")),
     ("kv gather/write", ("index_select", "index_copy", "index_put")),
     ("sampling", ("argmax", "topk", "multinomial", "log_softmax")),
     ("elementwise", ("mul", "add", "silu", "rsqrt", "pow", "mean", "cat", "neg", "to", "copy", "sub", "rms_norm")),
 )
-KERNELS = ("gemv", "decode_step_attention", "decode_attention", "rms_norm")  # engine/cpu_kernels, shown as tandem::
+KERNELS = ("gemv", "decode_step_attention", "decode_attention", "rms_norm", "decode_layers")  # engine/cpu_kernels, shown as tandem::
 
 
 @contextlib.contextmanager

@@ -142,7 +142,11 @@ def test_trtllm_alternative_uses_the_generated_configs_and_its_service_names():
 def test_images_build_from_a_configurable_base_and_pin_torch():
     with open("deploy/Dockerfile.cpu") as f:
         cpu = f.read()
-    assert "ARG BASE=python:3.11-slim\nFROM ${BASE}" in cpu and '"torch==2.13.0"' in cpu
+    assert "ARG BASE=python:3.11-slim\nFROM ${BASE} AS runtime" in cpu and '"torch==2.13.0"' in cpu
+    # the CPU kernels are compiled in a stage of their own: the image gets them, not the compiler
+    stages = cpu.split("\nFROM ")
+    assert stages[-1].startswith("runtime\n") and "COPY --from=kernels" in stages[-1] and "g++" not in stages[-1]
+    assert stages[-2].startswith("runtime AS kernels") and "engine.cpu_kernels.build" in stages[-2]
     with open("deploy/Dockerfile.gpu") as f:
         gpu = f.read()
     assert "ARG TRITON_IMAGE\nFROM ${TRITON_IMAGE}" in gpu and "torch==" not in gpu  # keeps the image's CUDA torch

@@ -30,7 +30,8 @@ NAME = "tandem_cpu_kernels"
 HERE = Path(__file__).parent
 _LOCK = threading.Lock()  # one attempt per process, whichever thread asks first
 _LOADED: list = []  # [the module, or None] once tried
-SOURCES = [HERE / n for n in ("module.cpp", "gemv.cpp", "decode_attention.cpp", "rms_norm.cpp")]
+SOURCES = [HERE / n for n in ("module.cpp", "gemv.cpp", "decode_attention.cpp", "rms_norm.cpp",
+                             "decode_layers.cpp")]
 
 
 @functools.cache
@@ -107,8 +108,8 @@ def _load():
 
 def main() -> None:
     """Build the kernels (if needed) and say whether the engine will use them."""
-    from engine.cpu_kernels import attention, gemv, norm
-    print(f"CPU kernels: {'; '.join(m.describe() for m in (gemv, attention, norm))}" if load() else
+    from engine.cpu_kernels import attention, gemv, layers, norm
+    print(f"CPU kernels: {'; '.join(m.describe() for m in (gemv, attention, norm, layers))}" if load() else
           "CPU kernels: not in use (CPU without AVX-512, no C++ compiler, or TANDEM_CPU_KERNELS=off)")
 
 

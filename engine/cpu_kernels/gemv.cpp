@@ -15,6 +15,22 @@ namespace {
 
 constexpr int64_t kRows = 4;     // W rows per register block (four independent accumulators)
 constexpr int64_t kGrain = 16;   // blocks per parallel chunk: 64 rows, a few KiB to a few tens of KiB
+// Software prefetch distance in bytes ahead of each of the block's rows. A bf16 row of these models is
+// ~1-3 KiB, too short for the hardware's streamer to ramp up: with this prefetch a sequence of the
+// model's products read ~0.9 of a plain reduction's bandwidth instead of ~0.75 (fp32 rows, twice as
+// long, gained a few percent). Prefetches past the end of W are harmless: they never fault.
+constexpr int64_t kAhead = 8192;
+
+// Each loop iteration reads one 64-byte line of each of the block's four rows; ask for the lines
+// kAhead bytes further on. `w`: the block's first row at the iteration's column; `row_bytes`: from one
+// row to the next.
+inline void prefetch_block(const void* w, int64_t row_bytes) {
+  const char* p = static_cast<const char*>(w) + kAhead;
+  _mm_prefetch(p, _MM_HINT_T0);
+  _mm_prefetch(p + row_bytes, _MM_HINT_T0);
+  _mm_prefetch(p + 2 * row_bytes, _MM_HINT_T0);
+  _mm_prefetch(p + 3 * row_bytes, _MM_HINT_T0);
+}
 
 // The row loops carry their own target attribute and the rest of the file is built for any x86-64,
 // so loading this module never executes an AVX-512 instruction on a CPU without it.
@@ -27,6 +43,7 @@ void rows_f32(const float* W, const float* x, float* y, int64_t in, int64_t b0, 
     __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
     __m512 a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
     for (int64_t i = 0; i < in; i += 16) {
+      prefetch_block(w + i, in * 4);
       const __m512 xv = _mm512_loadu_ps(x + i);
       a0 = _mm512_fmadd_ps(_mm512_loadu_ps(w + i), xv, a0);
       a1 = _mm512_fmadd_ps(_mm512_loadu_ps(w + in + i), xv, a1);
@@ -50,6 +67,7 @@ void rows_bf16(const at::BFloat16* W, const at::BFloat16* x, at::BFloat16* y, in
     __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps();
     __m512 a2 = _mm512_setzero_ps(), a3 = _mm512_setzero_ps();
     for (int64_t i = 0; i < in; i += 32) {  // 32 bf16 = one 512-bit register; dpbf16 adds pairs into 16 fp32 lanes
+      prefetch_block(w + i, in * 2);
       const __m512bh xv = (__m512bh)_mm512_loadu_si512(x + i);
       a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_loadu_si512(w + i), xv);
       a1 = _mm512_dpbf16_ps(a1, (__m512bh)_mm512_loadu_si512(w + in + i), xv);

@@ -1,14 +1,15 @@
 """The Compose stack end to end (run by scripts/compose-test; needs Docker and docker-compose, ~10 minutes).
 
 1. build the image (deploy/build-image, on the local Debian base) and time it;
-2. NIXL between two containers on a network like the stack's: the project's transport writes a
+2. the engine's CPU kernels load in the image, which has no C++ compiler (built in a stage of their own);
+3. NIXL between two containers on a network like the stack's: the project's transport writes a
    prompt's KV pages from one container into a pool in the other (UCX over TCP on eth0);
-3. bring the stack up (orchestrator, prefill, decode) and wait for every health check;
-4. a streamed greedy chat answer must equal `tandem generate --json` on the host, text for text;
-5. crash the decode container mid-stream: the stream must complete exactly (resumed on a fresh pair)
+4. bring the stack up (orchestrator, prefill, decode) and wait for every health check;
+5. a streamed greedy chat answer must equal `tandem generate --json` on the host, text for text;
+6. crash the decode container mid-stream: the stream must complete exactly (resumed on a fresh pair)
    or end retryably (HTTP 503 + Retry-After, or an SSE error event naming UNAVAILABLE); the container
    must restart and the stack be healthy again;
-6. `down -v --remove-orphans`; nothing of the project may remain (containers, networks, volumes, the
+7. `down -v --remove-orphans`; nothing of the project may remain (containers, networks, volumes, the
    secret, the image it superseded, /dev/shm entries it made).
 Prints one summary; exits non-zero when a step failed, naming it with a log excerpt.
 """
@@ -77,6 +78,19 @@ def stream_chat(port: int, prompt: str, max_tokens: int, on_delta=None) -> dict:
                 on_delta(n)
     conn.close()
     return out
+
+
+def kernels_in_image(image: str) -> str:
+    """The image's engine loads Tandem's CPU kernels without a compiler (on a host CPU with AVX-512)."""
+    if "avx512f" not in open("/proc/cpuinfo").read():
+        return "skipped: this CPU lacks AVX-512 (the engine uses PyTorch's kernels)"
+    said = sh(["docker", "run", "--rm", image, "sh", "-c",
+               "for c in cc c++ gcc g++; do command -v $c >/dev/null "
+               "&& { echo \"a compiler is in the image: $c\" >&2; exit 1; }; done; "
+               "python -m engine.cpu_kernels.build"]).strip()
+    if "one-row products in" not in said:
+        raise RuntimeError(f"the image's engine does not use the CPU kernels: {said!r}")
+    return said
 
 
 def nixl_between_containers(image: str) -> str:
@@ -186,6 +200,7 @@ def main() -> int:
         built = run.step("build image", build, args.image, args.base)
         if built:
             run.summary[-1] = ("build image", f"{args.image}: {built[0]}, {built[1]}")
+    run.step("CPU kernels in the image (no compiler there)", kernels_in_image, args.image)
     run.step("NIXL between two containers", nixl_between_containers, args.image)
     expected = run.step("reference answer on the host (tandem generate --json)", reference, PROMPT, args.max_tokens)
     stack = Stack(os.path.join(ROOT, "deploy", "docker-compose.cpu.yml"), args.image, free_port(), free_port())

@@ -152,3 +152,42 @@ def test_norm_kernel_equals_the_pytorch_norm_after_the_same_residual_add(dtype):
     got = cpu_norm.add_rms_norm(x, delta, w, 1e-5)
     assert torch.equal(x, want_x)  # the residual add is in place and rounds as PyTorch's add does
     torch.testing.assert_close(got, want, rtol=2 ** -7 if dtype == torch.bfloat16 else 1e-6, atol=1e-6)
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_one_row_step_in_one_call_equals_the_layer_loop_bit_for_bit(dtype, monkeypatch):
+    """engine/cpu_kernels/layers.py runs the loop's kernels in the loop's order: same tokens, same logprobs
+    (to the last bit) as engine/model.py's layer loop, over a sampled answer of 24 tokens."""
+    from engine.cpu_kernels import layers as cpu_layers
+    from engine.load import load_engine
+    from tandem.sampling_params import SamplingParams
+    from tests.conftest import complete
+
+    engine = load_engine("smollm2-135m", dtype=dtype, kv_bytes=32 << 20)
+    assert engine.model._one_row is not None  # the default model qualifies on this CPU
+    calls, real = [], cpu_layers.decode
+    monkeypatch.setattr(cpu_layers, "decode", lambda *args: calls.append(1) or real(*args))
+    ids = engine.tokenizer.encode("Name three rivers of Europe and say where each one meets the sea.")
+    params = SamplingParams(max_tokens=24, temperature=0.8, seed=7, ignore_eos=True, logprobs=True, top_logprobs=4)
+    fused = complete(engine, ids, params, "fused")
+    assert len(calls) == 23  # every decode step after the prefill's first token
+    engine.model._one_row = None
+    loop = complete(engine, ids, params, "loop")
+    assert fused.output_ids == loop.output_ids and len(fused.output_ids) == 24
+    assert fused.output_logprobs == loop.output_logprobs
+
+
+@needs_kernel
+def test_layers_with_a_bias_or_without_the_one_row_kernel_keep_the_layer_loop():
+    from engine.cpu_kernels.layers import layer_weights
+    from engine.model import Layer
+
+    def layer(bias=None, dtype=torch.float32):
+        D = 64
+        return Layer(torch.ones(D, dtype=dtype), Dense(torch.randn(3 * D, D, dtype=dtype), bias), Dense(torch.randn(D, D, dtype=dtype)),
+                     torch.ones(D, dtype=dtype), Dense(torch.randn(4 * D, D, dtype=dtype)), Dense(torch.randn(D, 2 * D, dtype=dtype)))
+
+    assert layer_weights([layer(), layer()]) is not None and len(layer_weights([layer(), layer()])) == 12
+    assert layer_weights([layer(), layer(bias=torch.zeros(3 * 64))]) is None  # Qwen-style q/k/v biases
+    assert layer_weights([layer(dtype=torch.float16)]) is None  # no one-row kernel for fp16

@@ -4,8 +4,9 @@
 #pragma once
 #include <torch/extension.h>
 
-// x: [1, in] contiguous, W: [out, in] contiguous, both float32 or both bfloat16 -> [1, out] of that
-// dtype. out % 4 == 0; in % 16 == 0 (fp32) or % 32 == 0 (bf16, needs AVX512_BF16). Needs AVX-512F.
+// x: [M, in] contiguous with 1 <= M <= 16, W: [out, in] contiguous, both float32 or both bfloat16
+// -> [M, out] of that dtype; each row's sums in an order independent of M. out % 4 == 0; in % 16 == 0
+// (fp32) or % 32 == 0 (bf16, needs AVX512_BF16). Needs AVX-512F.
 torch::Tensor gemv(const torch::Tensor& x, const torch::Tensor& W);
 
 // One query row per sequence over its paged context:

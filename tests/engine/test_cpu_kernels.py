@@ -29,26 +29,53 @@ def test_the_kernel_builds_where_the_cpu_and_a_compiler_allow_it():
     assert build.load() is not None
 
 
+ROWS = [1, 3, 8, 9, 16]  # one row, one group of x rows, a full group, a group and one, two full groups
+needs_bf16 = pytest.mark.skipif(not ("avx512_bf16" in build.cpu_flags() and build.load() is not None),
+                                reason="needs AVX512_BF16 and the kernels")
+
+
 @needs_kernel
+@pytest.mark.parametrize("rows", ROWS)
 @pytest.mark.parametrize("shape", SHAPES)
-def test_fp32_equals_a_float64_product(shape):
+def test_fp32_equals_a_float64_product(shape, rows):
     torch.manual_seed(0)
-    w, x = torch.randn(shape), torch.randn(1, shape[1])
+    w, x = torch.randn(shape), torch.randn(rows, shape[1])
     assert cpu_gemv.supports(w)
-    want = (x.double() @ w.double().T).float()  # [1, out]
+    want = (x.double() @ w.double().T).float()  # [rows, out]
     torch.testing.assert_close(cpu_gemv.gemv(x, w), want, rtol=1e-5, atol=1e-4)
 
 
-@pytest.mark.skipif("avx512_bf16" not in build.cpu_flags(), reason="needs AVX512_BF16")
+@needs_bf16
+@pytest.mark.parametrize("rows", ROWS)
 @pytest.mark.parametrize("shape", SHAPES)
-def test_bf16_equals_a_float64_product_of_the_same_values(shape):
+def test_bf16_equals_a_float64_product_of_the_same_values(shape, rows):
     torch.manual_seed(0)
-    w, x = torch.randn(shape).bfloat16(), torch.randn(1, shape[1]).bfloat16()
+    w, x = torch.randn(shape).bfloat16(), torch.randn(rows, shape[1]).bfloat16()
     assert cpu_gemv.supports(w)
     got = cpu_gemv.gemv(x, w)
-    assert got.dtype == torch.bfloat16 and got.shape == (1, shape[0])
+    assert got.dtype == torch.bfloat16 and got.shape == (rows, shape[0])
     want = (x.double() @ w.double().T).bfloat16()  # fp32 sums rounded once: within one bf16 step of the exact
     torch.testing.assert_close(got.float(), want.float(), rtol=2 ** -7, atol=1e-3)
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_rows_product_is_the_same_bits_whatever_rows_are_beside_it(dtype):
+    """Each row's sums run in one order for any row count: a sequence's logits do not depend on the
+    batch it decodes in (up to the kernel's row limit)."""
+    if dtype == torch.bfloat16 and "avx512_bf16" not in build.cpu_flags():
+        pytest.skip("needs AVX512_BF16")
+    torch.manual_seed(2)
+    w, x = torch.randn(3072, 576).to(dtype), torch.randn(16, 576).to(dtype)
+    alone = torch.cat([cpu_gemv.gemv(x[r:r + 1], w) for r in range(16)])  # [16, 3072]
+    for rows in (2, 5, 8, 11, 16):
+        assert torch.equal(cpu_gemv.gemv(x[:rows], w), alone[:rows]), rows
+
+
+@needs_kernel
+def test_more_rows_than_the_kernel_takes_are_refused():
+    with pytest.raises(RuntimeError, match="1 <= M <= 16"):
+        cpu_gemv.gemv(torch.randn(cpu_gemv.MAX_ROWS + 1, 64), torch.randn(8, 64))
 
 
 @needs_kernel
@@ -61,15 +88,15 @@ def test_weights_it_cannot_multiply_are_refused(w):
 
 @needs_kernel
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_a_dense_layer_gives_one_row_what_the_batched_kernel_gives_it(dtype):
-    """One row goes to this kernel, several to oneDNN's: the same product within rounding."""
+def test_a_dense_layer_gives_few_rows_what_the_batched_kernel_gives_them(dtype):
+    """A few rows go to this kernel, more to oneDNN's: the same product within rounding."""
     torch.manual_seed(1)
-    w, b, x = torch.randn(960, 576).to(dtype), torch.randn(960).to(dtype), torch.randn(3, 576).to(dtype)
+    w, b, x = torch.randn(960, 576).to(dtype), torch.randn(960).to(dtype), torch.randn(40, 576).to(dtype)
     layer = Dense(w, b)
     assert layer._row_weight is not None or not cpu_gemv.supports(w)
-    one, batch = layer(x[:1]), layer(x)  # [1, 960], [3, 960]
+    one, batch = layer(x[:3]), layer(x)  # [3, 960], [40, 960]
     tol = dict(rtol=1e-5, atol=1e-4) if dtype == torch.float32 else dict(rtol=2 ** -6, atol=2e-2)
-    torch.testing.assert_close(one.float(), batch[:1].float(), **tol)
+    torch.testing.assert_close(one.float(), batch[:3].float(), **tol)
 
 
 def _reference_attention(q, kv, tables, lens):

@@ -136,7 +136,6 @@ void group_bf16(const at::BFloat16* W, const at::BFloat16* x, at::BFloat16* y, i
 }
 
 constexpr int kMaxGroup = 8;     // x rows per pass over a W block: 16 accumulators, 2 W registers, 1 of x
-constexpr int64_t kChunk = 32;   // two-row W blocks per chunk: 64 rows
 
 template <typename T>
 using Group = void (*)(const T*, const T*, T*, int64_t, int64_t, int64_t, int64_t);
@@ -146,8 +145,8 @@ constexpr Group<at::BFloat16> kGroupBF16[kMaxGroup] = {group_bf16<1>, group_bf16
                                                        group_bf16<5>, group_bf16<6>, group_bf16<7>, group_bf16<8>};
 
 // y [M, out] = x [M, in] @ W.T. One row: four-row blocks of W. More: blocks of two W rows against
-// kMaxGroup rows of x at a time, a chunk of W rows after another; a chunk (tens of KiB) comes from
-// memory for the first group of x rows and from the core's cache for the others.
+// kMaxGroup rows of x at a time; past kMaxGroup rows, every group on one block before the next block,
+// so the block is read from memory once and the weight stream never waits for a second pass.
 template <typename T, typename Row>
 void product(const torch::Tensor& x, const torch::Tensor& W, torch::Tensor& y, Row one_row,
              const Group<T> (&groups)[kMaxGroup]) {
@@ -158,11 +157,11 @@ void product(const torch::Tensor& x, const torch::Tensor& W, torch::Tensor& y, R
     at::parallel_for(0, out / kRows, kGrain, [&](int64_t b0, int64_t b1) { one_row(w, xv, yv, in, b0, b1); });
     return;
   }
-  at::parallel_for(0, out / 2, kChunk, [&](int64_t b0, int64_t b1) {
-    for (int64_t c0 = b0; c0 < b1; c0 += kChunk) {
-      const int64_t c1 = std::min(b1, c0 + kChunk);
+  at::parallel_for(0, out / 2, kGrain, [&](int64_t b0, int64_t b1) {
+    if (M <= kMaxGroup) return groups[M - 1](w, xv, yv, in, out, b0, b1);
+    for (int64_t b = b0; b < b1; ++b) {  // every group on one block while it is in L1, the stream going on
       for (int64_t m0 = 0; m0 < M; m0 += kMaxGroup) {
-        groups[std::min<int64_t>(kMaxGroup, M - m0) - 1](w, xv + m0 * in, yv + m0 * out, in, out, c0, c1);
+        groups[std::min<int64_t>(kMaxGroup, M - m0) - 1](w, xv + m0 * in, yv + m0 * out, in, out, b, b + 1);
       }
     }
   });

@@ -66,7 +66,8 @@ class LlamaModel:
             self.lm_head = Dense(self.embed)
         w.check_all_used()
         self.rotary = Rotary(cfg, self.device)
-        self._one_row = cpu_layers.layer_weights(self.layers)  # None unless every layer can run in one call
+        self._one_call = cpu_layers.layer_weights(self.layers)  # None unless every layer can run in one call
+        self._one_call_rows = cpu_layers.max_rows(dtype)
 
     def _layer(self, w: "_Weights", i: int) -> Layer:
         c, p = self.cfg, f"model.layers.{i}."
@@ -98,9 +99,9 @@ class LlamaModel:
         T = tokens.shape[0]
         x = self.embed[tokens]  # [T, D]
         cos, sin = self.rotary.cos_sin(positions, seq_lens_for_rope, self.dtype, max_len)  # [T, hd] each
-        in_place = attn.in_place_decode() if T == 1 and self._one_row is not None else None
-        if in_place is not None:  # one decode row: every layer in one call, the same kernels in the same order
-            x = cpu_layers.decode(x, self._one_row, in_place, cos, sin, c.num_heads, c.rms_norm_eps)
+        in_place = attn.in_place_decode() if T <= self._one_call_rows and self._one_call is not None else None
+        if in_place is not None:  # a few decode rows: every layer in one call, the same kernels in the same order
+            x = cpu_layers.decode(x, self._one_call, in_place, cos, sin, c.num_heads, c.rms_norm_eps)
         else:  # cos, sin [T, 1, hd]: broadcast over heads, shaped once per pass
             self._layer_loop(x, cos[:, None, :], sin[:, None, :], attn)
         x = rms_norm(x[last_rows], self.norm, c.rms_norm_eps)  # [B, D]

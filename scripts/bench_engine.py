@@ -24,7 +24,7 @@ import time
 import torch
 
 from bench_llamacpp import LlamaCpp, load_llama_cpp, same_gguf
-from engine.cpu_kernels.build import load as load_cpu_kernels
+from engine.cpu_kernels.build import cpu_flags, load as load_cpu_kernels
 from engine.checkpoint import KNOWN_MODELS
 from engine.load import load_engine
 from tandem.sampling_params import SamplingParams
@@ -136,11 +136,19 @@ def bench_dtype(dtype: str, args, hf, gguf_src: str, llama_cpp) -> dict:
     return r
 
 
+def cpu_name() -> str:
+    """The CPU's model name and the flags that decide which kernels run (the ratios to transformers
+    depend on them: PyTorch's fp32 GEMM is at the CPU's peak on Intel, on a generic path elsewhere)."""
+    flags = cpu_flags()
+    model = next((ln.partition(":")[2].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "?")
+    return f"{model}, {os.cpu_count()} logical, {' '.join(f for f in ('avx512f', 'avx512_bf16', 'amx_bf16') if f in flags)}"
+
+
 def report(res: dict) -> str:
     """The run as markdown: one table per dtype, ratios to tandem's numbers, and the floor."""
     lines = [f"threads={res['threads']}, model smollm2-135m, prompt {res['prompt_len']} tokens, "
              f"{res['new_tokens']} new tokens; load average {res['load_start']} at start, {res['load_end']} at end; "
-             f"CPU kernels: {res['kernel']}", ""]
+             f"CPU kernels: {res['kernel']}; CPU: {res.get('cpu', 'not recorded')}", ""]
     for dtype, r in res["dtypes"].items():
         bw = r["bandwidth_gbs"]
         lines += [f"### {dtype}", "", "| measure | tandem | transformers (fp32) | tandem / transformers | llama.cpp | "
@@ -188,7 +196,7 @@ def main() -> None:
     llama_cpp = None if args.no_llama_cpp else load_llama_cpp()
     res = {"threads": args.threads, "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
            "load_start": [round(x, 1) for x in os.getloadavg()], "dtypes": {},
-           "kernel": "Tandem's (engine/cpu_kernels)" if load_cpu_kernels() else "PyTorch's"}
+           "kernel": "Tandem's (engine/cpu_kernels)" if load_cpu_kernels() else "PyTorch's", "cpu": cpu_name()}
     # transformers in fp32: its GGUF loader keeps the weights packed and computes in fp32, and says fp32
     # is its fastest CPU setting (asked for bf16, it casts around every matmul)
     hf = transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=filename, dtype=torch.float32).eval()

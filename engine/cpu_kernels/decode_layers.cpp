@@ -1,7 +1,7 @@
-// One sequence's decode step through every decoder layer in one call (batch 1 on CPU).
+// A decode step of a few sequences (one new token each) through every decoder layer in one call, on CPU.
 //
-// The same kernels, in the same order, as engine/model.py's layer loop takes for one decode row
-// (residual + RMSNorm, one-row products, the rotary + K/V write + paged attention step, SiLU-gated
+// The same kernels, in the same order, as engine/model.py's layer loop takes for such a pass
+// (residual + RMSNorm, few-row products, the rotary + K/V write + paged attention step, SiLU-gated
 // MLP), so the result is bit for bit that loop's. What it removes is the Python between them: about
 // ten interpreted calls per layer, ~1 ms of a step that reads the weights in 4-8 ms.
 #include "kernels.h"
@@ -11,18 +11,19 @@ torch::Tensor decode_layers(torch::Tensor x, const std::vector<torch::Tensor>& w
                             const torch::Tensor& tables, const torch::Tensor& ctx, int64_t heads, double eps) {
   constexpr size_t kPerLayer = 6;  // attn_norm, qkv, o, mlp_norm, gate_up, down
   const int64_t layers = pool.size(0), hd = pool.size(5);
-  TORCH_CHECK(x.dim() == 2 && x.size(0) == 1 && x.is_contiguous() && weights.size() == kPerLayer * layers,
-              "decode_layers: x [1, D] contiguous and six weights per pool layer");
+  const int64_t B = x.size(0);
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && weights.size() == kPerLayer * layers,
+              "decode_layers: x [B, D] contiguous and six weights per pool layer");
   c10::optional<torch::Tensor> delta;  // the previous layer's MLP output, added to x by the next norm
   for (int64_t i = 0; i < layers; ++i) {
     const torch::Tensor* w = weights.data() + i * kPerLayer;
-    torch::Tensor h = rms_norm(x, delta, w[0], eps);                            // [1, D]
-    torch::Tensor qkv = gemv(h, w[1]).view({1, -1, hd});                        // [1, H + 2*Hkv, hd]
-    torch::Tensor out = decode_step_attention(qkv, cos, sin, pool[i], slots, tables, ctx);  // [1, H*hd]
+    torch::Tensor h = rms_norm(x, delta, w[0], eps);                            // [B, D]
+    torch::Tensor qkv = gemv(h, w[1]).view({B, -1, hd});                        // [B, H + 2*Hkv, hd]
+    torch::Tensor out = decode_step_attention(qkv, cos, sin, pool[i], slots, tables, ctx);  // [B, H*hd]
     TORCH_CHECK(out.size(1) == heads * hd, "decode_layers: qkv's head count does not match `heads`");
-    h = rms_norm(x, gemv(out, w[2]), w[3], eps);                                // x += o(out); [1, D]
-    std::vector<torch::Tensor> gate_up = gemv(h, w[4]).chunk(2, -1);            // [1, I] each
-    delta = gemv(at::silu_(gate_up[0]).mul_(gate_up[1]), w[5]);                 // [1, D]
+    h = rms_norm(x, gemv(out, w[2]), w[3], eps);                                // x += o(out); [B, D]
+    std::vector<torch::Tensor> gate_up = gemv(h, w[4]).chunk(2, -1);            // [B, I] each, strided views
+    delta = gemv(at::silu_(gate_up[0]).mul_(gate_up[1]).contiguous(), w[5]);    // [B, D]
   }
   if (delta) x += *delta;
   return x;

@@ -33,13 +33,14 @@ torch::Tensor decode_step_attention(const torch::Tensor& qkv, const torch::Tenso
 torch::Tensor rms_norm(const torch::Tensor& x, const c10::optional<torch::Tensor>& delta, const torch::Tensor& w,
                        double eps);
 
-// One decode row through every decoder layer: for each layer i, with weights[6*i ..] = (attn_norm [D],
-// qkv [(H + 2*Hkv) * hd, D], o [D, H*hd], mlp_norm [D], gate_up [2*I, D], down [D, I]):
+// A few decode rows (one new token of each of B sequences) through every decoder layer: for each layer
+// i, with weights[6*i ..] = (attn_norm [D], qkv [(H + 2*Hkv) * hd, D], o [D, H*hd], mlp_norm [D],
+// gate_up [2*I, D], down [D, I]):
 //   h = rms_norm(x, previous MLP output); attention = decode_step_attention(qkv h, cos, sin, pool[i], ...);
 //   h = rms_norm(x, o attention); MLP output = down(silu(gate h) * up h)
-// and finally x += the last MLP output. x: [1, D] (updated in place and returned); pool: [layers, 2,
-// pages, tokens_per_page, Hkv, hd]; cos, sin: [1, hd]; slots [1], tables [1, P], ctx [1] as for
-// decode_step_attention; `heads` = H. Weights as gemv and rms_norm require, no biases.
+// and finally x += the last MLP output. x: [B, D] with B <= 16 (updated in place and returned); pool:
+// [layers, 2, pages, tokens_per_page, Hkv, hd]; cos, sin: [B, hd]; slots [B], tables [B, P], ctx [B]
+// as for decode_step_attention; `heads` = H. Weights as gemv and rms_norm require, no biases.
 torch::Tensor decode_layers(torch::Tensor x, const std::vector<torch::Tensor>& weights, const torch::Tensor& pool,
                             const torch::Tensor& cos, const torch::Tensor& sin, const torch::Tensor& slots,
                             const torch::Tensor& tables, const torch::Tensor& ctx, int64_t heads, double eps);

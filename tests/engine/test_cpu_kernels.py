@@ -181,32 +181,49 @@ def test_norm_kernel_equals_the_pytorch_norm_after_the_same_residual_add(dtype):
     torch.testing.assert_close(got, want, rtol=2 ** -7 if dtype == torch.bfloat16 else 1e-6, atol=1e-6)
 
 
+def _decode_all(engine, prompts: list[list[int]], params, tag: str):
+    """Prefill each prompt, then decode them together as one batch to the end: the sequences."""
+    seqs = [engine.new_sequence(f"{tag}{i}", ids, params) for i, ids in enumerate(prompts)]
+    for s in seqs:
+        engine.admit(s)
+        engine.prefill([s])
+    while not all(s.finished for s in seqs):
+        engine.decode_step([s for s in seqs if not s.finished])
+    for s in seqs:
+        engine.release(s)
+    return seqs
+
+
 @needs_kernel
+@pytest.mark.parametrize("batch", [1, 3])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_a_one_row_step_in_one_call_equals_the_layer_loop_bit_for_bit(dtype, monkeypatch):
+def test_a_decode_step_in_one_call_equals_the_layer_loop_bit_for_bit(dtype, batch, monkeypatch):
     """engine/cpu_kernels/layers.py runs the loop's kernels in the loop's order: same tokens, same logprobs
-    (to the last bit) as engine/model.py's layer loop, over a sampled answer of 24 tokens."""
+    (to the last bit) as engine/model.py's layer loop, over sampled answers of 24 tokens decoded alone
+    and as a batch of three."""
     from engine.cpu_kernels import layers as cpu_layers
     from engine.load import load_engine
     from tandem.sampling_params import SamplingParams
-    from tests.conftest import complete
 
     engine = load_engine("smollm2-135m", dtype=dtype, kv_bytes=32 << 20)
-    assert engine.model._one_row is not None  # the default model qualifies on this CPU
+    assert engine.model._one_call is not None  # the default model qualifies on this CPU
     calls, real = [], cpu_layers.decode
-    monkeypatch.setattr(cpu_layers, "decode", lambda *args: calls.append(1) or real(*args))
-    ids = engine.tokenizer.encode("Name three rivers of Europe and say where each one meets the sea.")
+    monkeypatch.setattr(cpu_layers, "decode", lambda x, *args: calls.append(x.shape[0]) or real(x, *args))
+    questions = ["Name three rivers of Europe and say where each one meets the sea.", "What is a prime number?",
+                 "Write one sentence about the moon."][:batch]
+    prompts = [engine.tokenizer.encode(q) for q in questions]
     params = SamplingParams(max_tokens=24, temperature=0.8, seed=7, ignore_eos=True, logprobs=True, top_logprobs=4)
-    fused = complete(engine, ids, params, "fused")
-    assert len(calls) == 23  # every decode step after the prefill's first token
-    engine.model._one_row = None
-    loop = complete(engine, ids, params, "loop")
-    assert fused.output_ids == loop.output_ids and len(fused.output_ids) == 24
-    assert fused.output_logprobs == loop.output_logprobs
+    fused = _decode_all(engine, prompts, params, "fused")
+    assert calls == [batch] * 23  # every decode step after the prefill's first token, all rows at once
+    engine.model._one_call = None
+    loop = _decode_all(engine, prompts, params, "loop")
+    for f, g in zip(fused, loop):
+        assert f.output_ids == g.output_ids and len(f.output_ids) == 24
+        assert f.output_logprobs == g.output_logprobs
 
 
 @needs_kernel
-def test_layers_with_a_bias_or_without_the_one_row_kernel_keep_the_layer_loop():
+def test_layers_with_a_bias_or_without_the_few_row_kernel_keep_the_layer_loop():
     from engine.cpu_kernels.layers import layer_weights
     from engine.model import Layer
 
@@ -217,4 +234,4 @@ def test_layers_with_a_bias_or_without_the_one_row_kernel_keep_the_layer_loop():
 
     assert layer_weights([layer(), layer()]) is not None and len(layer_weights([layer(), layer()])) == 12
     assert layer_weights([layer(), layer(bias=torch.zeros(3 * 64))]) is None  # Qwen-style q/k/v biases
-    assert layer_weights([layer(dtype=torch.float16)]) is None  # no one-row kernel for fp16
+    assert layer_weights([layer(dtype=torch.float16)]) is None  # no few-row kernel for fp16

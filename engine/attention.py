@@ -64,8 +64,8 @@ class Attention:
 
     def in_place_decode(self) -> tuple | None:
         """(pool, slots [T], tables [T, P], ctx_lens [T]) when this pass is decode rows only and Tandem's CPU
-        kernels read the pool in place (engine/cpu_kernels/layers.py then runs a one-row pass's layers in
-        one call); None otherwise. Wrappers that act between layers keep the default, None."""
+        kernels read the pool in place (engine/cpu_kernels/layers.py then runs a pass of a few such rows
+        through every layer in one call); None otherwise. Wrappers that act between layers keep the default, None."""
         return None
 
     def attend_qkv(self, layer: int, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: int) -> torch.Tensor:

@@ -26,8 +26,8 @@ class Dense:
     A product of a few rows (a decode step of a few sequences, a short prompt: up to 16 in fp32, 8 in
     bf16) goes to Tandem's own kernel (engine/cpu_kernels/gemv.py) where it applies: it streams the plain
     weight once near the memory bandwidth, where oneDNN's reaches ~0.65-0.8 of it at one row and takes
-    about as long for 2-8 rows as for 16. The plain weight is then kept beside the reordered one, so on such CPUs a dense layer holds
-    its weight twice (a tied head reuses the embedding's plain tensor).
+    about as long for 2-8 rows as for 16. The plain weight is then kept beside the reordered one, so on
+    such CPUs a dense layer holds its weight twice (a tied head reuses the embedding's plain tensor).
     """
 
     PACK_BATCH = 32  # the row count oneDNN tunes the layout for; any row count works with it

@@ -141,7 +141,8 @@ def cpu_name() -> str:
     depend on them: PyTorch's fp32 GEMM is at the CPU's peak on Intel, on a generic path elsewhere)."""
     flags = cpu_flags()
     model = next((ln.partition(":")[2].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "?")
-    return f"{model}, {os.cpu_count()} logical, {' '.join(f for f in ('avx512f', 'avx512_bf16', 'amx_bf16') if f in flags)}"
+    shown = " ".join(f for f in ("avx512f", "avx512_bf16", "amx_bf16") if f in flags)
+    return f"{model}, {os.cpu_count()} logical, {shown}"
 
 
 def report(res: dict) -> str:

@@ -23,7 +23,7 @@ from engine.load import load_engine
 from tandem.sampling_params import SamplingParams
 
 GROUPS = (  # (group, substrings of op names), first match wins
-    # a one-row step's layers in one call: its products, attention and norms (its few ATen ops count apart)
+    # a few-row decode step's layers in one call: its products, attention and norms (its few ATen ops count apart)
     ("decode layers, one call", ("decode_layers",)),
     ("matmul", ("linear", "addmm", "mm", "matmul", "bmm", "gemv")),
     ("attention", ("scaled_dot_product", "flash_attention", "softmax", "decode_step_attention", "decode_attention")),

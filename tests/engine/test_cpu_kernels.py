@@ -229,8 +229,12 @@ def test_layers_with_a_bias_or_without_the_few_row_kernel_keep_the_layer_loop():
 
     def layer(bias=None, dtype=torch.float32):
         D = 64
-        return Layer(torch.ones(D, dtype=dtype), Dense(torch.randn(3 * D, D, dtype=dtype), bias), Dense(torch.randn(D, D, dtype=dtype)),
-                     torch.ones(D, dtype=dtype), Dense(torch.randn(4 * D, D, dtype=dtype)), Dense(torch.randn(D, 2 * D, dtype=dtype)))
+
+        def dense(out, inp, b=None):
+            return Dense(torch.randn(out, inp, dtype=dtype), b)
+
+        return Layer(torch.ones(D, dtype=dtype), dense(3 * D, D, bias), dense(D, D), torch.ones(D, dtype=dtype),
+                     dense(4 * D, D), dense(D, 2 * D))
 
     assert layer_weights([layer(), layer()]) is not None and len(layer_weights([layer(), layer()])) == 12
     assert layer_weights([layer(), layer(bias=torch.zeros(3 * 64))]) is None  # Qwen-style q/k/v biases

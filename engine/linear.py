@@ -23,11 +23,12 @@ class Dense:
     `weight` is never read elsewhere; a tied output head gets its own reordered copy of the embedding.
     Elsewhere (CUDA, fp16) it is plain `F.linear`.
 
-    A product of a few rows (a decode step of a few sequences, a short prompt: up to 16 in fp32, 8 in
-    bf16) goes to Tandem's own kernel (engine/cpu_kernels/gemv.py) where it applies: it streams the plain
-    weight once near the memory bandwidth, where oneDNN's reaches ~0.65-0.8 of it at one row and takes
-    about as long for 2-8 rows as for 16. The plain weight is then kept beside the reordered one, so on
-    such CPUs a dense layer holds its weight twice (a tied head reuses the embedding's plain tensor).
+    A product of a few rows (a decode step of a few sequences, a short prompt: up to 64 in fp32, 8 in
+    bf16) goes to Tandem's own kernel (engine/cpu_kernels/gemv.py) where it applies, on a second copy of
+    the weight packed for it: it streams the weight once near the memory bandwidth, where oneDNN's reaches
+    ~0.65-0.8 of it at one row, and in fp32 runs closer to the multiply-add peak up to 64 rows. So on
+    such CPUs a dense layer holds its weight twice (a tied head: the embedding, oneDNN's copy and the
+    packed one).
     """
 
     PACK_BATCH = 32  # the row count oneDNN tunes the layout for; any row count works with it
@@ -39,18 +40,19 @@ class Dense:
         self._onednn = (weight.device.type == "cpu" and weight.dtype in (torch.float32, torch.bfloat16)
                         and _onednn_available())
         self.weight = torch.ops.mkldnn._reorder_linear_weight(weight, self.PACK_BATCH) if self._onednn else weight
-        self._row_weight = weight if self._onednn and cpu_gemv.supports(weight) else None  # [out, in] plain
+        self._packed = cpu_gemv.pack(weight) if self._onednn and cpu_gemv.supports(weight) else None
         self._few_rows = cpu_gemv.ROWS_FASTER.get(weight.dtype, 0)  # up to this many rows go to the kernel
 
     @property
-    def row_weight(self) -> torch.Tensor | None:
-        """The plain weight [out, in] that few-row products read with Tandem's kernel, when they do and
-        the layer has no bias (engine/cpu_kernels/layers.py chains such layers in C++); else None."""
-        return self._row_weight if self.bias is None else None
+    def packed(self) -> torch.Tensor | None:
+        """The weight packed for Tandem's few-row kernel (engine/cpu_kernels/gemv.py: pack), when few-row
+        products use it and the layer has no bias (engine/cpu_kernels/layers.py chains such layers in
+        C++); else None."""
+        return self._packed if self.bias is None else None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self._row_weight is not None and x.shape[0] <= self._few_rows:
-            y = cpu_gemv.gemv(x, self._row_weight)  # [T, out]
+        if self._packed is not None and x.shape[0] <= self._few_rows:
+            y = cpu_gemv.gemv(x, self._packed)  # [T, out]
             return y if self.bias is None else y.add_(self.bias)
         if self._onednn:
             return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")  # [T, out]

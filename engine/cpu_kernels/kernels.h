@@ -4,10 +4,10 @@
 #pragma once
 #include <torch/extension.h>
 
-// x: [M, in] contiguous with 1 <= M <= 16, W: [out, in] contiguous, both float32 or both bfloat16
-// -> [M, out] of that dtype; each row's sums in an order independent of M. out % 4 == 0; in % 16 == 0
-// (fp32) or % 32 == 0 (bf16, needs AVX512_BF16). Needs AVX-512F.
-torch::Tensor gemv(const torch::Tensor& x, const torch::Tensor& W);
+// x: [M, in] contiguous, M >= 1; P: a weight W [out, in] packed by engine/cpu_kernels/gemv.py's `pack`
+// (fp32 [out/16, in, 16]; bf16 [out/16, in/2, 16, 2]) of x's dtype -> [M, out] = x @ W.T of that dtype;
+// each output's sum in an order independent of M. bf16 needs AVX512_BF16; both need AVX-512F.
+torch::Tensor gemv(const torch::Tensor& x, const torch::Tensor& P);
 
 // One query row per sequence over its paged context:
 //   q: [B, H, hd]; kv: [2, pages, tokens_per_page, Hkv, hd] (one layer of the pool, k then v);
@@ -40,7 +40,7 @@ torch::Tensor rms_norm(const torch::Tensor& x, const c10::optional<torch::Tensor
 //   h = rms_norm(x, o attention); MLP output = down(silu(gate h) * up h)
 // and finally x += the last MLP output. x: [B, D] with B <= 16 (updated in place and returned); pool:
 // [layers, 2, pages, tokens_per_page, Hkv, hd]; cos, sin: [B, hd]; slots [B], tables [B, P], ctx [B]
-// as for decode_step_attention; `heads` = H. Weights as gemv and rms_norm require, no biases.
+// as for decode_step_attention; `heads` = H. Products packed as gemv takes them, no biases.
 torch::Tensor decode_layers(torch::Tensor x, const std::vector<torch::Tensor>& weights, const torch::Tensor& pool,
                             const torch::Tensor& cos, const torch::Tensor& sin, const torch::Tensor& slots,
                             const torch::Tensor& tables, const torch::Tensor& ctx, int64_t heads, double eps);

@@ -18,10 +18,10 @@ from engine.cpu_kernels.build import load
 
 def layer_weights(layers: list) -> list[torch.Tensor] | None:
     """The flat weight list `decode` takes (six per layer: attn_norm, qkv, o, mlp_norm, gate_up, down),
-    or None when some product cannot go to the few-row kernel (engine/linear.py: Dense.row_weight)."""
+    or None when some product cannot go to the few-row kernel (engine/linear.py: Dense.packed)."""
     flat = []
     for L in layers:
-        products = [getattr(d, "row_weight", None) for d in (L.qkv, L.o, L.gate_up, L.down)]
+        products = [getattr(d, "packed", None) for d in (L.qkv, L.o, L.gate_up, L.down)]
         if any(w is None for w in products) or load() is None:
             return None
         qkv, o, gate_up, down = products

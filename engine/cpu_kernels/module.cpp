@@ -2,7 +2,7 @@
 #include "kernels.h"
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("gemv", &gemv, "y [M, out] = x [M, in] @ W [out, in].T for 1 <= M <= 16");
+  m.def("gemv", &gemv, "y [M, out] = x [M, in] @ W [out, in].T, W packed by gemv.py");
   m.def("rms_norm", &rms_norm, "x += delta (if given), then RMSNorm of x's rows");
   m.def("decode_attention", &decode_attention, "one query row per sequence over its paged context");
   m.def("decode_step_attention", &decode_step_attention, "rotary, K/V write and decode attention of one row each");

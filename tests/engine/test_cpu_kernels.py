@@ -21,7 +21,7 @@ from engine.rope import apply_rotary
 HAS_AVX512 = "avx512f" in build.cpu_flags()
 needs_kernel = pytest.mark.skipif(not (HAS_AVX512 and build.load() is not None),
                                   reason="the kernels need a CPU with AVX-512 and a C++ compiler (or a built cache)")
-SHAPES = [(4, 32), (960, 576), (576, 1536), (3072, 576)]  # the default model's projections, and the smallest
+SHAPES = [(16, 2), (48, 40), (960, 576), (576, 1536), (3072, 576)]  # the smallest, a partial block, the default model's
 
 
 @pytest.mark.skipif(not (HAS_AVX512 and shutil.which("c++")), reason="needs AVX-512 and a C++ compiler")
@@ -29,7 +29,7 @@ def test_the_kernel_builds_where_the_cpu_and_a_compiler_allow_it():
     assert build.load() is not None
 
 
-ROWS = [1, 3, 8, 9, 16]  # one row, one group of x rows, a full group, a group and one, two full groups
+ROWS = [1, 3, 6, 7, 16, 40]  # one row, part of a group of x rows, a full group, a group and one, several
 needs_bf16 = pytest.mark.skipif(not ("avx512_bf16" in build.cpu_flags() and build.load() is not None),
                                 reason="needs AVX512_BF16 and the kernels")
 
@@ -42,7 +42,7 @@ def test_fp32_equals_a_float64_product(shape, rows):
     w, x = torch.randn(shape), torch.randn(rows, shape[1])
     assert cpu_gemv.supports(w)
     want = (x.double() @ w.double().T).float()  # [rows, out]
-    torch.testing.assert_close(cpu_gemv.gemv(x, w), want, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(cpu_gemv.gemv(x, cpu_gemv.pack(w)), want, rtol=1e-5, atol=2e-4)
 
 
 @needs_bf16
@@ -52,7 +52,7 @@ def test_bf16_equals_a_float64_product_of_the_same_values(shape, rows):
     torch.manual_seed(0)
     w, x = torch.randn(shape).bfloat16(), torch.randn(rows, shape[1]).bfloat16()
     assert cpu_gemv.supports(w)
-    got = cpu_gemv.gemv(x, w)
+    got = cpu_gemv.gemv(x, cpu_gemv.pack(w))
     assert got.dtype == torch.bfloat16 and got.shape == (rows, shape[0])
     want = (x.double() @ w.double().T).bfloat16()  # fp32 sums rounded once: within one bf16 step of the exact
     torch.testing.assert_close(got.float(), want.float(), rtol=2 ** -7, atol=1e-3)
@@ -62,26 +62,38 @@ def test_bf16_equals_a_float64_product_of_the_same_values(shape, rows):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_a_rows_product_is_the_same_bits_whatever_rows_are_beside_it(dtype):
     """Each row's sums run in one order for any row count: a sequence's logits do not depend on the
-    batch it decodes in (up to the kernel's row limit)."""
+    batch it decodes in, nor on the row group of the kernel it lands in."""
     if dtype == torch.bfloat16 and "avx512_bf16" not in build.cpu_flags():
         pytest.skip("needs AVX512_BF16")
     torch.manual_seed(2)
-    w, x = torch.randn(3072, 576).to(dtype), torch.randn(16, 576).to(dtype)
-    alone = torch.cat([cpu_gemv.gemv(x[r:r + 1], w) for r in range(16)])  # [16, 3072]
-    for rows in (2, 5, 8, 11, 16):
+    w, x = cpu_gemv.pack(torch.randn(3072, 576).to(dtype)), torch.randn(40, 576).to(dtype)
+    alone = torch.cat([cpu_gemv.gemv(x[r:r + 1], w) for r in range(40)])  # [40, 3072]
+    for rows in (2, 5, 6, 11, 16, 40):
         assert torch.equal(cpu_gemv.gemv(x[:rows], w), alone[:rows]), rows
 
 
-@needs_kernel
-def test_more_rows_than_the_kernel_takes_are_refused():
-    with pytest.raises(RuntimeError, match="1 <= M <= 16"):
-        cpu_gemv.gemv(torch.randn(cpu_gemv.MAX_ROWS + 1, 64), torch.randn(8, 64))
+def test_packing_puts_sixteen_output_rows_side_by_side():
+    w = torch.arange(32 * 4, dtype=torch.float32).reshape(32, 4)  # W[o, i] = 4o + i
+    p = cpu_gemv.pack(w)  # [2, 4, 16]
+    assert p.shape == (2, 4, 16) and p[1, 3, 5] == w[16 + 5, 3]
+    b = cpu_gemv.pack(w.bfloat16())  # [2, 2, 16, 2]
+    assert b.shape == (2, 2, 16, 2) and b[1, 1, 5, 0] == w[16 + 5, 2] and b[1, 1, 5, 1] == w[16 + 5, 3]
 
 
 @needs_kernel
-@pytest.mark.parametrize("w", [torch.randn(6, 32), torch.randn(8, 24), torch.randn(8, 32).half(),
-                               torch.randn(32, 8).T, torch.randn(32)],
-                         ids=["rows-not-multiple-of-4", "inner-not-multiple-of-16", "fp16", "transposed", "1-d"])
+@pytest.mark.parametrize("x, w", [(torch.randn(2, 64), torch.randn(32, 64)),
+                                  (torch.randn(2, 64), torch.randn(2, 48, 16)),
+                                  (torch.randn(2, 64).bfloat16(), torch.randn(2, 64, 16))],
+                         ids=["not-packed", "inner-size-differs", "dtypes-differ"])
+def test_a_weight_not_packed_for_x_is_refused(x, w):
+    with pytest.raises(RuntimeError, match="a weight packed for it"):
+        cpu_gemv.gemv(x, w)
+
+
+@needs_kernel
+@pytest.mark.parametrize("w", [torch.randn(24, 32), torch.randn(16, 33).bfloat16(), torch.randn(16, 32).half(),
+                               torch.randn(32)],
+                         ids=["rows-not-multiple-of-16", "bf16-inner-odd", "fp16", "1-d"])
 def test_weights_it_cannot_multiply_are_refused(w):
     assert not cpu_gemv.supports(w)
 
@@ -91,10 +103,11 @@ def test_weights_it_cannot_multiply_are_refused(w):
 def test_a_dense_layer_gives_few_rows_what_the_batched_kernel_gives_them(dtype):
     """A few rows go to this kernel, more to oneDNN's: the same product within rounding."""
     torch.manual_seed(1)
-    w, b, x = torch.randn(960, 576).to(dtype), torch.randn(960).to(dtype), torch.randn(40, 576).to(dtype)
+    rows = cpu_gemv.ROWS_FASTER[dtype] + 8  # more than the kernel is given
+    w, b, x = torch.randn(960, 576).to(dtype), torch.randn(960).to(dtype), torch.randn(rows, 576).to(dtype)
     layer = Dense(w, b)
-    assert layer._row_weight is not None or not cpu_gemv.supports(w)
-    one, batch = layer(x[:3]), layer(x)  # [3, 960], [40, 960]
+    assert layer._packed is not None or not cpu_gemv.supports(w)
+    one, batch = layer(x[:3]), layer(x)  # [3, 960], [rows, 960]
     tol = dict(rtol=1e-5, atol=1e-4) if dtype == torch.float32 else dict(rtol=2 ** -6, atol=2e-2)
     torch.testing.assert_close(one.float(), batch[:3].float(), **tol)
 

@@ -27,8 +27,8 @@ class Dense:
     bf16) goes to Tandem's own kernel (engine/cpu_kernels/gemv.py) where it applies, on a second copy of
     the weight packed for it: it streams the weight once near the memory bandwidth, where oneDNN's reaches
     ~0.65-0.8 of it at one row, and in fp32 runs closer to the multiply-add peak up to 64 rows. So on
-    such CPUs a dense layer holds its weight twice (a tied head: the embedding, oneDNN's copy and the
-    packed one).
+    such CPUs a dense layer holds its weight twice (a tied head too: its embedding lookups read the
+    packed copy, `rows`).
     """
 
     PACK_BATCH = 32  # the row count oneDNN tunes the layout for; any row count works with it
@@ -49,6 +49,19 @@ class Dense:
         products use it and the layer has no bias (engine/cpu_kernels/layers.py chains such layers in
         C++); else None."""
         return self._packed if self.bias is None else None
+
+    @property
+    def holds_rows(self) -> bool:
+        """True if `rows` can read the weight's rows back (the layer keeps a packed copy)."""
+        return self._packed is not None
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows `ids` [T] (int64) of the weight -> [T, in], a copy read out of the packed weight (needs
+        `holds_rows`). A tied head's embedding lookups use it: the model need not keep the plain embedding."""
+        panel, lane = ids // cpu_gemv.LANES, ids % cpu_gemv.LANES
+        if self._packed.dim() == 3:  # fp32 [out/16, in, 16]
+            return self._packed[panel, :, lane]  # [T, in]
+        return self._packed[panel, :, lane, :].flatten(1)  # bf16 [out/16, in/2, 16, 2] -> [T, in/2, 2] -> [T, in]
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self._packed is not None and x.shape[0] <= self._few_rows:

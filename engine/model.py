@@ -64,6 +64,8 @@ class LlamaModel:
             self.lm_head = w.linear(["lm_head"], [cfg.vocab_size], cfg.hidden_size, bias=False)
         else:
             self.lm_head = Dense(self.embed)
+            if self.lm_head.holds_rows:
+                self.embed = None  # lookups read the head's packed copy (Dense.rows): one copy fewer
         w.check_all_used()
         self.rotary = Rotary(cfg, self.device)
         self._one_call = cpu_layers.layer_weights(self.layers)  # None unless every layer can run in one call
@@ -97,7 +99,7 @@ class LlamaModel:
         `max_len`: the longest sequence length in the pass, when known (see Rotary.cos_sin)."""
         c = self.cfg
         T = tokens.shape[0]
-        x = self.embed[tokens]  # [T, D]
+        x = self.lm_head.rows(tokens) if self.embed is None else self.embed[tokens]  # [T, D]
         cos, sin = self.rotary.cos_sin(positions, seq_lens_for_rope, self.dtype, max_len)  # [T, hd] each
         in_place = attn.in_place_decode() if T <= self._one_call_rows and self._one_call is not None else None
         if in_place is not None:  # a few decode rows: every layer in one call, the same kernels in the same order

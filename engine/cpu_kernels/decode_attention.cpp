@@ -98,9 +98,20 @@ void attend_all(const torch::Tensor& q, const torch::Tensor& kv, const torch::Te
   });
 }
 
+// y = round(round(x * cos) + round(partner * sin)) over one half of a head (each product and the sum
+// rounded to T as PyTorch's ops round them; a plain loop the compiler vectorizes).
+template <typename T>
+inline void rotate_half(const T* x, const T* partner, const T* cos, const T* sin, int64_t n, T* y) {
+  for (int64_t j = 0; j < n; ++j) {
+    const T a = static_cast<T>(static_cast<float>(x[j]) * static_cast<float>(cos[j]));
+    const T b = static_cast<T>(static_cast<float>(partner[j]) * static_cast<float>(sin[j]));
+    y[j] = static_cast<T>(static_cast<float>(a) + static_cast<float>(b));
+  }
+}
+
 // Rotates one row's q and k heads as engine/rope.py's apply_rotary does (x*cos + swap(x)*sin with the
-// sign in the sin table, each product and the sum rounded to T as PyTorch's ops round them), writes its
-// k and v into the pool slot, and leaves the rotated q in `q_out` [H, hd].
+// sign in the sin table), writes its k and v into the pool slot, and leaves the rotated q in `q_out`
+// [H, hd].
 template <typename T>
 void rotate_and_store(const T* qkv, const T* cos, const T* sin, int64_t H, int64_t Hkv, int64_t hd, T* q_out,
                       T* k_slot, T* v_slot) {
@@ -108,11 +119,8 @@ void rotate_and_store(const T* qkv, const T* cos, const T* sin, int64_t H, int64
   for (int64_t h = 0; h < H + Hkv; ++h) {
     const T* x = qkv + h * hd;
     T* y = h < H ? q_out + h * hd : k_slot + (h - H) * hd;
-    for (int64_t j = 0; j < hd; ++j) {
-      const T a = static_cast<T>(static_cast<float>(x[j]) * static_cast<float>(cos[j]));
-      const T b = static_cast<T>(static_cast<float>(x[(j + half) % hd]) * static_cast<float>(sin[j]));
-      y[j] = static_cast<T>(static_cast<float>(a) + static_cast<float>(b));
-    }
+    rotate_half(x, x + half, cos, sin, half, y);                           // first half: partner j + half
+    rotate_half(x + half, x, cos + half, sin + half, half, y + half);      // second half: partner j - half
   }
   std::copy(qkv + (H + Hkv) * hd, qkv + (H + 2 * Hkv) * hd, v_slot);
 }
@@ -125,10 +133,13 @@ void rotate_all(const torch::Tensor& qkv, const torch::Tensor& cos, const torch:
   T* k = kv.data_ptr<T>();
   T* v = k + kv.stride(0);
   const int64_t* sl = slots.data_ptr<int64_t>();
-  for (int64_t b = 0; b < B; ++b) {
-    rotate_and_store<T>(qkv.data_ptr<T>() + b * qkv.stride(0), cos.data_ptr<T>() + b * hd, sin.data_ptr<T>() + b * hd,
-                        H, Hkv, hd, q.data_ptr<T>() + b * H * hd, k + sl[b] * slot_size, v + sl[b] * slot_size);
-  }
+  at::parallel_for(0, B, 8, [&](int64_t b0, int64_t b1) {  // rows write distinct slots (one per sequence)
+    for (int64_t b = b0; b < b1; ++b) {
+      rotate_and_store<T>(qkv.data_ptr<T>() + b * qkv.stride(0), cos.data_ptr<T>() + b * hd,
+                          sin.data_ptr<T>() + b * hd, H, Hkv, hd, q.data_ptr<T>() + b * H * hd, k + sl[b] * slot_size,
+                          v + sl[b] * slot_size);
+    }
+  });
 }
 
 }  // namespace

@@ -38,7 +38,7 @@ torch::Tensor rms_norm(const torch::Tensor& x, const c10::optional<torch::Tensor
 // gate_up [2*I, D], down [D, I]):
 //   h = rms_norm(x, previous MLP output); attention = decode_step_attention(qkv h, cos, sin, pool[i], ...);
 //   h = rms_norm(x, o attention); MLP output = down(silu(gate h) * up h)
-// and finally x += the last MLP output. x: [B, D] with B <= 16 (updated in place and returned); pool:
+// and finally x += the last MLP output. x: [B, D] (updated in place and returned); pool:
 // [layers, 2, pages, tokens_per_page, Hkv, hd]; cos, sin: [B, hd]; slots [B], tables [B, P], ctx [B]
 // as for decode_step_attention; `heads` = H. Products packed as gemv takes them, no biases.
 torch::Tensor decode_layers(torch::Tensor x, const std::vector<torch::Tensor>& weights, const torch::Tensor& pool,

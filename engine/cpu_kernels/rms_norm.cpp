@@ -5,15 +5,19 @@
 // The rounding follows the reference's op order (Hugging Face's Llama): the residual add rounds to the
 // model's dtype, statistics in fp32, the normalized row rounded to the model's dtype, then the weight
 // product rounded again. Only the order of the fp32 sum of squares differs.
+#include <ATen/Parallel.h>
+
 #include <cmath>
 
 #include "kernels.h"
 
 namespace {
 
+constexpr int64_t kRowsPerTask = 8;  // fewer rows stay on the calling thread (a thread's wake-up costs more)
+
 template <typename T>
-void norm_rows(T* x, const T* delta, const T* w, T* out, int64_t rows, int64_t D, float eps) {
-  for (int64_t r = 0; r < rows; ++r) {
+void norm_rows(T* x, const T* delta, const T* w, T* out, int64_t r0, int64_t r1, int64_t D, float eps) {
+  for (int64_t r = r0; r < r1; ++r) {
     T* xr = x + r * D;
     if (delta != nullptr) {
       for (int64_t j = 0; j < D; ++j) xr[j] = static_cast<T>(static_cast<float>(xr[j]) + static_cast<float>(delta[r * D + j]));
@@ -38,13 +42,16 @@ torch::Tensor rms_norm(const torch::Tensor& x, const c10::optional<torch::Tensor
   TORCH_CHECK(!delta || (delta->sizes() == x.sizes() && delta->is_contiguous() && delta->scalar_type() == x.scalar_type()),
               "rms_norm: delta shaped and typed as x, contiguous");
   auto out = torch::empty_like(x);
-  const int64_t rows = x.size(0), D = x.size(1);
-  if (x.scalar_type() == at::kFloat) {
-    norm_rows<float>(x.data_ptr<float>(), delta ? delta->data_ptr<float>() : nullptr, w.data_ptr<float>(),
-                     out.data_ptr<float>(), rows, D, static_cast<float>(eps));
-  } else {
-    norm_rows<at::BFloat16>(x.data_ptr<at::BFloat16>(), delta ? delta->data_ptr<at::BFloat16>() : nullptr,
-                            w.data_ptr<at::BFloat16>(), out.data_ptr<at::BFloat16>(), rows, D, static_cast<float>(eps));
-  }
+  const int64_t D = x.size(1);
+  at::parallel_for(0, x.size(0), kRowsPerTask, [&](int64_t r0, int64_t r1) {  // rows are independent
+    if (x.scalar_type() == at::kFloat) {
+      norm_rows<float>(x.data_ptr<float>(), delta ? delta->data_ptr<float>() : nullptr, w.data_ptr<float>(),
+                       out.data_ptr<float>(), r0, r1, D, static_cast<float>(eps));
+    } else {
+      norm_rows<at::BFloat16>(x.data_ptr<at::BFloat16>(), delta ? delta->data_ptr<at::BFloat16>() : nullptr,
+                              w.data_ptr<at::BFloat16>(), out.data_ptr<at::BFloat16>(), r0, r1, D,
+                              static_cast<float>(eps));
+    }
+  });
   return out;
 }

@@ -112,6 +112,18 @@ def test_a_dense_layer_gives_few_rows_what_the_batched_kernel_gives_them(dtype):
     torch.testing.assert_close(one.float(), batch[:3].float(), **tol)
 
 
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_dense_layer_reads_its_rows_back_from_the_packed_weight(dtype):
+    """A tied head's embedding lookups read the packed copy (engine/model.py keeps no plain embedding)."""
+    if dtype == torch.bfloat16 and "avx512_bf16" not in build.cpu_flags():
+        pytest.skip("needs AVX512_BF16")
+    w = torch.randn(96, 64).to(dtype)
+    layer = Dense(w)
+    ids = torch.tensor([0, 17, 95, 17, 40])
+    assert layer.holds_rows and torch.equal(layer.rows(ids), w[ids])
+
+
 def _reference_attention(q, kv, tables, lens):
     """float64 softmax(q k / sqrt(hd)) v per row over its first lens[b] keys, read through its table."""
     B, H, hd = q.shape
@@ -208,22 +220,24 @@ def _decode_all(engine, prompts: list[list[int]], params, tag: str):
 
 
 @needs_kernel
-@pytest.mark.parametrize("batch", [1, 3])
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("dtype, batch", [("float32", 1), ("float32", 3), ("bfloat16", 1), ("bfloat16", 3),
+                                          ("float32", 20)])  # 20: past the 16 rows the one call took before
 def test_a_decode_step_in_one_call_equals_the_layer_loop_bit_for_bit(dtype, batch, monkeypatch):
     """engine/cpu_kernels/layers.py runs the loop's kernels in the loop's order: same tokens, same logprobs
     (to the last bit) as engine/model.py's layer loop, over sampled answers of 24 tokens decoded alone
-    and as a batch of three."""
+    and as a batch."""
     from engine.cpu_kernels import layers as cpu_layers
     from engine.load import load_engine
     from tandem.sampling_params import SamplingParams
 
-    engine = load_engine("smollm2-135m", dtype=dtype, kv_bytes=32 << 20)
+    engine = load_engine("smollm2-135m", dtype=dtype, kv_bytes=128 << 20)
     assert engine.model._one_call is not None  # the default model qualifies on this CPU
     calls, real = [], cpu_layers.decode
     monkeypatch.setattr(cpu_layers, "decode", lambda x, *args: calls.append(x.shape[0]) or real(x, *args))
-    questions = ["Name three rivers of Europe and say where each one meets the sea.", "What is a prime number?",
-                 "Write one sentence about the moon."][:batch]
+    base = ["Name three rivers of Europe and say where each one meets the sea.", "What is a prime number?",
+            "Write one sentence about the moon."]
+    questions = [base[i % 3] + (f" Start with the number {i}." if i >= 3 else "") for i in range(batch)]
+    assert batch <= cpu_layers.max_rows(getattr(torch, dtype))
     prompts = [engine.tokenizer.encode(q) for q in questions]
     params = SamplingParams(max_tokens=24, temperature=0.8, seed=7, ignore_eos=True, logprobs=True, top_logprobs=4)
     fused = _decode_all(engine, prompts, params, "fused")

@@ -166,6 +166,27 @@ def test_paged_decode_attention_equals_a_float64_reference(dtype):
 
 
 @needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("H, Hkv", [(9, 3), (8, 1), (12, 2)])  # runs of 3, 4 and 4 + 2 heads per kv head
+def test_a_rows_attention_is_the_same_bits_whatever_batch_it_is_in(dtype, H, Hkv):
+    """Alone, a row's query heads may be split one per work item; in a batch they share one pass over
+    their kv head's keys and values. Each head's sums run in the same order either way."""
+    torch.manual_seed(5)
+    hd, tpp, B = 64, 16, 24
+    kv = torch.randn(2, B * 4, tpp, Hkv, hd).to(dtype)
+    tab = torch.randperm(B * 4).view(B, 4)
+    lens = torch.randint(1, 4 * tpp + 1, (B,))
+    q = torch.randn(B, H, hd).to(dtype)
+    batched = cpu_attention.decode(q, kv, tab, lens)
+    for b in (0, 7, B - 1):
+        alone = cpu_attention.decode(q[b:b + 1], kv, tab[b:b + 1], lens[b:b + 1])
+        assert torch.equal(alone[0], batched[b])
+    want = _reference_attention(q, kv, tab.tolist(), lens.tolist())
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2 ** -7, atol=4e-3)
+    torch.testing.assert_close(batched.double(), want.to(dtype).double(), **tol)
+
+
+@needs_kernel
 def test_pools_the_attention_kernel_cannot_read_are_refused():
     assert not cpu_attention.supports(torch.empty(2, 2, 4, 16, 3, 64, dtype=torch.float16))
     assert not cpu_attention.supports(torch.empty(2, 2, 4, 16, 3, 24))  # head size not a multiple of 16

@@ -1,7 +1,7 @@
 // Decode attention over the paged pool without gathering it: one query row per sequence reads its
 // keys and values where they lie (page table), in one pass per (sequence, kv head) for the query heads
-// that share it; optionally
-// preceded by the row's rotary embedding and its K/V write into the pool (decode_step_attention).
+// that share it; optionally preceded by the row's rotary embedding and its K/V write into the pool
+// (decode_step_attention).
 //
 // The gathered path (engine/attention.py) copies every sequence's context out of the pool each layer
 // and builds a mask before SDPA; at one row per sequence that copy and the dispatch around it cost
@@ -113,8 +113,10 @@ __attribute__((target("avx512f"), noinline)) void attend_heads(const T* q, const
     inv[g] = 1.f / _mm512_reduce_add_ps(total);
   }
   int64_t j = 0;  // the weighted sums of values: 64 lanes of the N heads' outputs at a time, then 16
-  for (; j + 4 <= chunks; j += 4) weighted_values<T, N, 4>(v + 16 * j, table, ctx, tpp, row_stride, scores, width, inv, hd, out + 16 * j);
-  for (; j < chunks; ++j) weighted_values<T, N, 1>(v + 16 * j, table, ctx, tpp, row_stride, scores, width, inv, hd, out + 16 * j);
+  for (; j + 4 <= chunks; j += 4)
+    weighted_values<T, N, 4>(v + 16 * j, table, ctx, tpp, row_stride, scores, width, inv, hd, out + 16 * j);
+  for (; j < chunks; ++j)
+    weighted_values<T, N, 1>(v + 16 * j, table, ctx, tpp, row_stride, scores, width, inv, hd, out + 16 * j);
 }
 
 constexpr int64_t kMaxHeadsAtOnce = 4;

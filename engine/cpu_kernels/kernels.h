@@ -14,6 +14,7 @@ torch::Tensor gemv(const torch::Tensor& x, const torch::Tensor& P);
 //   tables: [B, P] int64 page ids; ctx: [B] int64 context lengths (1 <= ctx[b] <= P * tokens_per_page)
 //   -> [B, H, hd]: softmax(q . k / sqrt(hd)) . v over keys 0..ctx[b]-1, query head h reading kv head
 //   h / (H / Hkv). q and kv both float32 or both bfloat16 (math in fp32); hd % 16 == 0, hd <= 256.
+//   A row's result is the same bits whatever rows are beside it.
 torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& kv, const torch::Tensor& tables,
                                const torch::Tensor& ctx);
 

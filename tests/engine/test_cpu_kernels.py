@@ -167,7 +167,7 @@ def test_paged_decode_attention_equals_a_float64_reference(dtype):
 
 @needs_kernel
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("H, Hkv", [(9, 3), (8, 1), (12, 2)])  # runs of 3, 4 and 4 + 2 heads per kv head
+@pytest.mark.parametrize("H, Hkv", [(9, 3), (8, 1), (12, 2)])  # per kv head 3; 8 (4 + 4, alone 1s); 6 (4 + 2)
 def test_a_rows_attention_is_the_same_bits_whatever_batch_it_is_in(dtype, H, Hkv):
     """Alone, a row's query heads may be split one per work item; in a batch they share one pass over
     their kv head's keys and values. Each head's sums run in the same order either way."""

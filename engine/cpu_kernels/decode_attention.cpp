@@ -144,10 +144,10 @@ void attend_all(const torch::Tensor& q, const torch::Tensor& kv, const torch::Te
     for (int64_t i = i0; i < i1; ++i) {
       const int64_t b = i / (Hkv * runs), kvh = i / runs % Hkv, h = kvh * group + i % runs * run;
       const int64_t n = std::min(run, (kvh + 1) * group - h);
-      const int64_t at = b * H * hd + h * hd;  // q and out rows [n, hd] of heads h..h+n-1
+      const int64_t first = b * H * hd + h * hd;  // q and out rows [n, hd] of heads h..h+n-1
       const auto heads = n == 4 ? attend_heads<T, 4> : n == 3 ? attend_heads<T, 3> : n == 2 ? attend_heads<T, 2>
                                                                                             : attend_heads<T, 1>;
-      heads(qp + at, k + kvh * hd, v + kvh * hd, tab + b * P, lens[b], tpp, Hkv * hd, hd, scale, scores, op + at);
+      heads(qp + first, k + kvh * hd, v + kvh * hd, tab + b * P, lens[b], tpp, Hkv * hd, hd, scale, scores, op + first);
     }
   });
 }

@@ -7,6 +7,8 @@ A packed batch is all tokens of all sequences in one `[T, ...]` tensor, sequence
   steps, prompt chunks). New K/V are written to the pool first, then each sequence's whole context
   is gathered from its pages.
 `TeeAttention` also hands new K/V to writers; `StoppableAttention` ends a pass nobody waits for.
+A pass of a few rows whose attention reads the pool in place runs every layer in one call
+(`in_place_rows`, engine/cpu_kernels/layers.py).
 """
 
 from __future__ import annotations
@@ -62,10 +64,16 @@ class Attention:
         """q: [T, H, hd], k/v: [T, Hkv, hd] -> [T, H * hd]."""
         raise NotImplementedError
 
-    def in_place_decode(self) -> tuple | None:
-        """(pool, slots [T], tables [T, P], ctx_lens [T]) when this pass is decode rows only and Tandem's CPU
-        kernels read the pool in place (engine/cpu_kernels/layers.py then runs a pass of a few such rows
-        through every layer in one call); None otherwise. Wrappers that act between layers keep the default, None."""
+    def in_place_rows(self) -> tuple | None:
+        """(pool, slots [T], tables [T, P], ctx_lens [T]) when every row of this pass can attend over the pool
+        in place with Tandem's CPU kernel, as if each row were its own sequence: a decode row over its
+        context, a prompt row over the keys up to its own position (causal), its K/V written first
+        (engine/cpu_kernels/layers.py then runs a pass of a few such rows through every layer in one
+        call, then calls `in_place_done`); None otherwise."""
+        return None
+
+    def in_place_done(self) -> None:
+        """After a pass that `in_place_rows` let run in one call: every layer's new K/V are in the pool."""
         return None
 
     def attend_qkv(self, layer: int, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: int) -> torch.Tensor:
@@ -114,6 +122,18 @@ class TeeAttention(Attention):
             writer.write_layer(layer, k[a:b], v[a:b], start)
         return self.inner.attend(layer, q, k, v)
 
+    def in_place_rows(self) -> tuple | None:
+        """The inner PagedAttention's: in one call the writers get the new K/V after the pass, not per layer."""
+        return self.inner.in_place_rows()
+
+    def in_place_done(self) -> None:
+        cache, slots = self.inner.cache, self.inner.slots
+        for layer in range(cache.layout.num_layers):
+            kv = cache.layer_kv(layer).flatten(1, 2)  # [2, pages * tpp, Hkv, hd]
+            for a, b, writer, start in self.parts:
+                new = kv[:, slots[a:b]]  # [2, n, Hkv, hd]: a copy, the writer may keep it
+                writer.write_layer(layer, new[0], new[1], start)
+
 
 class PassStopped(Exception):
     """The pass was given up between two layers (its requests, or most of them, went away). Nothing it
@@ -131,6 +151,15 @@ class StoppableAttention(Attention):
         if self.stop():
             raise PassStopped(f"pass stopped before layer {layer}: its requests were aborted")
         return self.inner.attend(layer, q, k, v)
+
+    def in_place_rows(self) -> tuple | None:
+        """The inner attention's; a pass in one call is checked once, before it starts."""
+        if self.stop():
+            raise PassStopped("pass stopped before it started: its requests were aborted")
+        return self.inner.in_place_rows()
+
+    def in_place_done(self) -> None:
+        self.inner.in_place_done()
 
 
 def _padded(tables: list[list[int]], longest: int, tpp: int, dev) -> torch.Tensor:
@@ -161,7 +190,9 @@ class PagedAttention(Attention):
         self.slots = torch.tensor(slots, device=dev)  # [T] where each new token's K/V go (one tensor made per pass)
         dec = [b for b, n in enumerate(q_lens) if n == 1]
         self.decode_rows = torch.tensor([starts[b] for b in dec], device=dev)  # [Bd] rows of the packed batch
-        self.in_place = bool(dec) and cpu_attention.supports(cache.data)
+        self.kernel = cpu_attention.supports(cache.data)
+        self.in_place = bool(dec) and self.kernel
+        self.page_tables, self.q_lens, self.ctx_lens = page_tables, q_lens, ctx_lens
         if self.in_place:  # (page tables [Bd, P], context lengths [Bd]) for the kernel: no gather, no mask
             self.decode = (_padded([page_tables[b] for b in dec], max(ctx_lens[b] for b in dec), tpp, dev),
                            torch.tensor([ctx_lens[b] for b in dec], device=dev))
@@ -187,10 +218,15 @@ class PagedAttention(Attention):
         mask = torch.zeros(hidden.shape, dtype=self.cache.data.dtype, device=dev).masked_fill_(hidden, float("-inf"))
         return padded, mask  # [B, P], [B, 1, Q, L]
 
-    def in_place_decode(self) -> tuple | None:
-        if not (self.in_place and self.all_decode):
+    def in_place_rows(self) -> tuple | None:
+        if not self.kernel:
             return None
-        return (self.cache.data, self.slots, *self.decode)
+        if self.all_decode:
+            return (self.cache.data, self.slots, *self.decode)
+        rows = [(t, c - n + 1 + i) for t, n, c in zip(self.page_tables, self.q_lens, self.ctx_lens) for i in range(n)]
+        tpp, dev = self.cache.layout.tokens_per_page, self.cache.device
+        return (self.cache.data, self.slots, _padded([t for t, _ in rows], max(self.ctx_lens), tpp, dev),  # [T, P]
+                torch.tensor([c for _, c in rows], device=dev))  # [T]: row i of a prompt chunk sees one key more than row i - 1
 
     def attend_qkv(self, layer: int, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: int) -> torch.Tensor:
         """As Attention.attend_qkv; a pass of decode rows only, read in place, goes to the CPU kernel's one

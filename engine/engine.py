@@ -150,11 +150,14 @@ class Engine:
         tokens, positions, rope_lens, last, *tabs = self._upload(  # [T], [T], [T], [B], [pages] per sequence
             [t for s in seqs for t in s.all_ids], [p for n in lens for p in range(n)],
             [n for n in lens for _ in range(n)], list(itertools.accumulate(lens, initial=-1))[1:], *tables)
-        if writers is None:
-            writers = [PoolWriter(self.cache, tab[pos // tpp] * tpp + pos % tpp)  # [n] flat slot per token
-                       for tab, pos in zip(tabs, positions.split(lens))]
+        if writers is None and sum(lens) <= self.model.one_call_rows:  # a short pass: every layer in one call
+            attn = PagedAttention(self.cache, tables, lens, lens)
+        elif writers is None:
+            attn = PrefillAttention(lens, [PoolWriter(self.cache, tab[pos // tpp] * tpp + pos % tpp)  # [n] slots
+                                           for tab, pos in zip(tabs, positions.split(lens))])
+        else:
+            attn = PrefillAttention(lens, writers)
         rows, spans = self._logit_rows(seqs, [0] * len(seqs), lens, last)
-        attn = PrefillAttention(lens, writers)
         if stop is not None:
             attn = StoppableAttention(attn, stop)
         logits = self.model.forward(tokens, positions, rope_lens, attn, rows, max_len=max(lens))  # [B + prompt rows, V]

@@ -69,7 +69,11 @@ class LlamaModel:
         w.check_all_used()
         self.rotary = Rotary(cfg, self.device)
         self._one_call = cpu_layers.layer_weights(self.layers)  # None unless every layer can run in one call
-        self._one_call_rows = cpu_layers.max_rows(dtype)
+
+    @property
+    def one_call_rows(self) -> int:
+        """The most rows a pass may have to run every layer in one call (0: never, on this CPU or model)."""
+        return cpu_layers.max_rows(self.dtype) if self._one_call is not None else 0
 
     def _layer(self, w: "_Weights", i: int) -> Layer:
         c, p = self.cfg, f"model.layers.{i}."
@@ -101,9 +105,10 @@ class LlamaModel:
         T = tokens.shape[0]
         x = self.lm_head.rows(tokens) if self.embed is None else self.embed[tokens]  # [T, D]
         cos, sin = self.rotary.cos_sin(positions, seq_lens_for_rope, self.dtype, max_len)  # [T, hd] each
-        in_place = attn.in_place_decode() if T <= self._one_call_rows and self._one_call is not None else None
-        if in_place is not None:  # a few decode rows: every layer in one call, the same kernels in the same order
+        in_place = attn.in_place_rows() if T <= self.one_call_rows else None
+        if in_place is not None:  # a few rows: every layer in one call (engine/cpu_kernels/layers.py)
             x = cpu_layers.decode(x, self._one_call, in_place, cos, sin, c.num_heads, c.rms_norm_eps)
+            attn.in_place_done()
         else:  # cos, sin [T, 1, hd]: broadcast over heads, shaped once per pass
             self._layer_loop(x, cos[:, None, :], sin[:, None, :], attn)
         x = rms_norm(x[last_rows], self.norm, c.rms_norm_eps)  # [B, D]

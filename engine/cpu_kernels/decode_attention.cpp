@@ -187,7 +187,7 @@ void rotate_all(const torch::Tensor& qkv, const torch::Tensor& cos, const torch:
   T* k = kv.data_ptr<T>();
   T* v = k + kv.stride(0);
   const int64_t* sl = slots.data_ptr<int64_t>();
-  at::parallel_for(0, B, 8, [&](int64_t b0, int64_t b1) {  // rows write distinct slots (one per sequence)
+  at::parallel_for(0, B, 8, [&](int64_t b0, int64_t b1) {  // rows write distinct slots (one per token)
     for (int64_t b = b0; b < b1; ++b) {
       rotate_and_store<T>(qkv.data_ptr<T>() + b * qkv.stride(0), cos.data_ptr<T>() + b * hd,
                           sin.data_ptr<T>() + b * hd, H, Hkv, hd, q.data_ptr<T>() + b * H * hd, k + sl[b] * slot_size,

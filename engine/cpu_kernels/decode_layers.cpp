@@ -1,8 +1,9 @@
-// A decode step of a few sequences (one new token each) through every decoder layer in one call, on CPU.
+// A pass of a few rows (decode rows, or a short prompt's rows) through every decoder layer in one call,
+// on CPU.
 //
-// The same kernels, in the same order, as engine/model.py's layer loop takes for such a pass
+// The same kernels, in the same order, as engine/model.py's layer loop takes for a decode pass
 // (residual + RMSNorm, few-row products, the rotary + K/V write + paged attention step, SiLU-gated
-// MLP), so the result is bit for bit that loop's. What it removes is the Python between them: about
+// MLP), so a decode pass is bit for bit that loop's. What it removes is the Python between them: about
 // ten interpreted calls per layer, ~1 ms of a step that reads the weights in 4-8 ms.
 #include "kernels.h"
 

@@ -34,8 +34,10 @@ torch::Tensor decode_step_attention(const torch::Tensor& qkv, const torch::Tenso
 torch::Tensor rms_norm(const torch::Tensor& x, const c10::optional<torch::Tensor>& delta, const torch::Tensor& w,
                        double eps);
 
-// A few decode rows (one new token of each of B sequences) through every decoder layer: for each layer
-// i, with weights[6*i ..] = (attn_norm [D], qkv [(H + 2*Hkv) * hd, D], o [D, H*hd], mlp_norm [D],
+// A few rows through every decoder layer, each attending as its own sequence: a decode row, or a prompt
+// row whose slot, table and context end at its own position (all rows' K/V are written before any row
+// attends, so a prompt's rows see each other causally). For each layer i, with weights[6*i ..] =
+// (attn_norm [D], qkv [(H + 2*Hkv) * hd, D], o [D, H*hd], mlp_norm [D],
 // gate_up [2*I, D], down [D, I]):
 //   h = rms_norm(x, previous MLP output); attention = decode_step_attention(qkv h, cos, sin, pool[i], ...);
 //   h = rms_norm(x, o attention); MLP output = down(silu(gate h) * up h)

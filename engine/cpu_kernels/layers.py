@@ -1,11 +1,14 @@
-"""A decode step of a few sequences through every decoder layer in one call (decode_layers.cpp).
+"""A pass of a few rows through every decoder layer in one call (decode_layers.cpp).
 
-The same kernels in the same order as engine/model.py's layer loop takes for such a pass, so the result
-is bit for bit the loop's; it saves the ~10 interpreted calls per layer between them (about a
-millisecond per step, a sixth to a quarter of a small model's bf16 step). It applies when every product
-of every layer can use the few-row kernel (plain fp32/bf16 weights, no biases), the pass has at most
-`max_rows` rows, all of them decode rows, and its attention reads the pool in place
-(engine/attention.py: PagedAttention.in_place_decode).
+Each row attends as if it were its own sequence: a decode row over its context, a prompt row over the
+keys up to its own position (the kernel writes every row's K/V before any row attends, so a prompt's
+rows see each other causally). For decode rows these are the kernels engine/model.py's layer loop
+runs, in its order, so the result is bit for bit the loop's; prompt rows differ from the loop's PyTorch
+attention only by rounding. What the call saves is the ~10 interpreted calls per layer between the
+kernels (about a millisecond per decode step, ~20 ms of a 16-token fp32 prompt pass). It applies when
+every product of every layer can use the few-row kernel (plain fp32/bf16 weights, no biases), the pass
+has at most `max_rows` rows and its attention reads the pool in place (engine/attention.py:
+Attention.in_place_rows).
 """
 
 from __future__ import annotations
@@ -37,9 +40,9 @@ def max_rows(dtype: torch.dtype) -> int:
 
 def decode(x: torch.Tensor, weights: list[torch.Tensor], in_place: tuple, cos: torch.Tensor, sin: torch.Tensor,
            heads: int, eps: float) -> torch.Tensor:
-    """x: [B, D] (one decode row per sequence, embedded; updated in place) -> [B, D] after every layer and
-    the last residual add. `weights` from `layer_weights`; `in_place`: (pool [layers, 2, pages, tpp, Hkv,
-    hd], slots [B], tables [B, P], ctx_lens [B]) from the pass's attention; cos, sin: [B, hd]."""
+    """x: [B, D] (the pass's rows, embedded; updated in place) -> [B, D] after every layer and the last
+    residual add. `weights` from `layer_weights`; `in_place`: (pool [layers, 2, pages, tpp, Hkv, hd],
+    slots [B], tables [B, P], ctx_lens [B]: each row's own) from the pass's attention; cos, sin: [B, hd]."""
     pool, slots, tables, lens = in_place
     return load().decode_layers(x, weights, pool, cos, sin, slots, tables, lens, heads, eps)
 

@@ -246,7 +246,8 @@ def _decode_all(engine, prompts: list[list[int]], params, tag: str):
 def test_a_decode_step_in_one_call_equals_the_layer_loop_bit_for_bit(dtype, batch, monkeypatch):
     """engine/cpu_kernels/layers.py runs the loop's kernels in the loop's order: same tokens, same logprobs
     (to the last bit) as engine/model.py's layer loop, over sampled answers of 24 tokens decoded alone
-    and as a batch."""
+    and as a batch. (The prompts' passes go the same way in both runs: only decode steps take the loop.)"""
+    from engine.attention import PagedAttention
     from engine.cpu_kernels import layers as cpu_layers
     from engine.load import load_engine
     from tandem.sampling_params import SamplingParams
@@ -262,9 +263,12 @@ def test_a_decode_step_in_one_call_equals_the_layer_loop_bit_for_bit(dtype, batc
     prompts = [engine.tokenizer.encode(q) for q in questions]
     params = SamplingParams(max_tokens=24, temperature=0.8, seed=7, ignore_eos=True, logprobs=True, top_logprobs=4)
     fused = _decode_all(engine, prompts, params, "fused")
-    assert calls == [batch] * 23  # every decode step after the prefill's first token, all rows at once
-    engine.model._one_call = None
+    short = [len(p) for p in prompts if len(p) <= engine.model.one_call_rows]  # prompts that fit one call too
+    assert calls == short + [batch] * 23  # every decode step after the prefill's first token, all rows at once
+    rows = PagedAttention.in_place_rows
+    monkeypatch.setattr(PagedAttention, "in_place_rows", lambda a: None if a.all_decode else rows(a))
     loop = _decode_all(engine, prompts, params, "loop")
+    assert calls == short + [batch] * 23 + short  # the loop run: its prompts in one call, its decode steps not
     for f, g in zip(fused, loop):
         assert f.output_ids == g.output_ids and len(f.output_ids) == 24
         assert f.output_logprobs == g.output_logprobs

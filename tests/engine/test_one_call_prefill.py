@@ -1,0 +1,100 @@
+"""A short prompt pass runs every layer in one call (engine/cpu_kernels/layers.py): each prompt row
+attends over the pool up to its own position with the decode kernel, where the layer loop runs PyTorch's
+causal attention. The two agree within the dtype's rounding (K/V written and every position's
+log-probs) with the same greedy tokens; a prompt's bits do not depend on the prompts packed beside it;
+a chunk continuing cached pages sees them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.attention import PoolWriter
+from engine.cpu_kernels import build
+from engine.cpu_kernels import layers as cpu_layers
+from engine.kv_pool import KVCache
+from engine.load import load_engine
+from tandem.sampling_params import SamplingParams
+
+pytestmark = pytest.mark.skipif(not ("avx512f" in build.cpu_flags() and build.load() is not None),
+                                reason="the one-call pass needs AVX-512 and the built kernels")
+TEXTS = {"float32": ["Name three rivers of Europe.", "What is a prime number? Answer briefly."],
+         "bfloat16": ["Hi there", "Why is it so?"]}  # bf16 runs at most 8 rows in one call
+TOL = {"float32": dict(atol=1e-4, rtol=1e-4), "bfloat16": dict(atol=0.1, rtol=0.05)}
+
+
+@pytest.fixture(scope="module", params=["float32", "bfloat16"])
+def engine(request):
+    return load_engine("smollm2-135m", dtype=request.param, kv_bytes=64 << 20)
+
+
+def _prefill(engine, prompts: list[list[int]], together: bool):
+    """Prefill the prompts (one pass, or one pass each) -> (sequences, each one's K/V [layers, 2, n, Hkv, hd])."""
+    params = SamplingParams(max_tokens=1, prompt_logprobs=True, top_logprobs=2)
+    seqs = [engine.new_sequence(f"p{i}", ids, params) for i, ids in enumerate(prompts)]
+    for s in seqs:
+        engine.admit(s)
+    for group in [seqs] if together else [[s] for s in seqs]:
+        engine.prefill(group)
+    pool = engine.cache.data  # [layers, 2, pages, tpp, Hkv, hd]
+    kv = [pool[:, :, s.page_table].flatten(2, 3)[:, :, :len(s.prompt_ids)].clone() for s in seqs]
+    for s in seqs:
+        engine.release(s)
+    return seqs, kv
+
+
+def test_one_call_equals_the_layer_loop_within_rounding_and_ignores_its_neighbours(engine, monkeypatch):
+    dtype = str(engine.model.dtype).removeprefix("torch.")
+    prompts = [engine.tokenizer.encode(t) for t in TEXTS[dtype]]
+    assert sum(map(len, prompts)) <= engine.model.one_call_rows
+    calls, real = [], cpu_layers.decode
+    monkeypatch.setattr(cpu_layers, "decode", lambda x, *args: calls.append(x.shape[0]) or real(x, *args))
+    packed, packed_kv = _prefill(engine, prompts, together=True)
+    alone, alone_kv = _prefill(engine, prompts, together=False)
+    assert calls == [sum(map(len, prompts)), *map(len, prompts)]  # every pass went through the one call
+    for a, b, ka, kb in zip(packed, alone, packed_kv, alone_kv):
+        assert torch.equal(ka, kb) and a.output_ids == b.output_ids
+        assert [r.logprob for r in a.prompt_logprobs] == [r.logprob for r in b.prompt_logprobs]
+    monkeypatch.setattr(engine.model, "_one_call", None)  # the layer loop, causal SDPA
+    loop, loop_kv = _prefill(engine, prompts, together=True)
+    assert len(calls) == 3
+    for a, b, ka, kb in zip(packed, loop, packed_kv, loop_kv):
+        assert a.output_ids == b.output_ids
+        torch.testing.assert_close(ka.float(), kb.float(), **TOL[dtype])
+        torch.testing.assert_close(torch.tensor([r.logprob for r in a.prompt_logprobs]),
+                                   torch.tensor([r.logprob for r in b.prompt_logprobs]), **TOL[dtype])
+
+
+def test_a_chunk_after_cached_pages_attends_to_them(engine):
+    """The prompt computed as 3 tokens then the rest (both passes in one call) gives what one pass does."""
+    dtype = str(engine.model.dtype).removeprefix("torch.")
+    ids = engine.tokenizer.encode(TEXTS[dtype][1])
+    (whole,), (whole_kv,) = _prefill(engine, [ids], together=True)
+    seq = engine.new_sequence("c", ids, SamplingParams(max_tokens=1, prompt_logprobs=True, top_logprobs=2))
+    engine.admit(seq)
+    engine.extend([seq], [3])
+    engine.extend([seq], [len(ids) - 3])
+    kv = engine.cache.data[:, :, seq.page_table].flatten(2, 3)[:, :, :len(ids)].clone()
+    engine.release(seq)
+    assert seq.output_ids == whole.output_ids
+    assert torch.equal(kv, whole_kv)  # each row's bits whatever pass it was in
+    assert [r.logprob for r in seq.prompt_logprobs] == [r.logprob for r in whole.prompt_logprobs]
+
+
+def test_writers_get_every_layers_new_kv_after_a_pass_in_one_call(engine, monkeypatch):
+    """A prompt chunk continued against the pool and also sent to a writer (the prefill worker's pooled
+    path): the writer, here another pool, ends with the same K/V as the engine's own pages."""
+    dtype = str(engine.model.dtype).removeprefix("torch.")
+    ids = engine.tokenizer.encode(TEXTS[dtype][1])
+    calls, real = [], cpu_layers.decode
+    monkeypatch.setattr(cpu_layers, "decode", lambda x, *args: calls.append(x.shape[0]) or real(x, *args))
+    other = KVCache(engine.kv_layout(), engine.cache.num_pages)
+    seq = engine.new_sequence("w", ids, SamplingParams(max_tokens=1))
+    engine.admit(seq)
+    tpp = engine.tokens_per_page
+    slots = torch.tensor([seq.page_table[p // tpp] * tpp + p % tpp for p in range(len(ids))])
+    engine.extend([seq], [len(ids)], [PoolWriter(other, slots)])
+    mine = engine.cache.data[:, :, seq.page_table].flatten(2, 3)[:, :, :len(ids)]
+    theirs = other.data[:, :, seq.page_table].flatten(2, 3)[:, :, :len(ids)]
+    engine.release(seq)
+    assert calls == [len(ids)] and torch.equal(mine, theirs) and mine.abs().sum() > 0

@@ -7,7 +7,8 @@ that a library GEMM's blocking costs more than it saves. `pack` lays W out in pa
 one broadcast value of x into 16 outputs per instruction, with no horizontal sums. Measured on a 2-core
 Sapphire Rapids over the default model's products (30 layers, weights from memory): one row reads the
 weight 1.2-1.4x faster than the previous row-major kernel, 16 fp32 rows run ~1.5x faster, and 8 to 64
-fp32 rows beat oneDNN's blocked-weight linear by 1.1-1.5x; in bf16 oneDNN's AMX kernel wins past 8 rows.
+fp32 rows beat oneDNN's blocked-weight linear by 1.1-1.5x; in bf16 oneDNN's AMX kernel is ~10% faster at
+16 rows and far ahead past that.
 A row's result is the same bits whatever the number of rows beside it. It applies to fp32 (AVX-512F)
 and bf16 (AVX512_BF16) weights whose row count is a multiple of 16 (bf16: inner size even).
 """
@@ -19,9 +20,12 @@ import torch
 from engine.cpu_kernels.build import cpu_flags, load
 
 LANES = 16  # output rows per panel (gemv.cpp: kLanes)
-# Up to how many rows `gemv` beats oneDNN's blocked-weight linear (module docstring; in fp32 at 96-128
-# rows the two are within ~10% of each other, at 512 oneDNN leads).
-ROWS_FASTER = {torch.float32: 64, torch.bfloat16: 8}
+# Up to how many rows `gemv` takes a product (module docstring; in fp32 at 96-128 rows the two are within
+# ~10% of each other, at 512 oneDNN leads). bf16 stops at 16, not at the 8 where oneDNN starts to win: a pass
+# of 9-16 rows then runs every layer in one call (engine/cpu_kernels/layers.py), which saves more than the
+# products lose (measured side by side: a 16-token bf16 prompt pass 69 -> 53 ms, a batch-12 decode step
+# 67 -> 52 ms; scripts/bench_products.py: 16 rows 37.4 ms packed, 34.6 oneDNN).
+ROWS_FASTER = {torch.float32: 64, torch.bfloat16: 16}
 _PAIR = {torch.float32: 1, torch.bfloat16: 2}  # values of `in` per step of the kernel
 _CPU_FLAG = {torch.float32: "avx512f", torch.bfloat16: "avx512_bf16"}
 

@@ -18,9 +18,10 @@ from tandem.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.skipif(not ("avx512f" in build.cpu_flags() and build.load() is not None),
                                 reason="the one-call pass needs AVX-512 and the built kernels")
-TEXTS = {"float32": ["Name three rivers of Europe.", "What is a prime number? Answer briefly."],
-         "bfloat16": ["Hi there", "Why is it so?"]}  # bf16 runs at most 8 rows in one call
-TOL = {"float32": dict(atol=1e-4, rtol=1e-4), "bfloat16": dict(atol=0.1, rtol=0.05)}
+TEXTS = ["Name three rivers of Europe.", "What is a prime number? Answer briefly."]  # 15 rows: bf16 takes 16
+# bf16: one rounding step of 2^-8 apart per layer, compounded over 30 layers (seen: K/V 1 ulp apart on
+# average, 0.15 at most where values reach 18; log-probs 0.06 at most)
+TOL = {"float32": dict(atol=1e-4, rtol=1e-4), "bfloat16": dict(atol=0.25, rtol=0.05)}
 
 
 @pytest.fixture(scope="module", params=["float32", "bfloat16"])
@@ -45,7 +46,7 @@ def _prefill(engine, prompts: list[list[int]], together: bool):
 
 def test_one_call_equals_the_layer_loop_within_rounding_and_ignores_its_neighbours(engine, monkeypatch):
     dtype = str(engine.model.dtype).removeprefix("torch.")
-    prompts = [engine.tokenizer.encode(t) for t in TEXTS[dtype]]
+    prompts = [engine.tokenizer.encode(t) for t in TEXTS]
     assert sum(map(len, prompts)) <= engine.model.one_call_rows
     calls, real = [], cpu_layers.decode
     monkeypatch.setattr(cpu_layers, "decode", lambda x, *args: calls.append(x.shape[0]) or real(x, *args))
@@ -61,14 +62,14 @@ def test_one_call_equals_the_layer_loop_within_rounding_and_ignores_its_neighbou
     for a, b, ka, kb in zip(packed, loop, packed_kv, loop_kv):
         assert a.output_ids == b.output_ids
         torch.testing.assert_close(ka.float(), kb.float(), **TOL[dtype])
+        assert (ka.float() - kb.float()).abs().mean() <= 0.02 * ka.float().abs().mean()
         torch.testing.assert_close(torch.tensor([r.logprob for r in a.prompt_logprobs]),
                                    torch.tensor([r.logprob for r in b.prompt_logprobs]), **TOL[dtype])
 
 
 def test_a_chunk_after_cached_pages_attends_to_them(engine):
     """The prompt computed as 3 tokens then the rest (both passes in one call) gives what one pass does."""
-    dtype = str(engine.model.dtype).removeprefix("torch.")
-    ids = engine.tokenizer.encode(TEXTS[dtype][1])
+    ids = engine.tokenizer.encode(TEXTS[1])
     (whole,), (whole_kv,) = _prefill(engine, [ids], together=True)
     seq = engine.new_sequence("c", ids, SamplingParams(max_tokens=1, prompt_logprobs=True, top_logprobs=2))
     engine.admit(seq)
@@ -84,8 +85,7 @@ def test_a_chunk_after_cached_pages_attends_to_them(engine):
 def test_writers_get_every_layers_new_kv_after_a_pass_in_one_call(engine, monkeypatch):
     """A prompt chunk continued against the pool and also sent to a writer (the prefill worker's pooled
     path): the writer, here another pool, ends with the same K/V as the engine's own pages."""
-    dtype = str(engine.model.dtype).removeprefix("torch.")
-    ids = engine.tokenizer.encode(TEXTS[dtype][1])
+    ids = engine.tokenizer.encode(TEXTS[1])
     calls, real = [], cpu_layers.decode
     monkeypatch.setattr(cpu_layers, "decode", lambda x, *args: calls.append(x.shape[0]) or real(x, *args))
     other = KVCache(engine.kv_layout(), engine.cache.num_pages)

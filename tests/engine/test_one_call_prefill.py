@@ -98,3 +98,33 @@ def test_writers_get_every_layers_new_kv_after_a_pass_in_one_call(engine, monkey
     theirs = other.data[:, :, seq.page_table].flatten(2, 3)[:, :, :len(ids)]
     engine.release(seq)
     assert calls == [len(ids)] and torch.equal(mine, theirs) and mine.abs().sum() > 0
+
+
+def test_a_pass_mixing_a_decode_row_and_a_prompt_chunk_gives_each_its_own_bits(engine, monkeypatch):
+    """Chunked scheduling packs decode rows and a prompt chunk into one pass: in one call each row gives
+    the same bits as in a pass of its own (the next token's log-prob, and the chunk's K/V)."""
+    calls, real = [], cpu_layers.decode
+    monkeypatch.setattr(cpu_layers, "decode", lambda x, *args: calls.append(x.shape[0]) or real(x, *args))
+    params = SamplingParams(max_tokens=2, logprobs=True)
+    ids = [engine.tokenizer.encode(t) for t in TEXTS]
+
+    def run(together: bool):
+        a, b = (engine.new_sequence(f"{n}{together}", i, params) for n, i in zip("ab", ids))
+        for s in (a, b):
+            engine.admit(s)
+        engine.prefill([a])  # a's first token; its next pass is a decode row
+        engine.extend([b], [3])  # b's first chunk; the rest comes with a's decode row
+        rest = len(ids[1]) - 3
+        if together:
+            engine.extend([a, b], [1, rest])
+        else:
+            engine.extend([a], [1])
+            engine.extend([b], [rest])
+        kv = engine.cache.data[:, :, b.page_table].flatten(2, 3)[:, :, :len(ids[1])].clone()
+        for s in (a, b):
+            engine.release(s)
+        return a.output_logprobs, b.output_logprobs, kv
+
+    together, apart = run(True), run(False)
+    assert calls == [len(ids[0]), 3, 1 + len(ids[1]) - 3, len(ids[0]), 3, 1, len(ids[1]) - 3]
+    assert together[0] == apart[0] and together[1] == apart[1] and torch.equal(together[2], apart[2])

@@ -13,6 +13,7 @@ A pass of a few rows whose attention reads the pool in place runs every layer in
 
 from __future__ import annotations
 
+import functools
 from typing import Protocol
 
 import torch
@@ -198,9 +199,16 @@ class PagedAttention(Attention):
                            torch.tensor([ctx_lens[b] for b in dec], device=dev))
         else:
             self.decode = self._group([page_tables[b] for b in dec], [1] * len(dec), [ctx_lens[b] for b in dec], dev)
-        self.chunks = [(starts[b], starts[b + 1], self._group([page_tables[b]], [q_lens[b]], [ctx_lens[b]], dev))
-                       for b, n in enumerate(q_lens) if n > 1]
+        self.starts = starts
         self.all_decode = len(dec) == len(q_lens)
+
+    @functools.cached_property
+    def chunks(self) -> list[tuple[int, int, tuple]]:
+        """(first row, end row, group) of each prompt chunk, made when a layer first attends (a pass that
+        runs in one call never needs their masks)."""
+        dev, starts = self.cache.device, self.starts
+        return [(starts[b], starts[b + 1], self._group([self.page_tables[b]], [n], [self.ctx_lens[b]], dev))
+                for b, n in enumerate(self.q_lens) if n > 1]
 
     def _group(self, tables: list[list[int]], q_lens: list[int], ctx_lens: list[int], dev):
         """(page tables [B, P], additive mask [B, 1, Q, P * tpp]: 0 where a query sees a key, -inf

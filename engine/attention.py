@@ -7,14 +7,14 @@ A packed batch is all tokens of all sequences in one `[T, ...]` tensor, sequence
   steps, prompt chunks). New K/V are written to the pool first, then each sequence's whole context
   is gathered from its pages.
 `TeeAttention` also hands new K/V to writers; `StoppableAttention` ends a pass nobody waits for.
-A pass of a few rows whose attention reads the pool in place runs every layer in one call
+A pass of up to a few hundred rows whose attention reads the pool in place runs every layer in one call
 (`in_place_rows`, engine/cpu_kernels/layers.py).
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Protocol
+from typing import Callable, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -69,12 +69,13 @@ class Attention:
         """(pool, slots [T], tables [T, P], ctx_lens [T]) when every row of this pass can attend over the pool
         in place with Tandem's CPU kernel, as if each row were its own sequence: a decode row over its
         context, a prompt row over the keys up to its own position (causal), its K/V written first
-        (engine/cpu_kernels/layers.py then runs a pass of a few such rows through every layer in one
-        call, then calls `in_place_done`); None otherwise."""
+        (engine/cpu_kernels/layers.py then runs such a pass through every layer in one call); None
+        otherwise."""
         return None
 
-    def in_place_done(self) -> None:
-        """After a pass that `in_place_rows` let run in one call: every layer's new K/V are in the pool."""
+    def in_place_layer_done(self) -> Callable[[int], None] | None:
+        """For a pass that `in_place_rows` let run in one call: what to call with each layer's index once
+        its new K/V are in the pool (None: nothing). What it raises ends the pass."""
         return None
 
     def attend_qkv(self, layer: int, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: int) -> torch.Tensor:
@@ -124,16 +125,17 @@ class TeeAttention(Attention):
         return self.inner.attend(layer, q, k, v)
 
     def in_place_rows(self) -> tuple | None:
-        """The inner PagedAttention's: in one call the writers get the new K/V after the pass, not per layer."""
+        """The inner PagedAttention's: in one call the writers get each layer's new K/V from the pool."""
         return self.inner.in_place_rows()
 
-    def in_place_done(self) -> None:
-        cache, slots = self.inner.cache, self.inner.slots
-        for layer in range(cache.layout.num_layers):
-            kv = cache.layer_kv(layer).flatten(1, 2)  # [2, pages * tpp, Hkv, hd]
-            for a, b, writer, start in self.parts:
-                new = kv[:, slots[a:b]]  # [2, n, Hkv, hd]: a copy, the writer may keep it
-                writer.write_layer(layer, new[0], new[1], start)
+    def in_place_layer_done(self) -> Callable[[int], None]:
+        return self._hand_over
+
+    def _hand_over(self, layer: int) -> None:
+        kv = self.inner.cache.layer_kv(layer).flatten(1, 2)  # [2, pages * tpp, Hkv, hd]
+        for a, b, writer, start in self.parts:
+            new = kv[:, self.inner.slots[a:b]]  # [2, n, Hkv, hd]: a copy, the writer may keep it
+            writer.write_layer(layer, new[0], new[1], start)
 
 
 class PassStopped(Exception):
@@ -154,13 +156,20 @@ class StoppableAttention(Attention):
         return self.inner.attend(layer, q, k, v)
 
     def in_place_rows(self) -> tuple | None:
-        """The inner attention's; a pass in one call is checked once, before it starts."""
+        """The inner attention's; a pass in one call is checked before it starts and after each layer."""
         if self.stop():
             raise PassStopped("pass stopped before it started: its requests were aborted")
         return self.inner.in_place_rows()
 
-    def in_place_done(self) -> None:
-        self.inner.in_place_done()
+    def in_place_layer_done(self) -> Callable[[int], None]:
+        inner = self.inner.in_place_layer_done()
+
+        def done(layer: int) -> None:
+            if inner is not None:
+                inner(layer)
+            if self.stop():
+                raise PassStopped(f"pass stopped after layer {layer}: its requests were aborted")
+        return done
 
 
 def _padded(tables: list[list[int]], longest: int, tpp: int, dev) -> torch.Tensor:

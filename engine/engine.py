@@ -150,7 +150,7 @@ class Engine:
         tokens, positions, rope_lens, last, *tabs = self._upload(  # [T], [T], [T], [B], [pages] per sequence
             [t for s in seqs for t in s.all_ids], [p for n in lens for p in range(n)],
             [n for n in lens for _ in range(n)], list(itertools.accumulate(lens, initial=-1))[1:], *tables)
-        if writers is None and sum(lens) <= self.model.one_call_rows:  # a short pass: every layer in one call
+        if writers is None and sum(lens) <= self.model.one_call_rows:  # every layer in one call
             attn = PagedAttention(self.cache, tables, lens, lens)
         elif writers is None:
             attn = PrefillAttention(lens, [PoolWriter(self.cache, tab[pos // tpp] * tpp + pos % tpp)  # [n] slots

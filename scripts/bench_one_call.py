@@ -1,7 +1,11 @@
 #!/usr/bin/env python3
-"""A short prompt pass and a decode step, every layer in one call against the Python layer loop, side by side.
+"""Prompt passes and a decode step, every layer in one call against the Python layer loop, side by side.
 
-    python scripts/bench_one_call.py [--dtype float32] [--prompt-len 16] [--batch 12] [--passes 15]
+    python scripts/bench_one_call.py [--dtype float32] [--prompt-lens 16,128] [--batch 12] [--passes 15]
+                                     [--one-call-rows N]
+
+`--one-call-rows` lifts the engine's limit on one-call passes (engine/cpu_kernels/layers.py:
+ONE_CALL_ROWS) for this run, to see where the limit should be.
 
 Both paths run in one process, alternating pass by pass, so the host's noise falls on both alike
 (engine/cpu_kernels/layers.py; the loop is what the engine runs when the model cannot take the one call).
@@ -17,32 +21,37 @@ import time
 import torch
 
 from bench_engine import ours_prefill  # scripts/ is on sys.path when this runs as a script
+from engine.cpu_kernels import layers as cpu_layers
 from engine.load import load_engine
 from tandem.sampling_params import SamplingParams
 
 TEXT = ("the river carried silt from the mountains to the delta where farmers planted rice and traders met at "
-        "the market every few days ") * 8
+        "the market every few days ") * 64
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    ap.add_argument("--prompt-len", type=int, default=16)
+    ap.add_argument("--prompt-lens", default="16", help="comma-separated prompt lengths, one pass each")
     ap.add_argument("--batch", type=int, default=12, help="sequences in the decode step")
     ap.add_argument("--passes", type=int, default=15)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--one-call-rows", type=int, default=None, help="the one-call limit for this run")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    if args.one_call_rows is not None:
+        cpu_layers.ONE_CALL_ROWS[getattr(torch, args.dtype)] = args.one_call_rows
     engine = load_engine("smollm2-135m", dtype=args.dtype, kv_bytes=256 << 20)
     one_call = engine.model._one_call
     if one_call is None:
         raise SystemExit("the one-call step does not apply here (needs AVX-512 and the built kernels)")
-    ids = engine.tokenizer.encode(TEXT)[:args.prompt_len]
-    rows = engine.model.one_call_rows
-    print(f"{args.dtype}: one call takes passes of up to {rows} rows; prompt {len(ids)} tokens, decode batch {args.batch}")
+    text_ids = engine.tokenizer.encode(TEXT)
+    ids = text_ids[:16]
+    print(f"{args.dtype}: one call takes passes of up to {engine.model.one_call_rows} rows; decode batch {args.batch}")
 
-    def prompt_pass() -> float:
-        return len(ids) / ours_prefill(engine, ids)  # tokens / (tokens per second)
+    def prompt_pass(n: int):
+        prompt = text_ids[:n]
+        return lambda: len(prompt) / ours_prefill(engine, prompt)  # tokens / (tokens per second)
 
     params = SamplingParams(max_tokens=2 * args.passes + 2, ignore_eos=True)  # room for every step of both paths
     seqs = [engine.new_sequence(f"d{i}", ids[:8] + [i + 10], params) for i in range(args.batch)]
@@ -55,7 +64,8 @@ def main() -> None:
         engine.decode_step(seqs)
         return time.perf_counter() - t
 
-    for name, run in (("prompt pass", prompt_pass), ("decode step", decode_step)):
+    runs = [(f"{n}-token prompt pass", prompt_pass(n)) for n in map(int, args.prompt_lens.split(","))]
+    for name, run in runs + [("decode step", decode_step)]:
         times: dict[str, list[float]] = {"one call": [], "layer loop": []}
         for _ in range(args.passes):
             for path in times:

@@ -1,11 +1,12 @@
-"""A pass of a few rows through every decoder layer in one call (decode_layers.cpp).
+"""A pass of rows through every decoder layer in one call (decode_layers.cpp).
 
 Each row attends as if it were its own sequence: a decode row over its context, a prompt row over the
 keys up to its own position (the kernel writes every row's K/V before any row attends, so a prompt's
 rows see each other causally). For decode rows these are the kernels engine/model.py's layer loop
-runs, in its order, so the result is bit for bit the loop's; prompt rows differ from the loop's PyTorch
-attention only by rounding. What the call saves is the ~10 interpreted calls per layer between the
-kernels (about a millisecond per decode step, ~20 ms of a 16-token fp32 prompt pass). It applies when
+runs, in its order, so up to the loop's own few-row limits the result is bit for bit the loop's; prompt
+rows differ from the loop's PyTorch attention only by rounding. What the call saves is the ~10
+interpreted calls per layer between the kernels (about a millisecond per decode step, ~20 ms of a
+16-token fp32 prompt pass) and, for prompt rows, PyTorch's per-layer attention setup. It applies when
 every product of every layer can use the few-row kernel (plain fp32/bf16 weights, no biases), the pass
 has at most `max_rows` rows and its attention reads the pool in place (engine/attention.py:
 Attention.in_place_rows).
@@ -13,9 +14,10 @@ Attention.in_place_rows).
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
-from engine.cpu_kernels import gemv, norm
 from engine.cpu_kernels.build import load
 
 
@@ -32,20 +34,31 @@ def layer_weights(layers: list) -> list[torch.Tensor] | None:
     return flat
 
 
+# The most rows a pass runs in one call. bf16: as many as its products take from the few-row kernel (past
+# 16 oneDNN's AMX products in the layer loop win: 32 rows 127 ms in one call, 61 in the loop). fp32:
+# measured, a prompt pass in one call against the layer loop in one process (python
+# scripts/bench_one_call.py --prompt-lens 16,128,256,512,1024 --one-call-rows 1024), medians: 43/53 ms
+# at 16 rows, 217/256 at 128, 350/393 at 256, 748/811 at 512, 2178/1955 at 1024. Each prompt row attends
+# alone with the decode kernel, which reads a prompt's keys once per row where PyTorch's causal attention
+# reads them once per block of rows, so past ~512 rows the loop wins.
+ONE_CALL_ROWS = {torch.float32: 512, torch.bfloat16: 16}
+
+
 def max_rows(dtype: torch.dtype) -> int:
-    """The most rows a pass may have to go through `decode`: as many as the layer loop would also send to
-    the few-row products and the norm kernel (so both paths run the same kernels)."""
-    return min(gemv.ROWS_FASTER.get(dtype, 0), norm.MAX_ROWS)
+    """The most rows a pass of this dtype may have to go through `decode` (0: none)."""
+    return ONE_CALL_ROWS.get(dtype, 0)
 
 
 def decode(x: torch.Tensor, weights: list[torch.Tensor], in_place: tuple, cos: torch.Tensor, sin: torch.Tensor,
-           heads: int, eps: float) -> torch.Tensor:
+           heads: int, eps: float, after_layer: Callable[[int], None] | None = None) -> torch.Tensor:
     """x: [B, D] (the pass's rows, embedded; updated in place) -> [B, D] after every layer and the last
     residual add. `weights` from `layer_weights`; `in_place`: (pool [layers, 2, pages, tpp, Hkv, hd],
-    slots [B], tables [B, P], ctx_lens [B]: each row's own) from the pass's attention; cos, sin: [B, hd]."""
+    slots [B], tables [B, P], ctx_lens [B]: each row's own) from the pass's attention; cos, sin: [B, hd].
+    `after_layer(i)` runs once layer i's K/V are in the pool; what it raises ends the pass and propagates."""
     pool, slots, tables, lens = in_place
-    return load().decode_layers(x, weights, pool, cos, sin, slots, tables, lens, heads, eps)
+    return load().decode_layers(x, weights, pool, cos, sin, slots, tables, lens, heads, eps, after_layer)
 
 
 def describe() -> str:
-    return "whole-step decode of a few rows" if load() else "whole-step decode: not in use"
+    limits = " / ".join(f"{n} {str(dt).removeprefix('torch.')}" for dt, n in ONE_CALL_ROWS.items())
+    return f"passes of up to {limits} rows in one call" if load() else "one-call passes: not in use"

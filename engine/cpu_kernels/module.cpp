@@ -6,5 +6,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rms_norm", &rms_norm, "x += delta (if given), then RMSNorm of x's rows");
   m.def("decode_attention", &decode_attention, "one query row per sequence over its paged context");
   m.def("decode_step_attention", &decode_step_attention, "rotary, K/V write and decode attention of one row each");
-  m.def("decode_layers", &decode_layers, "a few decode rows through every decoder layer");
+  m.def("decode_layers", &decode_layers, "a pass of rows through every decoder layer, each as its own sequence");
 }

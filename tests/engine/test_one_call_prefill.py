@@ -1,15 +1,16 @@
-"""A short prompt pass runs every layer in one call (engine/cpu_kernels/layers.py): each prompt row
+"""A prompt pass of up to `one_call_rows` rows runs every layer in one call (engine/cpu_kernels/layers.py): each prompt row
 attends over the pool up to its own position with the decode kernel, where the layer loop runs PyTorch's
 causal attention. The two agree within the dtype's rounding (K/V written and every position's
 log-probs) with the same greedy tokens; a prompt's bits do not depend on the prompts packed beside it;
-a chunk continuing cached pages sees them."""
+a chunk continuing cached pages sees them; writers get each layer's K/V while the later layers compute,
+and a pass whose requests went away stops between two layers."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from engine.attention import PoolWriter
+from engine.attention import PassStopped, PoolWriter
 from engine.cpu_kernels import build
 from engine.cpu_kernels import layers as cpu_layers
 from engine.kv_pool import KVCache
@@ -128,3 +129,80 @@ def test_a_pass_mixing_a_decode_row_and_a_prompt_chunk_gives_each_its_own_bits(e
     together, apart = run(True), run(False)
     assert calls == [len(ids[0]), 3, 1 + len(ids[1]) - 3, len(ids[0]), 3, 1, len(ids[1]) - 3]
     assert together[0] == apart[0] and together[1] == apart[1] and torch.equal(together[2], apart[2])
+
+
+def test_a_prompt_as_long_as_the_limit_runs_in_one_call_and_chunks_give_the_same_bits(engine, monkeypatch):
+    """fp32 takes a few hundred rows in one call: the whole prompt against the layer loop (within rounding,
+    same greedy token), and the prompt in two chunks against it in one pass (bit for bit)."""
+    rows = engine.model.one_call_rows
+    ids = (engine.tokenizer.encode(" ".join(TEXTS)) * rows)[:rows]
+    calls, real = [], cpu_layers.decode
+    monkeypatch.setattr(cpu_layers, "decode", lambda x, *args: calls.append(x.shape[0]) or real(x, *args))
+    (whole,), (whole_kv,) = _prefill(engine, [ids], together=True)
+    seq = engine.new_sequence("c", ids, SamplingParams(max_tokens=1, prompt_logprobs=True, top_logprobs=2))
+    engine.admit(seq)
+    engine.extend([seq], [rows // 3])
+    engine.extend([seq], [rows - rows // 3])
+    chunked_kv = engine.cache.data[:, :, seq.page_table].flatten(2, 3)[:, :, :rows].clone()
+    engine.release(seq)
+    assert calls == [rows, rows // 3, rows - rows // 3]
+    assert torch.equal(chunked_kv, whole_kv) and seq.output_ids == whole.output_ids
+    assert [r.logprob for r in seq.prompt_logprobs] == [r.logprob for r in whole.prompt_logprobs]
+    monkeypatch.setattr(engine.model, "_one_call", None)
+    (loop,), (loop_kv,) = _prefill(engine, [ids], together=True)
+    assert len(calls) == 3 and loop.output_ids == whole.output_ids
+    dtype = str(engine.model.dtype).removeprefix("torch.")
+    torch.testing.assert_close(whole_kv.float(), loop_kv.float(), **TOL[dtype])
+    torch.testing.assert_close(torch.tensor([r.logprob for r in whole.prompt_logprobs]),
+                               torch.tensor([r.logprob for r in loop.prompt_logprobs]), **TOL[dtype])
+
+
+class _Watcher(PoolWriter):
+    """A writer into the engine's own pool that notes, for each layer it is given, whether that layer's
+    K/V are already in the pool and the next layer's are not yet (the pages were filled with NaN)."""
+
+    def __init__(self, cache: KVCache, slots: torch.Tensor):
+        super().__init__(cache, slots)
+        self.seen: list[tuple[int, bool, bool]] = []  # (layer, its K/V in the pool, the next layer's still NaN)
+
+    def write_layer(self, layer: int, k: torch.Tensor, v: torch.Tensor, start: int = 0) -> None:
+        flat = self.cache.data.flatten(2, 3)  # [layers, 2, pages * tpp, Hkv, hd]
+        slots = self.slots[start:start + k.shape[0]]
+        here = torch.equal(flat[layer, 0, slots], k) and torch.equal(flat[layer, 1, slots], v)
+        later = layer + 1 == flat.shape[0] or bool(flat[layer + 1, :, slots].isnan().all())
+        self.seen.append((layer, here, later))
+
+
+def _watched_chunk(engine, stop_after: int | None = None):
+    """A prompt continued against the pool with a writer watching (the prefill worker's pooled path), its
+    pages first filled with NaN; the requests go away once the writer has layer `stop_after` ->
+    (the writer's notes, the pass's error or None, the layers whose K/V the pool holds afterwards)."""
+    ids = engine.tokenizer.encode(TEXTS[1])
+    seq = engine.new_sequence("w", ids, SamplingParams(max_tokens=1))
+    engine.admit(seq)
+    engine.cache.data[:, :, seq.page_table] = float("nan")
+    tpp = engine.tokens_per_page
+    watcher = _Watcher(engine.cache, torch.tensor([seq.page_table[p // tpp] * tpp + p % tpp for p in range(len(ids))]))
+    stop = None if stop_after is None else (lambda: bool(watcher.seen) and watcher.seen[-1][0] >= stop_after)
+    error = None
+    try:
+        engine.extend([seq], [len(ids)], [watcher], stop=stop)
+    except PassStopped as e:
+        error = e
+    pages = engine.cache.data[:, :, seq.page_table]  # [layers, 2, P, tpp, Hkv, hd]
+    computed = [i for i in range(pages.shape[0]) if not pages[i].flatten(1, 2)[:, :len(ids)].isnan().any()]
+    engine.release(seq)
+    return watcher.seen, error, computed
+
+
+def test_writers_get_each_layer_before_the_next_is_computed(engine):
+    layers = engine.cache.layout.num_layers
+    seen, error, computed = _watched_chunk(engine)
+    assert error is None and seen == [(i, True, True) for i in range(layers)] and computed == list(range(layers))
+
+
+def test_a_pass_in_one_call_stops_between_two_layers(engine):
+    """The requests go away while layer 2 computes: the writer has layers 0-2, layer 3 is never computed."""
+    seen, error, computed = _watched_chunk(engine, stop_after=2)
+    assert isinstance(error, PassStopped) and "after layer 2" in str(error)
+    assert seen == [(i, True, True) for i in range(3)] and computed == [0, 1, 2]

@@ -44,8 +44,8 @@ torch::Tensor rms_norm(const torch::Tensor& x, const c10::optional<torch::Tensor
 // and finally x += the last MLP output. x: [B, D] (updated in place and returned); pool:
 // [layers, 2, pages, tokens_per_page, Hkv, hd]; cos, sin: [B, hd]; slots [B], tables [B, P], ctx [B]
 // as for decode_step_attention; `heads` = H. Products packed as gemv takes them, no biases. after_layer:
-// None, or a Python callable called with i once layer i's K/V are in the pool (the GIL is held throughout;
-// an exception it raises ends the pass and propagates).
+// None, or a Python callable called with i once layer i's K/V are in the pool, with the GIL (which the pass
+// releases otherwise); an exception it raises ends the pass and propagates. Call it holding the GIL.
 torch::Tensor decode_layers(torch::Tensor x, const std::vector<torch::Tensor>& weights, const torch::Tensor& pool,
                             const torch::Tensor& cos, const torch::Tensor& sin, const torch::Tensor& slots,
                             const torch::Tensor& tables, const torch::Tensor& ctx, int64_t heads, double eps,

@@ -3,9 +3,12 @@ attends over the pool up to its own position with the decode kernel, where the l
 causal attention. The two agree within the dtype's rounding (K/V written and every position's
 log-probs) with the same greedy tokens; a prompt's bits do not depend on the prompts packed beside it;
 a chunk continuing cached pages sees them; writers get each layer's K/V while the later layers compute,
-and a pass whose requests went away stops between two layers."""
+a pass whose requests went away stops between two layers, and the pass leaves the GIL to other threads."""
 
 from __future__ import annotations
+
+import sys
+import threading
 
 import pytest
 import torch
@@ -206,3 +209,39 @@ def test_a_pass_in_one_call_stops_between_two_layers(engine):
     seen, error, computed = _watched_chunk(engine, stop_after=2)
     assert isinstance(error, PassStopped) and "after layer 2" in str(error)
     assert seen == [(i, True, True) for i in range(3)] and computed == [0, 1, 2]
+
+
+def test_other_python_threads_run_while_a_pass_computes(engine, monkeypatch):
+    """With the interpreter's switch interval made huge, a thread waiting for the GIL gets it only when the
+    holder lets go of it: woken at layer 0's hand-over, it has run by the last layer's only if the kernel
+    released the GIL while it computed (a worker's server and a writer's copies run during a long pass)."""
+    layers = engine.cache.layout.num_layers
+    woken, ran, seen_at_last = threading.Event(), [], []
+
+    def other():
+        woken.wait()
+        ran.append(True)
+
+    real = cpu_layers.decode
+
+    def decode(*args):
+        def after_layer(i):
+            if i == 0:
+                woken.set()
+            if i == layers - 1:
+                seen_at_last.append(bool(ran))
+        return real(*args[:7], after_layer)
+
+    monkeypatch.setattr(cpu_layers, "decode", decode)
+    ids = (engine.tokenizer.encode(" ".join(TEXTS)) * 64)[:engine.model.one_call_rows]
+    thread = threading.Thread(target=other)
+    thread.start()
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1000.0)
+    try:
+        _prefill(engine, [ids], together=True)
+    finally:
+        sys.setswitchinterval(interval)
+        woken.set()
+        thread.join()
+    assert seen_at_last == [True]

@@ -1,14 +1,14 @@
-// A pass of a few rows (decode rows, or a short prompt's rows) through every decoder layer in one call,
-// on CPU.
+// A pass of rows (decode rows, a prompt's rows, or both) through every decoder layer in one call, on CPU.
 //
 // The same kernels, in the same order, as engine/model.py's layer loop takes for a decode pass
 // (residual + RMSNorm, few-row products, the rotary + K/V write + paged attention step, SiLU-gated
-// MLP), so a decode pass is bit for bit that loop's. What it removes is the Python between them: about
-// ten interpreted calls per layer, ~1 ms of a step that reads the weights in 4-8 ms. The GIL is released
-// for the whole pass (a prompt of hundreds of rows takes a second; the worker's other Python threads, its
-// server and a writer's copies, run meanwhile) and taken back only for `after_layer`: when not None, it
-// is called with each layer's index once its K/V are in the pool (a writer takes them while the next
-// layers compute; a Python exception it raises ends the pass and reaches the caller).
+// MLP), so a decode pass is bit for bit that loop's up to the loop's own few-row limits. What it removes
+// is the Python between them: about ten interpreted calls per layer, ~1 ms of a step that reads the
+// weights in 4-8 ms. The GIL is released for the whole pass (a prompt of hundreds of rows takes a
+// second; the worker's other Python threads, its server and a writer's copies, run meanwhile) and taken
+// back only for `after_layer`: when not None, it is called with each layer's index once its K/V are in
+// the pool (a writer takes them while the next layers compute; a Python exception it raises ends the
+// pass and reaches the caller).
 #include "kernels.h"
 
 torch::Tensor decode_layers(torch::Tensor x, const std::vector<torch::Tensor>& weights, const torch::Tensor& pool,

@@ -34,7 +34,7 @@ torch::Tensor decode_step_attention(const torch::Tensor& qkv, const torch::Tenso
 torch::Tensor rms_norm(const torch::Tensor& x, const c10::optional<torch::Tensor>& delta, const torch::Tensor& w,
                        double eps);
 
-// A few rows through every decoder layer, each attending as its own sequence: a decode row, or a prompt
+// A pass's rows through every decoder layer, each attending as its own sequence: a decode row, or a prompt
 // row whose slot, table and context end at its own position (all rows' K/V are written before any row
 // attends, so a prompt's rows see each other causally). For each layer i, with weights[6*i ..] =
 // (attn_norm [D], qkv [(H + 2*Hkv) * hd, D], o [D, H*hd], mlp_norm [D],

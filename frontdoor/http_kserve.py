@@ -20,10 +20,9 @@ from tandem.status import InvalidArgument, NotFound
 
 
 def add_kserve_routes(r, door: FrontDoor) -> None:
-    served = door.served
     api = KServeRoutes(door)
-    r.add_get("/v2/health/live", lambda req: web.Response(status=200))
-    r.add_get("/v2/health/ready", lambda req: web.Response(status=200 if served.service.ready() else 503))
+    r.add_get("/v2/health/live", api.live)
+    r.add_get("/v2/health/ready", api.ready)
     r.add_get("/v2", api.server_metadata)
     r.add_get("/v2/models/{model}", api.model_metadata)
     r.add_get("/v2/models/{model}/versions/{version}", api.model_metadata)
@@ -47,6 +46,12 @@ class KServeRoutes:
 
     def _check_model(self, request) -> None:
         check_model(self.served, request)
+
+    async def live(self, request):
+        return web.Response(status=200)
+
+    async def ready(self, request):
+        return web.Response(status=200 if self.service.ready() else 503)
 
     async def server_metadata(self, request):
         return web.json_response({"name": "tandem", "version": __version__, "extensions": list(EXTENSIONS)})

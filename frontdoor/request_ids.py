@@ -30,7 +30,8 @@ from tandem.request_context import begin, end, is_valid_id, new_request_id
 HEADER = "X-Request-Id"
 METADATA = "x-request-id"
 TRACEPARENT = "traceparent"  # W3C trace context: the HTTP header and the gRPC metadata key (tandem/tracing.py)
-_KEY = web.AppKey("tandem_request_id", str)
+# aiohttp 3.14 types a request's storage with RequestKey (an AppKey there draws a warning); older ones take an AppKey
+_KEY = (web.RequestKey if hasattr(web, "RequestKey") else web.AppKey)("tandem_request_id", str)
 
 
 def chosen_id(given: str | None) -> str:

@@ -240,8 +240,10 @@ class Stack:
                         "metrics": f"{s.local_host}:{s.metrics_port}",
                         "cpus": list(s.cpus or ()), "log": s.log_path}
                  for name, s in self.workers.servers.items()}
-        with open(os.path.join(self.workdir, "workers.json"), "w") as f:
+        path = os.path.join(self.workdir, "workers.json")
+        with open(path + ".tmp", "w") as f:
             json.dump(state, f, indent=2)
+        os.replace(path + ".tmp", path)  # a reader (a chaos run, a scraper) never sees half a file
 
     async def drain(self, grace_s: float) -> None:
         """Stop taking requests (readiness false on both doors at once) and let the ones in flight

@@ -78,11 +78,15 @@ class Supervisor:
             self._tasks[w.name] = asyncio.get_running_loop().create_task(self._stalled(w))
 
     async def _stalled(self, w: WorkerState) -> None:
+        """Replace the worker `w` watched if it is still silent `stall_restart_s` from now. Only that
+        incarnation: if the fleet routes to another under the name meanwhile (it died and was replaced),
+        this stall is over."""
         deadline = time.monotonic() + self.stall_restart_s
-        while not w.healthy and time.monotonic() < deadline:
+        while self.fleet.workers.get(w.name) is w and not w.healthy and time.monotonic() < deadline:
             await self.fleet.wait_change(self.fleet.version, deadline)
         server = self.workers.servers.get(w.name)
-        if not w.healthy and server is not None and server.alive() and w.name not in self._busy:
+        if (self.fleet.workers.get(w.name) is w and not w.healthy and server is not None and server.alive()
+                and w.name not in self._busy):
             log.warning("worker %s has been silent for %.0fs; killing and replacing it", w.name,
                         self.stall_restart_s + self.fleet.stall_s)
             self._replace(w.name)

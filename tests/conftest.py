@@ -156,6 +156,12 @@ def stop_serve(s) -> None:
     assert leak_check(s.leak_baseline) == []
 
 
+def worker_events(s) -> list[str]:
+    """What `tandem serve` `s` logged about its workers' health and restarts, oldest first."""
+    with open(s.log_path) as f:
+        return [line.split(" ", 2)[-1].rstrip() for line in f if "tandem.supervisor" in line or "tandem.fleet" in line]
+
+
 @pytest.fixture(scope="session")
 def served(built_engines, tmp_path_factory):
     """A running `tandem serve`, 1 prefill + 1 decode worker, default model (shared by front-door tests)."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 import time
 
@@ -23,7 +24,7 @@ from clients.chaos.harness import CANARIES, LOAD
 from clients.chaos.chaos_run import ChaosRun
 from engine.transports.nixl import available as nixl_available
 from ops.serve_process import ServeProcess
-from tests.conftest import leak_check, leak_snapshot, start_serve, stop_serve
+from tests.conftest import leak_check, leak_snapshot, start_serve, stop_serve, worker_events
 
 CAPACITY = 8
 
@@ -85,6 +86,8 @@ def test_1p1d_kill_of_either_worker_hangs_nothing_and_heals(one_by_one, referenc
         assert scenario["wrong"] == 0 and scenario["recovered"], scenario
         assert scenario["longest_s"] < 120  # no hang: the deadline bounds every request
     assert doc["pages_in_use_at_end"] == 0
+    restarted = [m[1] for e in worker_events(one_by_one) if (m := re.search(r"worker (\S+) is back at", e))]
+    assert sorted(restarted) == ["decode-0", "prefill-0"], worker_events(one_by_one)  # one restart per kill
 
 
 def test_a_cancel_storm_frees_every_page_within_a_second(one_by_one, references):
@@ -149,7 +152,8 @@ def test_a_stalled_worker_is_visible_on_health_and_back_when_it_resumes(one_by_o
     (stop,) = doc["scenarios"]
     d = stop["details"]
     assert d["health_503_after_s"] is not None and d["health_503_after_s"] < 7.0, d  # stall_s is 4
-    assert not d["replaced_while_stopped"] and d["health_200_after_resume_s"] < 7.0, d
+    said = [e for e in worker_events(one_by_one) if "tandem.supervisor" in e][-3:]  # why it was replaced, if it was
+    assert not d["replaced_while_stopped"] and d["health_200_after_resume_s"] < 7.0, f"{said} {d}"
     assert stop["wrong"] == 0
 
 

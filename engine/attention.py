@@ -145,10 +145,12 @@ class PassStopped(Exception):
 
 class StoppableAttention(Attention):
     """Any attention, checking `stop()` before each layer and raising PassStopped once it is true (a
-    long prompt chunk whose client left frees its pages now, not when the pass would have ended)."""
+    long prompt chunk whose client left frees its pages now, not when the pass would have ended). A pass
+    whose last layer is computed is never given up: its live requests keep what it computed."""
 
     def __init__(self, inner, stop):
         self.inner, self.stop = inner, stop
+        self._layers = 0  # of a pass in one call (its pool's first dimension)
 
     def attend(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         if self.stop():
@@ -156,10 +158,13 @@ class StoppableAttention(Attention):
         return self.inner.attend(layer, q, k, v)
 
     def in_place_rows(self) -> tuple | None:
-        """The inner attention's; a pass in one call is checked before it starts and after each layer."""
+        """The inner attention's; a pass in one call is checked before it starts and after each layer but
+        the last (as the layer loop checks before each)."""
         if self.stop():
             raise PassStopped("pass stopped before it started: its requests were aborted")
-        return self.inner.in_place_rows()
+        rows = self.inner.in_place_rows()
+        self._layers = 0 if rows is None else rows[0].shape[0]
+        return rows
 
     def in_place_layer_done(self) -> Callable[[int], None]:
         inner = self.inner.in_place_layer_done()
@@ -167,7 +172,7 @@ class StoppableAttention(Attention):
         def done(layer: int) -> None:
             if inner is not None:
                 inner(layer)
-            if self.stop():
+            if layer + 1 < self._layers and self.stop():
                 raise PassStopped(f"pass stopped after layer {layer}: its requests were aborted")
         return done
 

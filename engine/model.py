@@ -107,7 +107,7 @@ class LlamaModel:
         cos, sin = self.rotary.cos_sin(positions, seq_lens_for_rope, self.dtype, max_len)  # [T, hd] each
         in_place = attn.in_place_rows() if T <= self.one_call_rows else None
         if in_place is not None:  # every layer in one call (engine/cpu_kernels/layers.py)
-            x = cpu_layers.decode(x, self._one_call, in_place, cos, sin, c.num_heads, c.rms_norm_eps,
+            x = cpu_layers.run_pass(x, self._one_call, in_place, cos, sin, c.num_heads, c.rms_norm_eps,
                                   attn.in_place_layer_done())
         else:  # cos, sin [T, 1, hd]: broadcast over heads, shaped once per pass
             self._layer_loop(x, cos[:, None, :], sin[:, None, :], attn)

@@ -22,7 +22,7 @@ from engine.cpu_kernels.build import load
 
 
 def layer_weights(layers: list) -> list[torch.Tensor] | None:
-    """The flat weight list `decode` takes (six per layer: attn_norm, qkv, o, mlp_norm, gate_up, down),
+    """The flat weight list `run_pass` takes (six per layer: attn_norm, qkv, o, mlp_norm, gate_up, down),
     or None when some product cannot go to the few-row kernel (engine/linear.py: Dense.packed)."""
     flat = []
     for L in layers:
@@ -46,12 +46,12 @@ ONE_CALL_ROWS = {torch.float32: 512, torch.bfloat16: 16}
 
 
 def max_rows(dtype: torch.dtype) -> int:
-    """The most rows a pass of this dtype may have to go through `decode` (0: none)."""
+    """The most rows a pass of this dtype may have to go through `run_pass` (0: none)."""
     return ONE_CALL_ROWS.get(dtype, 0)
 
 
-def decode(x: torch.Tensor, weights: list[torch.Tensor], in_place: tuple, cos: torch.Tensor, sin: torch.Tensor,
-           heads: int, eps: float, after_layer: Callable[[int], None] | None = None) -> torch.Tensor:
+def run_pass(x: torch.Tensor, weights: list[torch.Tensor], in_place: tuple, cos: torch.Tensor, sin: torch.Tensor,
+             heads: int, eps: float, after_layer: Callable[[int], None] | None = None) -> torch.Tensor:
     """x: [B, D] (the pass's rows, embedded; updated in place) -> [B, D] after every layer and the last
     residual add. `weights` from `layer_weights`; `in_place`: (pool [layers, 2, pages, tpp, Hkv, hd],
     slots [B], tables [B, P], ctx_lens [B]: each row's own) from the pass's attention; cos, sin: [B, hd].

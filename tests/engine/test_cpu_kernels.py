@@ -254,8 +254,8 @@ def test_a_decode_step_in_one_call_equals_the_layer_loop_bit_for_bit(dtype, batc
 
     engine = load_engine("smollm2-135m", dtype=dtype, kv_bytes=128 << 20)
     assert engine.model._one_call is not None  # the default model qualifies on this CPU
-    calls, real = [], cpu_layers.decode
-    monkeypatch.setattr(cpu_layers, "decode", lambda x, *args: calls.append(x.shape[0]) or real(x, *args))
+    calls, real = [], cpu_layers.run_pass
+    monkeypatch.setattr(cpu_layers, "run_pass", lambda x, *args: calls.append(x.shape[0]) or real(x, *args))
     base = ["Name three rivers of Europe and say where each one meets the sea.", "What is a prime number?",
             "Write one sentence about the moon."]
     questions = [base[i % 3] + (f" Start with the number {i}." if i >= 3 else "") for i in range(batch)]

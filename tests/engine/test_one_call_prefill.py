@@ -52,8 +52,8 @@ def test_one_call_equals_the_layer_loop_within_rounding_and_ignores_its_neighbou
     dtype = str(engine.model.dtype).removeprefix("torch.")
     prompts = [engine.tokenizer.encode(t) for t in TEXTS]
     assert sum(map(len, prompts)) <= engine.model.one_call_rows
-    calls, real = [], cpu_layers.decode
-    monkeypatch.setattr(cpu_layers, "decode", lambda x, *args: calls.append(x.shape[0]) or real(x, *args))
+    calls, real = [], cpu_layers.run_pass
+    monkeypatch.setattr(cpu_layers, "run_pass", lambda x, *args: calls.append(x.shape[0]) or real(x, *args))
     packed, packed_kv = _prefill(engine, prompts, together=True)
     alone, alone_kv = _prefill(engine, prompts, together=False)
     assert calls == [sum(map(len, prompts)), *map(len, prompts)]  # every pass went through the one call
@@ -90,8 +90,8 @@ def test_writers_get_every_layers_new_kv_after_a_pass_in_one_call(engine, monkey
     """A prompt chunk continued against the pool and also sent to a writer (the prefill worker's pooled
     path): the writer, here another pool, ends with the same K/V as the engine's own pages."""
     ids = engine.tokenizer.encode(TEXTS[1])
-    calls, real = [], cpu_layers.decode
-    monkeypatch.setattr(cpu_layers, "decode", lambda x, *args: calls.append(x.shape[0]) or real(x, *args))
+    calls, real = [], cpu_layers.run_pass
+    monkeypatch.setattr(cpu_layers, "run_pass", lambda x, *args: calls.append(x.shape[0]) or real(x, *args))
     other = KVCache(engine.kv_layout(), engine.cache.num_pages)
     seq = engine.new_sequence("w", ids, SamplingParams(max_tokens=1))
     engine.admit(seq)
@@ -107,8 +107,8 @@ def test_writers_get_every_layers_new_kv_after_a_pass_in_one_call(engine, monkey
 def test_a_pass_mixing_a_decode_row_and_a_prompt_chunk_gives_each_its_own_bits(engine, monkeypatch):
     """Chunked scheduling packs decode rows and a prompt chunk into one pass: in one call each row gives
     the same bits as in a pass of its own (the next token's log-prob, and the chunk's K/V)."""
-    calls, real = [], cpu_layers.decode
-    monkeypatch.setattr(cpu_layers, "decode", lambda x, *args: calls.append(x.shape[0]) or real(x, *args))
+    calls, real = [], cpu_layers.run_pass
+    monkeypatch.setattr(cpu_layers, "run_pass", lambda x, *args: calls.append(x.shape[0]) or real(x, *args))
     params = SamplingParams(max_tokens=2, logprobs=True)
     ids = [engine.tokenizer.encode(t) for t in TEXTS]
 
@@ -139,8 +139,8 @@ def test_a_prompt_as_long_as_the_limit_runs_in_one_call_and_chunks_give_the_same
     same greedy token), and the prompt in two chunks against it in one pass (bit for bit)."""
     rows = engine.model.one_call_rows
     ids = (engine.tokenizer.encode(" ".join(TEXTS)) * rows)[:rows]
-    calls, real = [], cpu_layers.decode
-    monkeypatch.setattr(cpu_layers, "decode", lambda x, *args: calls.append(x.shape[0]) or real(x, *args))
+    calls, real = [], cpu_layers.run_pass
+    monkeypatch.setattr(cpu_layers, "run_pass", lambda x, *args: calls.append(x.shape[0]) or real(x, *args))
     (whole,), (whole_kv,) = _prefill(engine, [ids], together=True)
     seq = engine.new_sequence("c", ids, SamplingParams(max_tokens=1, prompt_logprobs=True, top_logprobs=2))
     engine.admit(seq)
@@ -211,6 +211,14 @@ def test_a_pass_in_one_call_stops_between_two_layers(engine):
     assert seen == [(i, True, True) for i in range(3)] and computed == [0, 1, 2]
 
 
+def test_a_pass_in_one_call_whose_requests_leave_during_its_last_layer_completes(engine):
+    """As in the layer loop (checked before each layer): once the last layer is computed the pass is done,
+    and giving it up then would only make its live requests compute it again."""
+    layers = engine.cache.layout.num_layers
+    seen, error, computed = _watched_chunk(engine, stop_after=layers - 1)
+    assert error is None and computed == list(range(layers)) and len(seen) == layers
+
+
 def test_other_python_threads_run_while_a_pass_computes(engine, monkeypatch):
     """With the interpreter's switch interval made huge, a thread waiting for the GIL gets it only when the
     holder lets go of it: woken at layer 0's hand-over, it has run by the last layer's only if the kernel
@@ -222,9 +230,9 @@ def test_other_python_threads_run_while_a_pass_computes(engine, monkeypatch):
         woken.wait()
         ran.append(True)
 
-    real = cpu_layers.decode
+    real = cpu_layers.run_pass
 
-    def decode(*args):
+    def run_pass(*args):
         def after_layer(i):
             if i == 0:
                 woken.set()
@@ -232,7 +240,7 @@ def test_other_python_threads_run_while_a_pass_computes(engine, monkeypatch):
                 seen_at_last.append(bool(ran))
         return real(*args[:7], after_layer)
 
-    monkeypatch.setattr(cpu_layers, "decode", decode)
+    monkeypatch.setattr(cpu_layers, "run_pass", run_pass)
     ids = (engine.tokenizer.encode(" ".join(TEXTS)) * 64)[:engine.model.one_call_rows]
     thread = threading.Thread(target=other)
     thread.start()

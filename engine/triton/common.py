@@ -114,21 +114,24 @@ class ResponseSink:
         return self._gone
 
     def _send(self, raw: bytes, final: bool) -> None:
+        """Send one reply. Once a send failed (the request was cancelled, its stream is gone) replies are
+        dropped and only the final flag goes out: it lets Triton retire the request. A final send is
+        made once: the sender closes itself before that send goes out, so one that failed cannot be
+        tried again (a retry raises "closed")."""
         if self.done:
             return
         flags = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0
         try:
-            if self._gone:  # nobody listens; only the final flag matters: it lets Triton retire the request
+            if self._gone:  # nobody listens; only the final flag matters
                 if final:
                     self.sender.send(flags=flags)
             else:
                 self.sender.send(pb_utils.InferenceResponse(output_tensors=[
                     pb_utils.Tensor("reply", np.array([raw], dtype=np.object_).reshape(self.shape))]), flags=flags)
-        except pb_utils.TritonModelException:  # the request was cancelled or its stream is gone
+        except pb_utils.TritonModelException:
             self._gone = True
-            if final:
-                self._send(raw, final)
-            return
+            if not final:
+                return  # the final reply, when it comes, sends the bare flag
         self.done = final
 
 

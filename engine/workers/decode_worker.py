@@ -73,7 +73,9 @@ class DecodeWorker(DecodeLoop):
         self.puller = Puller(engine.cache, engine.kv_layout(), self.host, self.loop.wake, registry)
 
     def launch(self, on_crash: Callable[[BaseException], None] | None = None) -> "DecodeWorker":
-        """Start the loop thread; `on_crash(error)` if it ever dies of an exception (see loop.py)."""
+        """Start the loop thread; `on_crash(error)` if it or the heartbeat thread ever dies of an exception
+        (see loop.py)."""
+        self.watchers.on_crash = on_crash
         self.loop.start(on_crash)
         return self
 

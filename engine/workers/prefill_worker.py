@@ -85,7 +85,9 @@ class PrefillWorker(PrefillRuns):
         self.loop = Loop(self.step, self._progress_due, "prefill-loop")
 
     def launch(self, on_crash: Callable[[BaseException], None] | None = None) -> "PrefillWorker":
-        """Start the loop thread; `on_crash(error)` if it ever dies of an exception (see loop.py)."""
+        """Start the loop thread; `on_crash(error)` if it or the heartbeat thread ever dies of an exception
+        (see loop.py)."""
+        self.watchers.on_crash = on_crash
         self.loop.start(on_crash)
         return self
 

@@ -37,6 +37,7 @@ class Watchers:
         self._sending = threading.Lock()  # one push at a time: reports reach each watcher in order
         self._all: list[_Watcher] = []
         self._closed = False
+        self.on_crash: Callable[[BaseException], None] | None = None  # set by the worker's launch (see _beat)
         self._thread = threading.Thread(target=self._beat, name="heartbeat", daemon=True)
         self._thread.start()
 
@@ -76,6 +77,17 @@ class Watchers:
         return replace(stats, stored=[h.hex() for h in stored], removed=[h.hex() for h in removed], resync=resync)
 
     def _beat(self) -> None:
+        """The heartbeat thread. If it dies of an exception (a bug), `on_crash(error)`: without heartbeats
+        a working worker looks stalled, so a server ends itself at once to be replaced (as for its loop,
+        engine/workers/loop.py) rather than after stall_s + stall_restart_s."""
+        try:
+            self._beat_until_closed()
+        except BaseException as e:
+            if self.on_crash is None:
+                raise
+            self.on_crash(e)
+
+    def _beat_until_closed(self) -> None:
         while True:
             with self._cond:
                 while not self._closed:

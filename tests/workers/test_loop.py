@@ -1,5 +1,5 @@
-"""The worker loop thread: it hands a crash to its owner instead of dying quietly (a worker whose loop
-is gone would keep heartbeating while its requests hang)."""
+"""The worker's threads hand a crash to their owner instead of dying quietly: a worker whose loop is gone
+would keep heartbeating while its requests hang, one whose heartbeats are gone would look stalled."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import threading
 
 from engine.workers.decode_loop import ON_DUE, Due
 from engine.workers.loop import Loop
+from engine.workers.watchers import Watchers
 
 
 def test_a_body_that_raises_is_reported_to_on_crash():
@@ -47,3 +48,27 @@ def test_a_loop_that_stops_normally_reports_nothing():
 def test_every_decode_deadline_kind_has_its_handler():
     assert set(ON_DUE) == set(Due)
     assert all(callable(h) and h.__name__.startswith("_") for h in ON_DUE.values())
+
+
+class _BrokenSink:
+    """A watcher's sink whose send raises (a bug in the reply path)."""
+
+    def send(self, body, final: bool = False) -> None:
+        raise RuntimeError("a bug in a reply")
+
+    def fail(self, error: BaseException) -> None:
+        pass
+
+    def cancelled(self) -> bool:
+        return False
+
+
+def test_a_heartbeat_that_raises_is_reported_to_on_crash():
+    got: list[BaseException] = []
+    crashed = threading.Event()
+    watchers = Watchers(lambda: "stats")
+    watchers.on_crash = lambda e: got.append(e) or crashed.set()
+    watchers.add(_BrokenSink(), heartbeat_s=0.05)  # its first push goes at once, on the heartbeat thread
+    assert crashed.wait(5)
+    watchers._thread.join(5)
+    assert not watchers._thread.is_alive() and str(got[0]) == "a bug in a reply"

@@ -108,7 +108,7 @@ class LlamaModel:
         in_place = attn.in_place_rows() if T <= self.one_call_rows else None
         if in_place is not None:  # every layer in one call (engine/cpu_kernels/layers.py)
             x = cpu_layers.run_pass(x, self._one_call, in_place, cos, sin, c.num_heads, c.rms_norm_eps,
-                                  attn.in_place_layer_done())
+                                    attn.in_place_layer_done())
         else:  # cos, sin [T, 1, hd]: broadcast over heads, shaped once per pass
             self._layer_loop(x, cos[:, None, :], sin[:, None, :], attn)
         x = rms_norm(x[last_rows], self.norm, c.rms_norm_eps)  # [B, D]

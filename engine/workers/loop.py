@@ -51,6 +51,17 @@ class Deadlines:
         return self._heap[0][0] if self._heap else None
 
 
+def run_or_report(run: Callable[[], None], owner) -> None:
+    """A worker thread's body: `run()`, and if it raises (a bug), the error goes to `owner.on_crash`, read
+    then (None: it is raised, and the thread dies with it)."""
+    try:
+        run()
+    except BaseException as e:
+        if owner.on_crash is None:
+            raise
+        owner.on_crash(e)
+
+
 class Loop:
     """Runs `body()` on a daemon thread. `body` returns True while it has more work to do right away;
     when it returns False the thread sleeps until `wake()` or the time `next_due()` returns.
@@ -79,12 +90,7 @@ class Loop:
             self._cond.notify()
 
     def _run(self) -> None:
-        try:
-            self._serve()
-        except BaseException as e:
-            if self.on_crash is None:
-                raise
-            self.on_crash(e)
+        run_or_report(self._serve, self)
 
     def _serve(self) -> None:
         while not self._stop:

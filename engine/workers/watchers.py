@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from engine.workers.cache_feed import CacheFeed
+from engine.workers.loop import run_or_report
 from engine.workers.sink import Responder
 from tandem.status import Cancelled, Unavailable
 
@@ -80,12 +81,7 @@ class Watchers:
         """The heartbeat thread. If it dies of an exception (a bug), `on_crash(error)`: without heartbeats
         a working worker looks stalled, so a server ends itself at once to be replaced (as for its loop,
         engine/workers/loop.py) rather than after stall_s + stall_restart_s."""
-        try:
-            self._beat_until_closed()
-        except BaseException as e:
-            if self.on_crash is None:
-                raise
-            self.on_crash(e)
+        run_or_report(self._beat_until_closed, self)
 
     def _beat_until_closed(self) -> None:
         while True:

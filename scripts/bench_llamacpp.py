@@ -1,9 +1,13 @@
 """llama.cpp as a reference for scripts/bench_engine.py: the same weights, the same precision, one run.
 
-llama-cpp-python is never a project dependency. The benchmark looks for it in a cache folder where it
-was built once for this CPU:
+llama-cpp-python is never a project dependency. The benchmark builds it once for this CPU into a cache
+folder (3 minutes to an hour on 2 cores; the package index must be reachable) and reuses it afterwards:
 
-    CMAKE_ARGS="-DGGML_NATIVE=ON" pip install --target ~/.cache/tandem-bench/llama-cpp llama-cpp-python
+    CMAKE_ARGS="-DGGML_NATIVE=ON -DLLAVA_BUILD=OFF" pip install --no-deps --target ~/.cache/tandem-bench/llama-cpp llama-cpp-python
+    pip install --no-deps --target ~/.cache/tandem-bench/llama-cpp diskcache
+
+(`-DLLAVA_BUILD=OFF` skips the multimodal library, which the benchmark does not need; `--no-deps` keeps a
+second numpy out of the folder: the rest of what llama_cpp imports is in the project's environment.)
 
 The packaged SmolLM2 GGUF is Q4_1; the engine dequantizes it on load. So that llama.cpp reads the same
 numbers at the same precision, `same_gguf` writes a copy of that GGUF with every tensor dequantized and
@@ -13,7 +17,9 @@ names, layout and metadata unchanged.
 
 from __future__ import annotations
 
+import importlib
 import os
+import subprocess
 import sys
 import time
 
@@ -25,15 +31,39 @@ GGML_TYPES = {"float32": "F32", "bfloat16": "BF16"}
 
 
 def load_llama_cpp():
-    """The llama_cpp module from the cache folder, or None (with the reason printed) when absent."""
-    if LLAMA_CPP_DIR not in sys.path:  # last: the folder also holds a numpy that must not shadow the venv's
+    """The llama_cpp module from the cache folder, built there first when absent; None (with the reason
+    printed) when it can be neither imported nor built."""
+    if LLAMA_CPP_DIR not in sys.path:  # last: nothing in it may shadow the venv's packages
         sys.path.append(LLAMA_CPP_DIR)
     try:
         import llama_cpp
-    except ImportError as e:
-        print(f"llama.cpp skipped: llama-cpp-python is not built in {LLAMA_CPP_DIR} ({e})")
-        return None
+    except ImportError:
+        if not _build():
+            return None
+        import llama_cpp
     return llama_cpp
+
+
+def _build() -> bool:
+    """pip-installs llama-cpp-python, compiled for this CPU, into LLAMA_CPP_DIR; True when it imports after."""
+    print(f"llama.cpp: building llama-cpp-python into {LLAMA_CPP_DIR} (once; minutes to an hour)", flush=True)
+    env = dict(os.environ, CMAKE_ARGS="-DGGML_NATIVE=ON -DLLAVA_BUILD=OFF",
+               CMAKE_BUILD_PARALLEL_LEVEL=str(os.cpu_count() or 1))
+    pip = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", LLAMA_CPP_DIR]
+    for package in ("llama-cpp-python", "diskcache"):
+        done = subprocess.run(pip + [package], env=env, capture_output=True, text=True)
+        if done.returncode != 0:
+            tail = (done.stderr or done.stdout).strip().splitlines()[-3:]
+            print(f"llama.cpp skipped: installing {package} failed ({' / '.join(tail)})")
+            return False
+    sys.path_importer_cache.pop(LLAMA_CPP_DIR, None)  # the folder did not exist when first looked in
+    importlib.invalidate_caches()
+    try:
+        import llama_cpp  # noqa: F401
+    except ImportError as e:
+        print(f"llama.cpp skipped: llama-cpp-python was built in {LLAMA_CPP_DIR} but does not import ({e})")
+        return False
+    return True
 
 
 def same_gguf(src: str, dtype: str) -> str:

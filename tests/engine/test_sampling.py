@@ -66,6 +66,17 @@ def test_top_k_and_top_p_never_sample_outside_their_set():
     assert float(probs[0]) < 0.8 <= float(probs[:2].sum()) and drawn_p == {0, 1}
 
 
+def test_greedy_takes_the_first_of_tied_maxima_in_every_row():
+    """As transformers' argmax does: a tie goes to the lower token id, in a batch as alone."""
+    logits = torch.zeros(3, 49152)
+    logits[0, [9, 4, 40000]] = 7.0
+    logits[1, [48000, 48001]] = 2.0
+    logits[2, 12345] = 1.0
+    tokens, _ = sample(logits, [SamplingParams()] * 3, [0] * 3, [()] * 3)
+    assert tokens == [4, 48000, 12345]
+    assert sample(logits[:1], [SamplingParams()], [0], [()])[0] == [4]
+
+
 def test_banned_tokens_are_never_chosen():
     logits = torch.tensor([[5.0, 1.0, 0.0]])
     tokens, _ = sample(logits, [SamplingParams()], [0], [(0,)])

@@ -15,20 +15,21 @@ def _onednn_available() -> bool:
 class Dense:
     """y = x @ W.T + b with W: [out, in].
 
-    On CPU (fp32, bf16) we call oneDNN's linear directly, on a weight reordered once at load into
-    oneDNN's blocked layout. PyTorch's default CPU GEMM (MKL) takes a generic code path on non-Intel
+    On CPU (fp32, bf16), a product Tandem's kernel (below) does not take goes to oneDNN's linear, on a
+    weight reordered once at load into oneDNN's blocked layout. PyTorch's default CPU GEMM (MKL) takes a generic code path on non-Intel
     CPUs, and a plain-layout weight is reordered by oneDNN on every call: one extra pass over the
     weight per matmul, which for a decode step (every weight read once) doubles its memory traffic.
     The reordered tensor is opaque (only oneDNN's linear can read it; its strides mean nothing), so
-    `weight` is never read elsewhere; a tied output head gets its own reordered copy of the embedding.
+    `weight` is never read elsewhere (None where the packed copy is the only one).
     Elsewhere (CUDA, fp16) it is plain `F.linear`.
 
-    A product of a few rows (a decode step of a few sequences, a short prompt: up to 64 in fp32, 8 in
-    bf16) goes to Tandem's own kernel (engine/cpu_kernels/gemv.py) where it applies, on a second copy of
-    the weight packed for it: it streams the weight once near the memory bandwidth, where oneDNN's reaches
-    ~0.65-0.8 of it at one row, and in fp32 runs closer to the multiply-add peak up to 64 rows. So on
-    such CPUs a dense layer holds its weight twice (a tied head too: its embedding lookups read the
-    packed copy, `rows`).
+    Tandem's own kernel (engine/cpu_kernels/gemv.py) takes a product where it applies, on the weight
+    packed for it: every fp32 product, and bf16 products of up to 16 rows (a decode step of a few
+    sequences, a short prompt). It streams the weight once near the memory bandwidth where oneDNN's
+    reaches ~0.65-0.8 of it at one row, and in fp32 runs at oneDNN's and MKL's rate or above at every row
+    count measured (1 to 2048). So an fp32 layer the kernel takes holds only the packed weight; a bf16
+    layer holds it twice, packed and reordered for oneDNN's AMX products of more rows. A tied head's
+    embedding lookups read the packed copy (`rows`).
     """
 
     PACK_BATCH = 32  # the row count oneDNN tunes the layout for; any row count works with it
@@ -37,11 +38,15 @@ class Dense:
         self.out_features, self.in_features = weight.shape
         self.nbytes = weight.numel() * weight.element_size()  # what one pass over the weight reads
         self.bias = bias
-        self._onednn = (weight.device.type == "cpu" and weight.dtype in (torch.float32, torch.bfloat16)
-                        and _onednn_available())
-        self.weight = torch.ops.mkldnn._reorder_linear_weight(weight, self.PACK_BATCH) if self._onednn else weight
-        self._packed = cpu_gemv.pack(weight) if self._onednn and cpu_gemv.supports(weight) else None
+        cpu = weight.device.type == "cpu" and weight.dtype in (torch.float32, torch.bfloat16)
+        self._packed = cpu_gemv.pack(weight) if cpu and cpu_gemv.supports(weight) else None
         self._few_rows = cpu_gemv.ROWS_FASTER.get(weight.dtype, 0)  # up to this many rows go to the kernel
+        every_row = self._packed is not None and self._few_rows == cpu_gemv.EVERY_ROW_COUNT
+        self._onednn = cpu and not every_row and _onednn_available()
+        if self._onednn:
+            self.weight = torch.ops.mkldnn._reorder_linear_weight(weight, self.PACK_BATCH)
+        else:
+            self.weight = None if every_row else weight  # the packed copy is the only one
 
     @property
     def packed(self) -> torch.Tensor | None:

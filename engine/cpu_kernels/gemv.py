@@ -7,8 +7,8 @@ that a library GEMM's blocking costs more than it saves. `pack` lays W out in pa
 one broadcast value of x into 16 outputs per instruction, with no horizontal sums. Measured on a 2-core
 Sapphire Rapids over the default model's products (30 layers, weights from memory): one row reads the
 weight 1.2-1.4x faster than the previous row-major kernel, 16 fp32 rows run ~1.5x faster, and 8 to 64
-fp32 rows beat oneDNN's blocked-weight linear by 1.1-1.5x; in bf16 oneDNN's AMX kernel is ~10% faster at
-16 rows and far ahead past that.
+fp32 rows beat oneDNN's blocked-weight linear by 1.1-1.5x (and match it up to 2048 rows on a later
+host); in bf16 oneDNN's AMX kernel is ~10% faster at 16 rows and far ahead past that.
 A row's result is the same bits whatever the number of rows beside it. It applies to fp32 (AVX-512F)
 and bf16 (AVX512_BF16) weights whose row count is a multiple of 16 (bf16: inner size even).
 """
@@ -20,12 +20,18 @@ import torch
 from engine.cpu_kernels.build import cpu_flags, load
 
 LANES = 16  # output rows per panel (gemv.cpp: kLanes)
-# Up to how many rows `gemv` takes a product (module docstring; in fp32 at 96-128 rows the two are within
-# ~10% of each other, at 512 oneDNN leads). bf16 stops at 16, not at the 8 where oneDNN starts to win: a pass
-# of 9-16 rows then runs every layer in one call (engine/cpu_kernels/layers.py), which saves more than the
-# products lose (measured side by side: a 16-token bf16 prompt pass 69 -> 53 ms, a batch-12 decode step
-# 67 -> 52 ms; scripts/bench_products.py: 16 rows 37.4 ms packed, 34.6 oneDNN).
-ROWS_FASTER = {torch.float32: 64, torch.bfloat16: 16}
+# Up to how many rows `gemv` takes a product (engine/linear.py: Dense). fp32: every row count: on the
+# Intel host of round 8 (docs/benchmarks/engine) the packed kernel matched or beat oneDNN's blocked
+# linear and MKL at every row count measured (scripts/bench_products.py shapes, alternating medians: 64
+# rows 54 / 70 / 74 ms, 512: 343 / 362 / 366, 2048: 1415 / 1578 / 1382), and a whole 1024- or 2048-row
+# prompt pass took the same time either way (1222 / 1266 and 2666 / 2625 ms), so an fp32 layer needs no
+# oneDNN copy of its weight. (On the AMD host of rounds 1-2 oneDNN led by 15-20% past 1024 rows.) bf16
+# stops at 16, not at the 8 where oneDNN's AMX products start to win: a pass of 9-16 rows then runs every
+# layer in one call (engine/cpu_kernels/layers.py), which saves more than the products lose (measured side
+# by side: a 16-token bf16 prompt pass 69 -> 53 ms, a batch-12 decode step 67 -> 52 ms;
+# scripts/bench_products.py: 16 rows 37.4 ms packed, 34.6 oneDNN).
+EVERY_ROW_COUNT = 1 << 62
+ROWS_FASTER = {torch.float32: EVERY_ROW_COUNT, torch.bfloat16: 16}
 _PAIR = {torch.float32: 1, torch.bfloat16: 2}  # values of `in` per step of the kernel
 _CPU_FLAG = {torch.float32: "avx512f", torch.bfloat16: "avx512_bf16"}
 

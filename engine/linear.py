@@ -16,9 +16,10 @@ class Dense:
     """y = x @ W.T + b with W: [out, in].
 
     On CPU (fp32, bf16), a product Tandem's kernel (below) does not take goes to oneDNN's linear, on a
-    weight reordered once at load into oneDNN's blocked layout. PyTorch's default CPU GEMM (MKL) takes a generic code path on non-Intel
-    CPUs, and a plain-layout weight is reordered by oneDNN on every call: one extra pass over the
-    weight per matmul, which for a decode step (every weight read once) doubles its memory traffic.
+    weight reordered once at load into oneDNN's blocked layout. PyTorch's default CPU GEMM (MKL) takes a
+    generic code path on non-Intel CPUs, and a plain-layout weight is reordered by oneDNN on every call:
+    one extra pass over the weight per matmul, which for a decode step (every weight read once) doubles
+    its memory traffic.
     The reordered tensor is opaque (only oneDNN's linear can read it; its strides mean nothing), so
     `weight` is never read elsewhere (None where the packed copy is the only one).
     Elsewhere (CUDA, fp16) it is plain `F.linear`.

@@ -139,6 +139,8 @@ class FrontDoor:
         service's tracer is on) as `tandem.request`, a child of the client's traceparent, with children
         `tandem.admission` (its `tandem.tokenize`) and `tandem.stream` (the attempts under it)."""
         svc, stats_start, ok, n_in, last_sent = self.service, time.perf_counter(), False, 0, False
+        # the client's deadline counts from arrival: tokenizing and waiting for admission are part of it
+        deadline = time.monotonic() + (req.timeout_s or svc.timeout_s)
         meter = svc.metrics.start(stats_start)  # its latencies count from arrival, tokenization included
         span = svc.tracer.start("tandem.request", client_traceparent(), request_id=req.request_id,
                                 model=self.served.served_name, mode=svc.mode)
@@ -151,7 +153,6 @@ class FrontDoor:
             try:
                 text = TextStream(svc.tokenizer, prep.params.stop)
                 echo = self._echo(prep)
-                deadline = time.monotonic() + (prep.request.timeout_s or svc.timeout_s)
                 with span.child("tandem.stream") as stream:
                     async with contextlib.aclosing(svc.path.run(prep, deadline, stream)) as tokens:
                         async for tok in tokens:

@@ -126,7 +126,7 @@ class LlamaModel:
             out = attn.attend_qkv(i, qkv, cos, sin, H)  # [T, H*hd]: rotary embedding, K/V written, attention
             h = add_rms_norm(x, L.o(out), L.mlp_norm, c.rms_norm_eps)  # x += attention's projection
             gate, up = L.gate_up(h).chunk(2, dim=-1)  # [T, I] each, views of one fresh tensor
-            mlp_out = L.down(F.silu(gate, inplace=True).mul_(up))  # [T, D]
+            mlp_out = L.down(F.silu(gate).mul_(up))  # [T, D]; silu writes a contiguous [T, I] the product takes as it is
         if mlp_out is not None:
             x += mlp_out
 

@@ -106,6 +106,28 @@ def best_of(fn, repeats: int) -> float:
     return max(fn() for _ in range(repeats))
 
 
+def product_peak_gflops(dtype: torch.dtype, n: int = 2048, repeats: int = 5) -> float:
+    """The best rate of PyTorch's own n x n matrix product in `dtype` on this machine's threads: as near
+    the CPU's arithmetic peak as a library gets (the ceiling below is computed from it)."""
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+    torch.mm(a, b)
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        torch.mm(a, b)
+        best = min(best, time.perf_counter() - t)
+    return 2 * n ** 3 / best / 1e9
+
+
+def pass_gflop(model, rows: int, contexts: list[int], head_rows: int) -> float:
+    """Arithmetic of a pass: `rows` rows through every layer's products, each row's attention over its
+    context (`contexts`, one per row: q.k and p.v), and `head_rows` rows of the output head."""
+    c = model.cfg
+    per_row = sum(d.out_features * d.in_features for L in model.layers for d in (L.qkv, L.o, L.gate_up, L.down))
+    attention = 4 * c.head_dim * c.num_heads * c.num_layers * sum(contexts)
+    return (2 * rows * per_row + attention + 2 * head_rows * c.vocab_size * c.hidden_size) / 1e9
+
+
 def bench_dtype(dtype: str, args, hf, gguf_src: str, llama_cpp) -> dict:
     """Every measure of one dtype: tandem and llama.cpp in that dtype and transformers (fp32), each measure
     taken by all three one after the other (the load of a shared machine drifts within minutes)."""
@@ -113,8 +135,13 @@ def bench_dtype(dtype: str, args, hf, gguf_src: str, llama_cpp) -> dict:
     lc = None if llama_cpp is None else LlamaCpp(llama_cpp, same_gguf(gguf_src, dtype), args.threads,
                                                  n_ctx=max(args.prefill_len, args.prompt_len) + args.new_tokens + 8)
     pad = engine.tokenizer.eos_token_id
-    r: dict = {"weight_bytes": engine.model.weight_bytes, "decode": {}}
+    r: dict = {"weight_bytes": engine.model.weight_bytes, "decode": {}, "gflop": {},
+               "peak_gflops": product_peak_gflops(getattr(torch, dtype))}
     batches = [int(x) for x in args.batches.split(",")]
+    steps = range(args.prompt_len, args.prompt_len + args.new_tokens - 1)  # the measured steps' contexts
+    for b in batches:
+        r["gflop"][f"decode {b}"] = sum(pass_gflop(engine.model, b, [n + 1] * b, b) for n in steps) / len(steps)
+    r["gflop"]["prefill"] = pass_gflop(engine.model, args.prefill_len, list(range(1, args.prefill_len + 1)), 1)
     for b in batches:
         batch = prompts(engine.tokenizer, b, args.prompt_len)
         bw_before = read_bandwidth_gbs() if b == min(batches) else None
@@ -172,8 +199,25 @@ def report(res: dict) -> str:
         lines += ["", f"- batch-{b1} decode step {step_ms:.1f} ms; floor {floor_ms:.1f} ms "
                       f"({r['weight_bytes'] / 1e6:.0f} MB of weights at {bw:.1f} GB/s, the read bandwidth measured "
                       f"around it): {floor_ms / step_ms:.0%} of floor speed",
-                  f"- a {r['short_prefill']['tokens']}-token prefill pass: {short_ms:.1f} ms", ""]
+                  f"- a {r['short_prefill']['tokens']}-token prefill pass: {short_ms:.1f} ms"]
+        if "peak_gflops" in r:
+            lines.append(ceiling(r))
+        lines.append("")
     return "\n".join(lines)
+
+
+def ceiling(r: dict) -> str:
+    """The fastest any engine of this dtype could be here: each measured pass's arithmetic at the peak
+    product rate, as a ratio to transformers' time for the same pass in this run."""
+    peak = r["peak_gflops"]
+    parts = []
+    for name, d, rows in [(f"batch-{b} decode step", r["decode"][b], b) for b in r["decode"] if b > 1] + \
+                         [(f"{r['prefill']['tokens']}-token prefill", r["prefill"], r["prefill"]["tokens"])]:
+        gflop = r["gflop"]["prefill" if "prefill" in name else f"decode {rows}"]
+        least_ms, theirs_ms = gflop / peak * 1e3, rows / d["transformers"] * 1e3
+        parts.append(f"{name} {gflop:.1f} GFLOP, >= {least_ms:.0f} ms (transformers {theirs_ms:.0f} ms: at most "
+                     f"{theirs_ms / least_ms:.2f}x)")
+    return f"- ceiling at the peak product rate ({peak:.0f} GFLOP/s, PyTorch's 2048 x 2048): " + "; ".join(parts)
 
 
 def main() -> None:

@@ -46,7 +46,7 @@ def cpu_flags() -> set[str]:
 
 
 def _build_dir() -> Path:
-    key = b"".join(p.read_bytes() for p in [*SOURCES, HERE / "kernels.h"])
+    key = b"".join(p.read_bytes() for p in [*SOURCES, *sorted(HERE.glob("*.h"))])
     key += f"{torch.__version__} {sys.version_info[:2]}".encode()
     return Path(cache_dir()) / "kernels" / f"cpu-{hashlib.sha256(key).hexdigest()[:16]}"
 

@@ -34,7 +34,7 @@ torch::Tensor decode_layers(torch::Tensor x, const std::vector<torch::Tensor>& w
     }
     h = rms_norm(x, gemv(out, w[2]), w[3], eps);                                // x += o(out); [B, D]
     std::vector<torch::Tensor> gate_up = gemv(h, w[4]).chunk(2, -1);            // [B, I] each, strided views
-    delta = gemv(at::silu_(gate_up[0]).mul_(gate_up[1]).contiguous(), w[5]);    // [B, D]
+    delta = gemv(at::silu(gate_up[0]).mul_(gate_up[1]), w[5]);  // silu's own output is contiguous: [B, D]
   }
   if (delta) x += *delta;
   return x;

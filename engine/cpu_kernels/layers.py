@@ -37,12 +37,12 @@ def layer_weights(layers: list) -> list[torch.Tensor] | None:
 # The most rows a pass runs in one call. bf16: as many as its products take from the few-row kernel (past
 # 16 oneDNN's AMX products in the layer loop win: 32 rows 127 ms in one call, 61 in the loop). fp32:
 # measured, a prompt pass in one call against the layer loop in one process (python
-# scripts/bench_one_call.py --prompt-lens 16,128,256,512,1024 --one-call-rows 1024), medians: 43/53 ms
-# at 16 rows, 217/256 at 128, 350/393 at 256, 748/811 at 512 (later runs 932/880, 917/904: even within
-# noise), 2178/1955 at 1024. Each prompt row attends alone with the decode kernel, which reads a prompt's
-# keys once per row where PyTorch's causal attention reads them once per block of rows, so past ~512 rows
-# the loop wins.
-ONE_CALL_ROWS = {torch.float32: 512, torch.bfloat16: 16}
+# scripts/bench_one_call.py --prompt-lens 512,1024 --one-call-rows 4096; longer prompts alternated the same
+# way in one engine), medians: 474/535 ms at 512 rows, 1041/1167 at 1024, 2831/2654 at 2048, 8474/6962 at
+# 4096. Prompt rows attend in tiles of 4 that read each key once (decode_attention.cpp), where PyTorch's
+# causal attention reads a key once per block of rows; past ~1500 rows the loop wins. (Before the tiles,
+# with a row's keys read once per row, the loop won past ~512.)
+ONE_CALL_ROWS = {torch.float32: 1024, torch.bfloat16: 16}
 
 
 def max_rows(dtype: torch.dtype) -> int:

@@ -158,11 +158,12 @@ def _reference_attention(q, kv, tables, lens):
 
 @needs_kernel
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_paged_decode_attention_equals_a_float64_reference(dtype):
+@pytest.mark.parametrize("tpp", [16, 12])  # 12: a block of sixteen keys spans two pages
+def test_paged_decode_attention_equals_a_float64_reference(dtype, tpp):
     """Scrambled page tables, contexts of 1 to 700 tokens (not multiples of the page or of 16), grouped
     heads, a page past the context that holds garbage (never read)."""
     torch.manual_seed(2)
-    H, Hkv, hd, tpp, pages = 9, 3, 64, 16, 64
+    H, Hkv, hd, pages = 9, 3, 64, 90
     kv = torch.randn(2, pages, tpp, Hkv, hd).to(dtype)  # one layer of a pool
     lens = [1, 17, 64, 700]
     order = torch.randperm(pages).tolist()
@@ -201,6 +202,31 @@ def test_a_rows_attention_is_the_same_bits_whatever_batch_it_is_in(dtype, H, Hkv
     want = _reference_attention(q, kv, tab.tolist(), lens.tolist())
     tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2 ** -7, atol=4e-3)
     torch.testing.assert_close(batched.double(), want.to(dtype).double(), **tol)
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rows_that_share_a_page_table_attend_in_tiles_and_each_gets_its_bits_alone(dtype):
+    """A prompt's rows read one page table: the kernel takes up to four of them per pass over the keys.
+    A pass here: 11 rows of one prompt (contexts 30..40: tiles of 4, 4, 3), a decode row, 6 rows of
+    another sequence whose contexts are not in order (tiles of 4, 2), a decode row. Every row alone must
+    give the same bits as in the pass, and all of them the float64 result."""
+    torch.manual_seed(7)
+    H, Hkv, hd, tpp = 9, 3, 64, 12
+    kv = torch.randn(2, 40, tpp, Hkv, hd).to(dtype)
+    order = torch.randperm(40).tolist()
+    prompt, other, d1, d2 = order[:4], order[4:8], order[8:12], order[12:16]
+    rows = ([(prompt, 30 + i) for i in range(11)] + [(d1, 17)] +
+            [(other, n) for n in (5, 48, 1, 33, 48, 20)] + [(d2, 44)])
+    tab = torch.tensor([t for t, _ in rows])
+    lens = torch.tensor([n for _, n in rows])
+    q = torch.randn(len(rows), H, hd).to(dtype)
+    together = cpu_attention.decode(q, kv, tab, lens)
+    for b in range(len(rows)):
+        assert torch.equal(cpu_attention.decode(q[b:b + 1], kv, tab[b:b + 1], lens[b:b + 1])[0], together[b])
+    want = _reference_attention(q, kv, tab.tolist(), lens.tolist())
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2 ** -7, atol=4e-3)
+    torch.testing.assert_close(together.double(), want.to(dtype).double(), **tol)
 
 
 @needs_kernel

@@ -50,7 +50,7 @@ def main() -> None:
     print(f"{args.dtype}: one call takes passes of up to {engine.model.one_call_rows} rows; decode batch {args.batch}")
 
     def prompt_pass(n: int):
-        prompt = text_ids[:n]
+        prompt = (text_ids * (n // len(text_ids) + 1))[:n]  # n tokens: the text repeated as far as needed
         return lambda: len(prompt) / ours_prefill(engine, prompt)  # tokens / (tokens per second)
 
     params = SamplingParams(max_tokens=2 * args.passes + 2, ignore_eos=True)  # room for every step of both paths

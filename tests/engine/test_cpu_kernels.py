@@ -21,7 +21,8 @@ from engine.rope import apply_rotary
 HAS_AVX512 = "avx512f" in build.cpu_flags()
 needs_kernel = pytest.mark.skipif(not (HAS_AVX512 and build.load() is not None),
                                   reason="the kernels need a CPU with AVX-512 and a C++ compiler (or a built cache)")
-SHAPES = [(16, 2), (48, 40), (960, 576), (576, 1536), (3072, 576)]  # the smallest, a partial block, the default model's
+SHAPES = [(16, 2), (48, 40), (960, 576), (576, 1536), (3072, 576), (96, 200)]  # the smallest, a partial block, the
+# default model's, and an `in` that is not a whole number of the kernel's chunks (64 steps; bf16 128 values)
 
 
 @pytest.mark.skipif(not (HAS_AVX512 and shutil.which("c++")), reason="needs AVX-512 and a C++ compiler")
@@ -29,7 +30,8 @@ def test_the_kernel_builds_where_the_cpu_and_a_compiler_allow_it():
     assert build.load() is not None
 
 
-ROWS = [1, 3, 6, 7, 16, 40]  # one row, part of a group of x rows, a full group, a group and one, several
+# one row, part of a group of x rows, a full group, a group and one, several, the most taken in chunks, one more
+ROWS = [1, 3, 6, 7, 16, 40, 48, 49]
 needs_bf16 = pytest.mark.skipif(not ("avx512_bf16" in build.cpu_flags() and build.load() is not None),
                                 reason="needs AVX512_BF16 and the kernels")
 
@@ -66,10 +68,11 @@ def test_a_rows_product_is_the_same_bits_whatever_rows_are_beside_it(dtype):
     if dtype == torch.bfloat16 and "avx512_bf16" not in build.cpu_flags():
         pytest.skip("needs AVX512_BF16")
     torch.manual_seed(2)
-    w, x = cpu_gemv.pack(torch.randn(3072, 576).to(dtype)), torch.randn(40, 576).to(dtype)
-    alone = torch.cat([cpu_gemv.gemv(x[r:r + 1], w) for r in range(40)])  # [40, 3072]
-    for rows in (2, 5, 6, 11, 16, 40):
-        assert torch.equal(cpu_gemv.gemv(x[:rows], w), alone[:rows]), rows
+    for out, inner in [(3072, 576), (112, 200)]:  # 200: chunks of 64, 64, 64, 8 steps (bf16: 128, 72 values)
+        w, x = cpu_gemv.pack(torch.randn(out, inner).to(dtype)), torch.randn(52, inner).to(dtype)
+        alone = torch.cat([cpu_gemv.gemv(x[r:r + 1], w) for r in range(52)])  # [52, out]
+        for rows in (2, 5, 6, 7, 11, 16, 40, 47, 48, 49, 52):  # whole blocks, chunks (7-48), whole again
+            assert torch.equal(cpu_gemv.gemv(x[:rows], w), alone[:rows]), (out, inner, rows)
 
 
 def test_packing_puts_sixteen_output_rows_side_by_side():

@@ -4,7 +4,9 @@
 //
 // The rounding follows the reference's op order (Hugging Face's Llama): the residual add rounds to the
 // model's dtype, statistics in fp32, the normalized row rounded to the model's dtype, then the weight
-// product rounded again. Only the order of the fp32 sum of squares differs.
+// product rounded again. Only the order of the fp32 sum of squares differs: sixteen running sums (value j
+// into sum j % 16, which the compiler turns into vector adds), then added as a fixed tree. One running
+// sum took a chain of D dependent adds per row: ~0.9 ms of a batch-32 decode step of the default model.
 #include <ATen/Parallel.h>
 
 #include <cmath>
@@ -15,6 +17,21 @@ namespace {
 
 constexpr int64_t kRowsPerTask = 8;  // fewer rows stay on the calling thread (a thread's wake-up costs more)
 
+constexpr int kSums = 16;
+
+// sum of x[j]^2 in fp32: x[j] into running sum j % kSums, then sums l + 8 onto l, l + 4, l + 2, l + 1.
+template <typename T>
+float sum_of_squares(const T* x, int64_t D) {
+  float sums[kSums] = {};
+  int64_t j = 0;
+  for (; j + kSums <= D; j += kSums)
+    for (int l = 0; l < kSums; ++l) sums[l] += static_cast<float>(x[j + l]) * static_cast<float>(x[j + l]);
+  for (int l = 0; j + l < D; ++l) sums[l] += static_cast<float>(x[j + l]) * static_cast<float>(x[j + l]);
+  for (int half = kSums / 2; half > 0; half /= 2)
+    for (int l = 0; l < half; ++l) sums[l] += sums[l + half];
+  return sums[0];
+}
+
 template <typename T>
 void norm_rows(T* x, const T* delta, const T* w, T* out, int64_t r0, int64_t r1, int64_t D, float eps) {
   for (int64_t r = r0; r < r1; ++r) {
@@ -22,9 +39,7 @@ void norm_rows(T* x, const T* delta, const T* w, T* out, int64_t r0, int64_t r1,
     if (delta != nullptr) {
       for (int64_t j = 0; j < D; ++j) xr[j] = static_cast<T>(static_cast<float>(xr[j]) + static_cast<float>(delta[r * D + j]));
     }
-    float ss = 0.f;
-    for (int64_t j = 0; j < D; ++j) ss += static_cast<float>(xr[j]) * static_cast<float>(xr[j]);
-    const float inv = 1.f / std::sqrt(ss / static_cast<float>(D) + eps);
+    const float inv = 1.f / std::sqrt(sum_of_squares(xr, D) / static_cast<float>(D) + eps);
     for (int64_t j = 0; j < D; ++j) {
       const T normed = static_cast<T>(static_cast<float>(xr[j]) * inv);
       out[r * D + j] = static_cast<T>(static_cast<float>(w[j]) * static_cast<float>(normed));

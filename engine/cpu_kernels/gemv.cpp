@@ -13,7 +13,7 @@
 // taking turns with them. Whole, the first group's pass read the block from memory at the memory's pace
 // and the others computed from L2: measured on the default model's products (30 layers, 2 cores),
 // 32 rows 28-33 -> 25-28 ms, 16 rows 20-21 -> 18 ms; 1 and 512 rows unchanged (they take blocks whole;
-// past 48 rows the chunks' sums and x's rows outgrow L1 and chunking lost 3-13%).
+// past 48 rows the chunks' sums and x's rows outgrow L1 and chunking lost 4-20%).
 // Every output's sum runs over `in` in order, one lane of one accumulator (kept in fp32 between
 // chunks), whatever the row count, so a row's result is the same bits whatever rows are beside it.
 // Called through engine/cpu_kernels/gemv.py, which checks the CPU flags and the shapes first.

@@ -6,7 +6,7 @@
 // model's dtype, statistics in fp32, the normalized row rounded to the model's dtype, then the weight
 // product rounded again. Only the order of the fp32 sum of squares differs: sixteen running sums (value j
 // into sum j % 16, which the compiler turns into vector adds), then added as a fixed tree. One running
-// sum took a chain of D dependent adds per row: ~0.9 ms of a batch-32 decode step of the default model.
+// sum took a chain of D dependent adds per row: 9-10 us a 32-row norm of the default model, now 5-6.
 #include <ATen/Parallel.h>
 
 #include <cmath>

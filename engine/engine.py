@@ -22,6 +22,7 @@ import torch
 
 from engine.attention import KVWriter, PagedAttention, PoolWriter, PrefillAttention, StoppableAttention, TeeAttention
 from engine.config import ModelConfig
+from engine.cpu_kernels import attention as cpu_attention
 from engine.cuda_graphs import DecodeGraphs
 from engine.errors import InvalidRequest
 from engine.kv_pool import TORCH_DTYPES, KVCache
@@ -141,7 +142,8 @@ class Engine:
         re-prefilled after a failure) in one packed pass; append and return each next token.
 
         Without `writers`, K/V go to each sequence's pages in the local pool (which must be reserved).
-        With writers, the caller calls each writer's `finish` (and handles its failure). `stop`: checked
+        With writers, the caller calls each writer's `finish` (and handles its failure); the K/V and tokens
+        are the same bits as without (`_scratch_pass`) up to `one_call_rows` rows. `stop`: checked
         before each layer; once true the pass raises PassStopped and no sequence advances.
         """
         lens = [s.num_tokens for s in seqs]
@@ -150,13 +152,14 @@ class Engine:
         tokens, positions, rope_lens, last, *tabs = self._upload(  # [T], [T], [T], [B], [pages] per sequence
             [t for s in seqs for t in s.all_ids], [p for n in lens for p in range(n)],
             [n for n in lens for _ in range(n)], list(itertools.accumulate(lens, initial=-1))[1:], *tables)
-        if writers is None and sum(lens) <= self.model.one_call_rows:  # every layer in one call
+        one_call = sum(lens) <= self.model.one_call_rows
+        if writers is None and one_call:  # every layer in one call
             attn = PagedAttention(self.cache, tables, lens, lens)
         elif writers is None:
             attn = PrefillAttention(lens, [PoolWriter(self.cache, tab[pos // tpp] * tpp + pos % tpp)  # [n] slots
                                            for tab, pos in zip(tabs, positions.split(lens))])
         else:
-            attn = PrefillAttention(lens, writers)
+            attn = (self._scratch_pass(lens, writers) if one_call else None) or PrefillAttention(lens, writers)
         rows, spans = self._logit_rows(seqs, [0] * len(seqs), lens, last)
         if stop is not None:
             attn = StoppableAttention(attn, stop)
@@ -165,6 +168,20 @@ class Engine:
             s.num_cached = n
         self._prompt_logprobs(seqs, logits, spans)
         return self._sample(seqs, logits[:len(seqs)])
+
+    def _scratch_pass(self, lens: list[int], writers: list[KVWriter]) -> TeeAttention | None:
+        """Prompts whose K/V go straight to writers (no pages of theirs in the local pool), attended over
+        pages of a pool made for this pass alone, so the pass runs in one call as a pooled prompt's does:
+        a prompt's K/V, first token and log-probs are then the same bits whether or not the worker had
+        room for it (the layer loop's PyTorch attention rounds differently). The writers get each layer's
+        K/V from those pages once the layer is done. None where the CPU kernel cannot read such a pool."""
+        pages = [-(-n // self.tokens_per_page) for n in lens]
+        scratch = KVCache(self.kv_layout(), sum(pages), self.device)  # [layers, 2, sum(pages), tpp, Hkv, hd]
+        if not cpu_attention.supports(scratch.data):
+            return None
+        firsts = itertools.accumulate(pages, initial=0)
+        tables = [list(range(first, first + n)) for first, n in zip(firsts, pages)]
+        return TeeAttention(PagedAttention(scratch, tables, lens, lens), lens, writers, [0] * len(lens))
 
     def decode_step(self, seqs: list[Sequence]) -> list[TokenOut]:
         """One new token for each sequence; each must have all but its newest token cached."""

@@ -17,8 +17,10 @@ class PrefillRuns:
     """The pass-running half of PrefillWorker (a mixin: it uses the worker's state)."""
 
     def _packed(self, group: list[PrefillItem]) -> None:
-        """One pass: pooled items continue against their pages (cached prefix), the others straight
-        into their writers (no room in the pool, or no cache)."""
+        """Two passes: the pooled items continue against their pages (cached prefix), then the others go
+        straight into their writers (no room in the pool, or no cache). Items whose pass completed are
+        answered even when the other pass is given up or fails (their first token is appended: computing
+        them again would answer the token after it)."""
         t0 = time.perf_counter()
         for it in group:
             it.started_at = it.started_at or t0
@@ -30,21 +32,22 @@ class PrefillRuns:
         def stop() -> bool:  # most of the pass is for requests that left: cheaper to redo the rest
             return sum(n for it, n in work.items() if it.aborted) >= half
 
+        done: list[tuple[PrefillItem, tuple]] = []  # (item, its first token) of each pass that completed
         try:
-            for it in pooled:
-                send_cached(self.engine.cache, it)
-            outs = self.engine.extend([it.seq for it in pooled], [self._todo(it) for it in pooled],
-                                      [it.writer for it in pooled], stop) if pooled else []
-            outs += self.engine.prefill([it.seq for it in direct], [it.writer for it in direct], stop) if direct else []
+            if pooled:
+                for it in pooled:
+                    send_cached(self.engine.cache, it)
+                done += zip(pooled, self.engine.extend([it.seq for it in pooled], [work[it] for it in pooled],
+                                                       [it.writer for it in pooled], stop))
+            if direct:
+                done += zip(direct, self.engine.prefill([it.seq for it in direct], [it.writer for it in direct], stop))
         except PassStopped:
-            self._redo_live(group)
-            return
+            self._redo_live(direct if done else group)
         except Exception as e:  # a failed pass fails its requests, not the worker
-            for it in group:
+            for it in direct if done else group:
                 self._fail(it, e)
-            return
         compute = time.perf_counter() - t0
-        for it, out in zip(pooled + direct, outs):
+        for it, out in done:
             it.compute_s = compute
             if it.pooled and not it.msg.pull:
                 self._release(it, computed=True)

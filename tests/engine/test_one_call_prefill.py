@@ -2,7 +2,7 @@
 attends over the pool up to its own position with the decode kernel, where the layer loop runs PyTorch's
 causal attention. The two agree within the dtype's rounding (K/V written and every position's
 log-probs) with the same greedy tokens; a prompt's bits do not depend on the prompts packed beside it;
-a chunk continuing cached pages sees them; writers get each layer's K/V while the later layers compute,
+a chunk continuing cached pages sees them; prompts sent straight to writers give the pooled bits; writers get each layer's K/V while the later layers compute,
 a pass whose requests went away stops between two layers, and the pass leaves the GIL to other threads."""
 
 from __future__ import annotations
@@ -102,6 +102,27 @@ def test_writers_get_every_layers_new_kv_after_a_pass_in_one_call(engine, monkey
     theirs = other.data[:, :, seq.page_table].flatten(2, 3)[:, :, :len(ids)]
     engine.release(seq)
     assert calls == [len(ids)] and torch.equal(mine, theirs) and mine.abs().sum() > 0
+
+
+def test_prompts_straight_to_writers_give_the_pooled_bits(engine, monkeypatch):
+    """The prefill worker's direct path (no pages in its own pool: the pool was full, or it keeps no
+    cache) runs in one call too, over pages made for the pass: each writer, here another pool, ends with
+    the K/V a pooled prefill leaves in the engine's pages, and the first tokens and prompt log-probs are
+    the same bits; whether the worker had room no longer changes an answer's rounding."""
+    prompts = [engine.tokenizer.encode(t) for t in TEXTS]
+    calls, real = [], cpu_layers.run_pass
+    monkeypatch.setattr(cpu_layers, "run_pass", lambda x, *args: calls.append(x.shape[0]) or real(x, *args))
+    pooled, pooled_kv = _prefill(engine, prompts, together=True)
+    params = SamplingParams(max_tokens=1, prompt_logprobs=True, top_logprobs=2)
+    seqs = [engine.new_sequence(f"d{i}", ids, params) for i, ids in enumerate(prompts)]
+    others = [KVCache(engine.kv_layout(), -(-len(ids) // engine.tokens_per_page)) for ids in prompts]
+    writers = [PoolWriter(o, torch.arange(len(ids))) for o, ids in zip(others, prompts)]  # slot p: position p
+    engine.prefill(seqs, writers)
+    assert calls == [sum(map(len, prompts))] * 2  # both passes in one call
+    for s, p, o, kv, ids in zip(seqs, pooled, others, pooled_kv, prompts):
+        assert not s.page_table and s.output_ids == p.output_ids
+        assert [r.logprob for r in s.prompt_logprobs] == [r.logprob for r in p.prompt_logprobs]
+        assert torch.equal(o.data.flatten(2, 3)[:, :, :len(ids)], kv) and kv.abs().sum() > 0
 
 
 def test_a_pass_mixing_a_decode_row_and_a_prompt_chunk_gives_each_its_own_bits(engine, monkeypatch):

@@ -8,6 +8,9 @@
 - `extend(seqs, counts)`: the general pass behind `decode_step`: any number of uncached tokens per
   sequence against its pages (prompt chunks for chunked prefill, mixed with decode tokens).
 
+On a CPU with Tandem's kernels a pass of up to `one_call_rows` rows runs every layer in one call, and a
+longer one in rounds of such calls (engine/passes.py), so a row's bits never depend on the pass it is in.
+
 A caller owns the order of operations: `admit` (validate + reserve pages), then `prefill`, then
 `decode_step` until finished, then `release`. Pages are reserved for the whole budget (prompt +
 max_tokens) up front, so an admitted request never runs out of pages mid-answer.
@@ -20,7 +23,7 @@ from collections.abc import Callable
 
 import torch
 
-from engine.attention import KVWriter, PagedAttention, PoolWriter, PrefillAttention, StoppableAttention, TeeAttention
+from engine.attention import KVWriter, PagedAttention, PoolWriter, PrefillAttention, TeeAttention
 from engine.config import ModelConfig
 from engine.cpu_kernels import attention as cpu_attention
 from engine.cuda_graphs import DecodeGraphs
@@ -28,8 +31,9 @@ from engine.errors import InvalidRequest
 from engine.kv_pool import TORCH_DTYPES, KVCache
 from engine.page_allocator import PageAllocator
 from engine.model import LlamaModel
+from engine.passes import forward, rounds
 from engine.prefix_cache import PrefixCache
-from engine.sampler import report, sample
+from engine.sampler import sample
 from tandem.sampling_params import SamplingParams
 from engine.sequence import FinishReason, Sequence
 from engine.tokenizer import Tokenizer
@@ -139,49 +143,56 @@ class Engine:
     def prefill(self, seqs: list[Sequence], writers: list[KVWriter] | None = None,
                 stop: Callable[[], bool] | None = None) -> list[TokenOut]:
         """Run every sequence's tokens (its prompt, plus outputs already streamed when a request is
-        re-prefilled after a failure) in one packed pass; append and return each next token.
+        re-prefilled after a failure) from position 0; append and return each next token.
 
         Without `writers`, K/V go to each sequence's pages in the local pool (which must be reserved).
-        With writers, the caller calls each writer's `finish` (and handles its failure); the K/V and tokens
-        are the same bits as without (`_scratch_pass`) up to `one_call_rows` rows. `stop`: checked
-        before each layer; once true the pass raises PassStopped and no sequence advances.
+        With writers, the caller calls each writer's `finish` (and handles its failure). On a CPU where
+        the one-call pass applies, a prompt's K/V, token and log-probs are the same bits with writers or
+        without, whatever prompts share the pass (`_pass`, `_direct`). `stop`: checked before each layer;
+        once true the pass raises PassStopped and no sequence advances.
         """
         lens = [s.num_tokens for s in seqs]
-        tpp = self.tokens_per_page
-        tables = [s.page_table[:-(-n // tpp)] for s, n in zip(seqs, lens)] if writers is None else []
-        tokens, positions, rope_lens, last, *tabs = self._upload(  # [T], [T], [T], [B], [pages] per sequence
-            [t for s in seqs for t in s.all_ids], [p for n in lens for p in range(n)],
-            [n for n in lens for _ in range(n)], list(itertools.accumulate(lens, initial=-1))[1:], *tables)
-        one_call = sum(lens) <= self.model.one_call_rows
-        if writers is None and one_call:  # every layer in one call
-            attn = PagedAttention(self.cache, tables, lens, lens)
-        elif writers is None:
-            attn = PrefillAttention(lens, [PoolWriter(self.cache, tab[pos // tpp] * tpp + pos % tpp)  # [n] slots
-                                           for tab, pos in zip(tabs, positions.split(lens))])
-        else:
-            attn = (self._scratch_pass(lens, writers) if one_call else None) or PrefillAttention(lens, writers)
-        rows, spans = self._logit_rows(seqs, [0] * len(seqs), lens, last)
-        if stop is not None:
-            attn = StoppableAttention(attn, stop)
-        logits = self.model.forward(tokens, positions, rope_lens, attn, rows, max_len=max(lens))  # [B + prompt rows, V]
+        limit = self.model.one_call_rows
+        in_calls = limit and (sum(lens) <= limit or self.model.in_rounds)  # every row through one-call passes
+        if in_calls and writers is None and cpu_attention.supports(self.cache.data):
+            logits = self._pass(seqs, [0] * len(seqs), lens, None, stop)
+        elif in_calls and writers is not None and self._scratch_fits():
+            logits = self._direct(seqs, lens, writers, stop)
+        else:  # the layer loop, PyTorch's causal attention per sequence
+            tpp = self.tokens_per_page
+            writers = writers or [PoolWriter(self.cache, torch.tensor(  # [n] the slots of positions 0..n-1
+                [s.page_table[p // tpp] * tpp + p % tpp for p in range(n)], device=self.device)) for s, n in zip(seqs, lens)]
+            logits = forward(self.model, seqs, [0] * len(seqs), lens, PrefillAttention(lens, writers), stop)
         for s, n in zip(seqs, lens):
             s.num_cached = n
-        self._prompt_logprobs(seqs, logits, spans)
-        return self._sample(seqs, logits[:len(seqs)])
+        return self._sample(seqs, logits)
 
-    def _scratch_pass(self, lens: list[int], writers: list[KVWriter]) -> TeeAttention | None:
-        """Prompts whose K/V go straight to writers (no pages of theirs in the local pool), attended over
-        pages of a pool made for this pass alone, so the pass runs in one call as a pooled prompt's does:
-        a prompt's K/V, first token and log-probs are then the same bits whether or not the worker had
-        room for it (the layer loop's PyTorch attention rounds differently). The writers get each layer's
-        K/V from those pages once the layer is done. None where the CPU kernel cannot read such a pool."""
-        pages = [-(-n // self.tokens_per_page) for n in lens]
-        scratch = KVCache(self.kv_layout(), sum(pages), self.device)  # [layers, 2, sum(pages), tpp, Hkv, hd]
-        if not cpu_attention.supports(scratch.data):
-            return None
-        firsts = itertools.accumulate(pages, initial=0)
-        tables = [list(range(first, first + n)) for first, n in zip(firsts, pages)]
-        return TeeAttention(PagedAttention(scratch, tables, lens, lens), lens, writers, [0] * len(lens))
+    def _scratch_fits(self) -> bool:
+        """Whether the CPU kernel reads a pool of this engine's layout (one page made to ask)."""
+        return cpu_attention.supports(KVCache(self.kv_layout(), 1, self.device).data)
+
+    def _direct(self, seqs: list[Sequence], lens: list[int], writers: list[KVWriter],
+                stop: Callable[[], bool] | None) -> torch.Tensor:
+        """Prompts whose K/V go straight to writers (no pages of theirs in the local pool), in rounds of whole
+        prompts of at most `one_call_rows` rows: each round attends over pages of a pool made for it alone,
+        so it runs in one call as a pooled pass does (the writers get each layer's K/V from those pages once
+        the layer is done) -> logits [B, V] at each last row. A longer prompt, a round of its own, runs the
+        layer loop (pages for all of it are what this worker had no room for)."""
+        last: list[torch.Tensor] = [None] * len(seqs)  # [V] each
+        limit = self.model.one_call_rows
+        for part in rounds(lens, limit, split=False):
+            idx = [i for i, _, _ in part]
+            ns, outs = [lens[i] for i in idx], [writers[i] for i in idx]
+            pages = [-(-n // self.tokens_per_page) for n in ns]
+            if sum(ns) > limit:
+                attn = PrefillAttention(ns, outs)
+            else:
+                scratch = KVCache(self.kv_layout(), sum(pages), self.device)  # [layers, 2, sum(pages), tpp, Hkv, hd]
+                tables = [list(range(first, first + n)) for first, n in zip(itertools.accumulate(pages, initial=0), pages)]
+                attn = TeeAttention(PagedAttention(scratch, tables, ns, ns), ns, outs, [0] * len(ns))
+            for i, row in zip(idx, forward(self.model, [seqs[i] for i in idx], [0] * len(ns), ns, attn, stop)):
+                last[i] = row
+        return torch.stack(last)
 
     def decode_step(self, seqs: list[Sequence]) -> list[TokenOut]:
         """One new token for each sequence; each must have all but its newest token cached."""
@@ -201,25 +212,14 @@ class Engine:
         for s, c in zip(seqs, ctx):
             if c > s.num_tokens:
                 raise ValueError(f"request {s.request_id}: cannot process past token {s.num_tokens}")
-        ids = [t for s, a, c in zip(seqs, starts, ctx) for t in s.all_ids[a:c]]
         if self.graphs is not None and writers is None and stop is None and self.graphs.fits(len(seqs)) \
                 and all(n == 1 and c == s.num_tokens for s, n, c in zip(seqs, counts, ctx)):
-            logits = self.graphs.run(ids, starts, [s.page_table for s in seqs])  # [B, V]
+            logits = self.graphs.run([s.all_ids[a] for s, a in zip(seqs, starts)], starts,
+                                     [s.page_table for s in seqs])  # [B, V]
             for s, c in zip(seqs, ctx):
                 s.num_cached = c
             return self._sample(seqs, logits)
-        tokens, positions, rope_lens, last = self._upload(  # [T], [T], [T] sequence length per token, [B]
-            ids, [p for a, c in zip(starts, ctx) for p in range(a, c)],
-            [c for c, n in zip(ctx, counts) for _ in range(n)], list(itertools.accumulate(counts, initial=-1))[1:])
-        attn = PagedAttention(self.cache, [s.page_table for s in seqs], counts, ctx)
-        if writers is not None:
-            attn = TeeAttention(attn, counts, writers, starts)
-        if stop is not None:
-            attn = StoppableAttention(attn, stop)
-        rows, spans = self._logit_rows(seqs, starts, ctx, last)
-        logits = self.model.forward(tokens, positions, rope_lens, attn, rows, max_len=max(ctx))  # [B + prompt rows, V]
-        self._prompt_logprobs(seqs, logits, spans)
-        logits = logits[:len(seqs)]  # [B, V]
+        logits = self._pass(seqs, starts, counts, writers, stop)  # [B, V]
         ready = []
         for i, (s, c) in enumerate(zip(seqs, ctx)):
             s.num_cached = c
@@ -232,39 +232,32 @@ class Engine:
                 outs[i] = out
         return outs
 
-    def _upload(self, *parts: list[int]) -> list[torch.Tensor]:
-        """A pass's host-side metadata in one copy to the device: an int64 view per list, in order."""
-        flat = torch.tensor([x for part in parts for x in part], dtype=torch.int64).to(self.device)
-        return list(flat.split([len(part) for part in parts]))
+    def _pass(self, seqs: list[Sequence], starts: list[int], counts: list[int], writers: list[KVWriter] | None,
+              stop: Callable[[], bool] | None) -> torch.Tensor:
+        """Compute `counts[i]` tokens of sequence i from position `starts[i]` against its pages (writers, if
+        any, also get the new K/V; prompt log-probs are recorded) -> logits [B, V] at each sequence's last
+        row. Where the CPU kernel reads the pool and the model runs long passes `in_rounds` (fp32), a pass
+        of more than `one_call_rows` rows runs as rounds of at most that many, each in one call, a
+        sequence's rows continuing in the next round: every row's bits are then the ones it has in any
+        other pass (the layer loop's PyTorch attention rounds differently; engine/cpu_kernels/layers.py
+        has the times). Sequences do not advance here: the caller sets `num_cached` once every round is done."""
+        limit = self.model.one_call_rows
+        if sum(counts) <= limit or not self.model.in_rounds or not cpu_attention.supports(self.cache.data):
+            return forward(self.model, seqs, starts, counts, self._paged(seqs, starts, counts, writers), stop)
+        last: list[torch.Tensor] = [None] * len(seqs)  # [V] each; a sequence's from its last round
+        for part in rounds(counts, limit):
+            idx = [i for i, _, _ in part]
+            sub, ns = [seqs[i] for i in idx], [n for _, _, n in part]
+            firsts = [starts[i] + offset for i, offset, _ in part]
+            attn = self._paged(sub, firsts, ns, None if writers is None else [writers[i] for i in idx])
+            for i, row in zip(idx, forward(self.model, sub, firsts, ns, attn, stop)):
+                last[i] = row
+        return torch.stack(last)
 
-    def _logit_rows(self, seqs: list[Sequence], starts: list[int], ends: list[int], last: torch.Tensor
-                    ) -> tuple[torch.Tensor, list[tuple[int, int, int]]]:
-        """Rows of a packed pass (sequence i computes positions starts[i]..ends[i]-1) to take logits at:
-        each sequence's last row ([B], in order: `last`, already on the device, is returned as it is when
-        no sequence asks for more), then, for sequences asking for prompt logprobs, every computed prompt
-        position that predicts a prompt token. spans: (sequence, first position, rows)."""
-        rows, extra, spans, offset = [], [], [], 0
-        for i, (s, a, c) in enumerate(zip(seqs, starts, ends)):
-            rows.append(offset + c - a - 1)
-            upto = min(c, len(s.prompt_ids) - 1)  # position p predicts token p + 1
-            if s.params.prompt_logprobs and not s.output_ids and upto > a:
-                extra.extend(range(offset, offset + upto - a))
-                spans.append((i, a, upto - a))
-            offset += c - a
-        if not spans:
-            return last, spans  # [B]
-        return torch.tensor(rows + extra, device=self.device), spans  # [B + extra]
-
-    def _prompt_logprobs(self, seqs: list[Sequence], logits: torch.Tensor, spans: list[tuple[int, int, int]]) -> None:
-        """logits: [B + extra, V] (rows from _logit_rows) -> each span's reports appended to its sequence."""
-        row = len(seqs)
-        for i, first, n in spans:
-            s = seqs[i]
-            lp = torch.log_softmax(logits[row:row + n].float(), dim=-1)  # [n, V]
-            nxt = torch.tensor(s.prompt_ids[first + 1:first + 1 + n], device=lp.device)  # [n]
-            del s.prompt_logprobs[first:]  # a prompt computed again (a given-up pass redone) replaces its reports
-            s.prompt_logprobs.extend(report(lp, nxt, [s.params.top_logprobs] * n))
-            row += n
+    def _paged(self, seqs: list[Sequence], starts: list[int], counts: list[int], writers: list[KVWriter] | None):
+        """Attention over the sequences' pages for `counts[i]` tokens from `starts[i]`; writers get the new K/V."""
+        attn = PagedAttention(self.cache, [s.page_table for s in seqs], counts, [a + n for a, n in zip(starts, counts)])
+        return attn if writers is None else TeeAttention(attn, counts, writers, starts)
 
     def _sample(self, seqs: list[Sequence], logits: torch.Tensor) -> list[TokenOut]:
         """logits: [B, V] -> each sequence's next token, appended; the logprob when asked (the report

@@ -75,6 +75,11 @@ class LlamaModel:
         """The most rows a pass may have to run every layer in one call (0: never, on this CPU or model)."""
         return cpu_layers.max_rows(self.dtype) if self._one_call is not None else 0
 
+    @property
+    def in_rounds(self) -> bool:
+        """Whether a pass longer than `one_call_rows` runs as rounds of one call each (else the layer loop)."""
+        return self._one_call is not None and cpu_layers.in_rounds(self.dtype)
+
     def _layer(self, w: "_Weights", i: int) -> Layer:
         c, p = self.cfg, f"model.layers.{i}."
         qd, kvd, D = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.hidden_size

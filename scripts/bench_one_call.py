@@ -5,7 +5,9 @@
                                      [--one-call-rows N]
 
 `--one-call-rows` lifts the engine's limit on one-call passes (engine/cpu_kernels/layers.py:
-ONE_CALL_ROWS) for this run, to see where the limit should be.
+ONE_CALL_ROWS) for this run, to see where the limit should be. A prompt past the limit takes the
+"one call" path as rounds of one call each where the dtype runs long passes in rounds (fp32:
+layers.py IN_ROUNDS; engine/passes.py), the layer loop otherwise.
 
 Both paths run in one process, alternating pass by pass, so the host's noise falls on both alike
 (engine/cpu_kernels/layers.py; the loop is what the engine runs when the model cannot take the one call).

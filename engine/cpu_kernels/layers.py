@@ -45,9 +45,24 @@ def layer_weights(layers: list) -> list[torch.Tensor] | None:
 ONE_CALL_ROWS = {torch.float32: 1024, torch.bfloat16: 16}
 
 
+# Dtypes whose longer passes run as rounds of one call each (engine/passes.py), so that every row's bits
+# are those of one arithmetic. fp32, one prompt of 1536 / 2048 / 4096 rows, medians in one process: against
+# its pages (engine.extend, the prefill worker's pooled path and chunks) 1492 / 2335 / 7290 ms in rounds,
+# 1815 / 2794 / 8449 in the loop (PyTorch's attention over gathered pages); as a fresh prompt
+# (python scripts/bench_one_call.py --prompt-lens 1536,2048,4096 --passes 3) 1473 / 2205 / 7063 in rounds,
+# 1491 / 2197 / 6111 in the loop (its causal attention). Not bf16: past 16 rows the loop's oneDNN products
+# are twice as fast as the one call's.
+IN_ROUNDS = {torch.float32}
+
+
 def max_rows(dtype: torch.dtype) -> int:
     """The most rows a pass of this dtype may have to go through `run_pass` (0: none)."""
     return ONE_CALL_ROWS.get(dtype, 0)
+
+
+def in_rounds(dtype: torch.dtype) -> bool:
+    """Whether a pass of this dtype longer than `max_rows` runs in rounds of `run_pass` (else the layer loop)."""
+    return dtype in IN_ROUNDS and max_rows(dtype) > 0
 
 
 def run_pass(x: torch.Tensor, weights: list[torch.Tensor], in_place: tuple, cos: torch.Tensor, sin: torch.Tensor,

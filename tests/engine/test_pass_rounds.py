@@ -1,7 +1,8 @@
 """A pass of more rows than one call takes runs as rounds of one call each (engine/passes.py: `rounds`; engine/engine.py:
 `Engine._pass`, `Engine._direct`): a prompt's K/V, first token and prompt log-probs are the same bits
 whatever prompts share its pass, whether its K/V go to the local pool or straight to a writer, and
-however long the pass is. A round given up leaves every sequence where it was."""
+however long the pass is. A round given up leaves every sequence where it was. So a sequence prefilled
+again with its outputs (a resume after a failure) goes on with the bits it had."""
 
 from __future__ import annotations
 
@@ -137,3 +138,34 @@ def test_a_round_given_up_leaves_every_sequence_where_it_was(engine, monkeypatch
     for s in seqs:
         engine.release(s)
     _same(seqs, want, kv, want_kv)
+
+
+@needs_kernel
+@pytest.mark.parametrize("limit", [None, 7], ids=["one-call", "rounds-of-7"])
+def test_a_sequence_prefilled_again_with_its_outputs_goes_on_with_the_same_bits(monkeypatch, limit):
+    """What a resume after a failure does: a new worker prefills the prompt plus the tokens already
+    streamed and decodes on. fp32, sampled (temperature 0.8, a seed): it draws exactly the tokens of the
+    undisturbed run, with the same log-probs bit for bit, and holds the same K/V (the decode rows' K/V
+    recomputed as prompt rows, in one call or in rounds)."""
+    engine = load_engine("smollm2-135m", dtype="float32", kv_bytes=64 << 20)
+    if limit is not None:
+        monkeypatch.setitem(cpu_layers.ONE_CALL_ROWS, torch.float32, limit)
+    ids = engine.tokenizer.encode(TEXTS[1])
+    params = SamplingParams(max_tokens=12, temperature=0.8, top_p=0.95, seed=7, logprobs=True, ignore_eos=True)
+
+    def run(seq):
+        engine.admit(seq)
+        engine.prefill([seq])
+        while len(seq.output_ids) < params.max_tokens:
+            engine.decode_step([seq])
+        kv = engine.cache.data[:, :, seq.page_table].flatten(2, 3)[:, :, :seq.num_tokens - 1].clone()
+        engine.release(seq)
+        return kv
+
+    whole = engine.new_sequence("whole", ids, params)
+    whole_kv = run(whole)
+    resumed = engine.new_sequence("resumed", ids, params, output_ids=whole.output_ids[:5])
+    resumed_kv = run(resumed)
+    assert resumed.output_ids == whole.output_ids
+    assert resumed.output_logprobs == whole.output_logprobs[5:]  # the 7 it drew itself
+    assert torch.equal(resumed_kv, whole_kv)

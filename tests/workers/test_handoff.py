@@ -3,6 +3,7 @@ every exit frees the pages, and the fence keeps a late writer out of pages anoth
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 
@@ -51,14 +52,17 @@ class ListSink:
         return [r.token for r in self.replies if isinstance(r, Token) and r.token is not None]
 
 
-@pytest.fixture
-def pair(default_engine):
-    """A prefill worker (no pool of its own) and a decode worker with an inproc pool, sharing weights."""
+@contextlib.contextmanager
+def worker_pair(default_engine, prefill_pages: int = 0):
+    """A prefill worker (with a pool of `prefill_pages` pages of its own, or none) and a decode worker with
+    an inproc pool, sharing weights; both closed after, and no decode page left held."""
     registry: dict = {}
-    decode_engine = Engine(default_engine.model, default_engine.tokenizer, KVCache(default_engine.cache.layout, 256))
+    layout = default_engine.cache.layout
+    decode_engine = Engine(default_engine.model, default_engine.tokenizer, KVCache(layout, 256))
     host = PoolHost(decode_engine.cache, ("inproc",), registry)
     decode = DecodeWorker(decode_engine, host, transfer_timeout_s=5.0).launch()
-    prefill = PrefillWorker(Engine(default_engine.model, default_engine.tokenizer, None), registry=registry).launch()
+    own = KVCache(layout, prefill_pages) if prefill_pages else None
+    prefill = PrefillWorker(Engine(default_engine.model, default_engine.tokenizer, own), registry=registry).launch()
     yield prefill, decode
     # a Release is applied by the decode loop between steps: let the ones a test sent last land first
     assert wait_until(lambda: not decode.inbox), "the decode loop never applied its last notices"
@@ -66,6 +70,12 @@ def pair(default_engine):
     decode.close()
     host.close()
     assert decode_engine.allocator.num_used == 0, "a test leaked decode pages"
+
+
+@pytest.fixture
+def pair(default_engine):
+    with worker_pair(default_engine) as workers:
+        yield workers
 
 
 def reserve(decode, prompt_ids, params, rid):
@@ -222,46 +232,58 @@ def test_an_abort_stops_the_prefill_pass_at_the_next_layer(default_engine, pair)
     assert wait_until(lambda: decode.stats().pages_used == 0)
 
 
+class BehindBlocker:
+    """Prompts reserved at the decode worker and queued at the prefill worker behind a "blocker" prompt,
+    which is then aborted, so that they share the prefill worker's next group. Writers are slowed to 0.1 s
+    a layer (a pass takes about 3 s)."""
+
+    def __init__(self, prefill, decode, prompts: dict[str, list[int]], params: SamplingParams, order: list[str]):
+        self.prefill, self.decode, self.prompts, self.params = prefill, decode, prompts, params
+        prefill.write_delay_s = 0.1
+        self.leases = {rid: reserve(decode, ids, params, rid) for rid, ids in prompts.items()}
+        self.sinks = {rid: ListSink() for rid in prompts}
+        self._submit("blocker")
+        time.sleep(0.15)  # its pass runs; the others queue behind it and share the next group
+        for rid in order:
+            self._submit(rid)
+        prefill.abort("blocker")
+
+    def _submit(self, rid: str) -> None:
+        self.prefill.submit(Prefill(rid, self.prompts[rid], self.params, destination=self.leases[rid][0].destination),
+                            self.sinks[rid])
+
+    def check_answer(self, engine, rid: str) -> None:
+        """`rid`'s first token and the decode worker's rest are exactly an undisturbed run's; the other
+        requests were cancelled and their leases are given back."""
+        assert self.sinks[rid].finished.wait(60)
+        first = self.sinks[rid].replies[0]
+        assert isinstance(first, Prefilled), self.sinks[rid].error
+        reserved, dsink = self.leases[rid]
+        self.decode.start(Start(rid, reserved.lease, first.token, first.logprob))
+        assert dsink.finished.wait(60)
+        assert [first.token] + dsink.tokens == complete(engine, self.prompts[rid], self.params).output_ids
+        for other in self.prompts.keys() - {rid}:
+            assert isinstance(self.sinks[other].error, Cancelled)
+            self.decode.release(Release(other, self.leases[other][0].lease, writer_closed=True))
+
+
 def test_a_pass_mostly_for_requests_that_left_is_given_up_and_the_rest_redone(default_engine, pair):
     """Two prompts share a pass; the longer one is aborted mid-pass. The pass stops at the next layer
     (the aborted one ends at once), and the other is computed again on its own: exact first token,
-    exact answer. (Writers slowed to 0.1 s a layer each: the shared pass alone would take 6 s.)"""
+    exact answer. (The shared pass alone would take 6 s.)"""
     prefill, decode = pair
-    prefill.write_delay_s = 0.1
-    params = SamplingParams(max_tokens=6)
     tok = default_engine.tokenizer
     prompts = {"blocker": tok.encode("Hello there."), "leave": tok.encode(
         "Tell me about the history of the Roman empire in detail, from its founding to its fall."),
         "stay": tok.encode("Name a color.")}
-    leases = {rid: reserve(decode, ids, params, rid) for rid, ids in prompts.items()}
-    sinks = {rid: ListSink() for rid in prompts}
-
-    def submit(rid):
-        prefill.submit(Prefill(rid, prompts[rid], params, destination=leases[rid][0].destination), sinks[rid])
-
-    submit("blocker")
-    time.sleep(0.15)  # its pass runs; the next two queue behind it and share the next pass
-    submit("leave")
-    submit("stay")
-    prefill.abort("blocker")
+    group = BehindBlocker(prefill, decode, prompts, SamplingParams(max_tokens=6), ["leave", "stay"])
     time.sleep(0.5)  # a few layers into the shared pass
     t0 = time.monotonic()
     prefill.abort("leave")
-    assert sinks["leave"].finished.wait(30)
+    assert group.sinks["leave"].finished.wait(30)
     took = time.monotonic() - t0
-    assert isinstance(sinks["leave"].error, Cancelled) and isinstance(sinks["blocker"].error, Cancelled)
     assert took < 3.0, f"the aborted request waited {took:.1f}s for its pass (the pass alone takes 6 s)"
-    assert sinks["stay"].finished.wait(60)
-    first = sinks["stay"].replies[0]
-    assert isinstance(first, Prefilled), sinks["stay"].error
-    (_, dsink) = leases["stay"]
-    decode.start(Start("stay", leases["stay"][0].lease, first.token, first.logprob))
-    assert dsink.finished.wait(60)
-    assert [first.token] + dsink.tokens == complete(default_engine, prompts["stay"], params).output_ids
-    for rid in ("blocker", "leave"):
-        decode.release(Release(rid, leases[rid][0].lease, writer_closed=True))
-        assert leases[rid][1].finished.wait(5)
-    assert wait_until(lambda: decode.stats().pages_used == 0)
+    group.check_answer(default_engine, "stay")
 
 
 def test_the_fence_keeps_a_late_writer_out_of_pages_given_to_another_request(default_engine, pair):

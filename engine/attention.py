@@ -245,10 +245,11 @@ class PagedAttention(Attention):
             return None
         if self.all_decode:
             return (self.cache.data, self.slots, *self.decode)
-        rows = [(t, c - n + 1 + i) for t, n, c in zip(self.page_tables, self.q_lens, self.ctx_lens) for i in range(n)]
         tpp, dev = self.cache.layout.tokens_per_page, self.cache.device
-        return (self.cache.data, self.slots, _padded([t for t, _ in rows], max(self.ctx_lens), tpp, dev),  # [T, P]
-                torch.tensor([c for _, c in rows], device=dev))  # [T]: row i of a prompt chunk sees one key more than row i - 1
+        tables = _padded(self.page_tables, max(self.ctx_lens), tpp, dev)  # [B, P]
+        rows = torch.cat([t.expand(n, -1) for t, n in zip(tables, self.q_lens)])  # [T, P]: each row its sequence's
+        lens = torch.cat([torch.arange(c - n + 1, c + 1, device=dev) for n, c in zip(self.q_lens, self.ctx_lens)])
+        return self.cache.data, self.slots, rows, lens  # lens [T]: row i of a prompt chunk sees one key more than row i - 1
 
     def attend_qkv(self, layer: int, qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, heads: int) -> torch.Tensor:
         """As Attention.attend_qkv; a pass of decode rows only, read in place, goes to the CPU kernel's one

@@ -52,8 +52,7 @@ def test_prompt_logprobs_the_same_when_the_prompt_comes_in_chunks(default_engine
         done += n
     default_engine.release(seq)
     assert done == len(ids) and seq.output_ids[:1] == whole.output_ids[:1]
-    torch.testing.assert_close(torch.tensor([r.logprob for r in seq.prompt_logprobs]),
-                               torch.tensor([r.logprob for r in whole.prompt_logprobs]), atol=1e-4, rtol=0)
+    assert [r.logprob for r in seq.prompt_logprobs] == [r.logprob for r in whole.prompt_logprobs]  # bit for bit
 
 
 def test_repetition_penalty_greedy_equals_transformers(default_engine, hf_default_model, ids):

@@ -1,5 +1,5 @@
 """Logprob reports and the repetition penalty across the handoff (workers in one process, real model):
-the prefill worker's Prefilled and the decode worker's Tokens carry what one engine computes alone."""
+the prefill worker's Prefilled and the decode worker's Tokens carry, bit for bit, what one engine computes alone."""
 
 from __future__ import annotations
 
@@ -34,13 +34,13 @@ def test_prompt_logprobs_and_penalized_samples_cross_the_handoff(default_engine,
     prefill.submit(Prefill("r", ids, PARAMS, destination=reserved.destination), psink)
     assert psink.finished.wait(60)
     first = psink.replies[0]
-    assert _lps(first.prompt_logprobs) == pytest.approx(_lps(want.prompt_logprobs), abs=1e-4)
+    assert _lps(first.prompt_logprobs) == _lps(want.prompt_logprobs)  # bit for bit: one arithmetic on every path
     assert len(first.top.top_ids) == 2
     decode.start(Start("r", reserved.lease, first.token, first.logprob))
     assert dsink.finished.wait(60)
     tokens = [r for r in dsink.replies if isinstance(r, Token) and r.token is not None]
     assert [first.token] + [t.token for t in tokens] == want.output_ids  # the penalty read the same history
-    assert [first.logprob] + [t.logprob for t in tokens] == pytest.approx(want.output_logprobs, abs=1e-4)
+    assert [first.logprob] + [t.logprob for t in tokens] == want.output_logprobs
     assert all(len(t.top.top_ids) == 2 and not t.prompt_logprobs for t in tokens)
     if chunk:
         assert prefill.engine.allocator.num_used == 0
@@ -57,7 +57,7 @@ def test_a_colocated_worker_sends_the_prompt_logprobs_with_the_first_token(defau
         tokens = [r for r in sink.replies if isinstance(r, Token)]
         want = complete(default_engine, ids, PARAMS)
         assert [t.token for t in tokens] == want.output_ids
-        assert _lps(tokens[0].prompt_logprobs) == pytest.approx(_lps(want.prompt_logprobs), abs=1e-4)
+        assert _lps(tokens[0].prompt_logprobs) == _lps(want.prompt_logprobs)
         assert all(not t.prompt_logprobs for t in tokens[1:])
         assert wait_until(lambda: engine.allocator.num_used == 0)
     finally:

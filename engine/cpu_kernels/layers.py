@@ -47,11 +47,11 @@ ONE_CALL_ROWS = {torch.float32: 1024, torch.bfloat16: 16}
 
 # Dtypes whose longer passes run as rounds of one call each (engine/passes.py), so that every row's bits
 # are those of one arithmetic. fp32, one prompt of 1536 / 2048 / 4096 rows, medians in one process: against
-# its pages (engine.extend, the prefill worker's pooled path and chunks) 1492 / 2335 / 7290 ms in rounds,
-# 1815 / 2794 / 8449 in the loop (PyTorch's attention over gathered pages); as a fresh prompt
-# (python scripts/bench_one_call.py --prompt-lens 1536,2048,4096 --passes 3) 1473 / 2205 / 7063 in rounds,
-# 1491 / 2197 / 6111 in the loop (its causal attention). Not bf16: past 16 rows the loop's oneDNN products
-# are twice as fast as the one call's.
+# its pages (engine.extend, the prefill worker's pooled path and chunks) 1407 / 2195 / 6654 ms in rounds,
+# 1738 / 2739 / 7789 in the loop (PyTorch's attention over gathered pages); a fresh prompt of 2048 / 4096
+# rows (python scripts/bench_one_call.py --prompt-lens 2048,4096 --passes 3) 2096 / 6575 in rounds, 2076 /
+# 5495 in the loop (its causal attention). Not bf16: past 16 rows the loop's oneDNN products are twice as
+# fast as the one call's.
 IN_ROUNDS = {torch.float32}
 
 

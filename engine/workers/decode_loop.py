@@ -97,6 +97,7 @@ class DecodeLoop:
                 lease = self.leases.get(rid)
                 if lease is not None and lease.state is LeaseState.WAITING_KV:
                     lease.pages_ready = True
+                    self.deadlines.cancel((Due.TRANSFER, rid))  # arrived: it waits for room, not for pages
                 elif lease is not None:
                     self.arrived.add(rid)
             for slot, epoch in notices.closed:
@@ -177,7 +178,7 @@ class DecodeLoop:
 
     def _transfer_overdue(self, rid: str) -> None:
         lease = self.leases.get(rid)
-        if lease is not None and lease.state is LeaseState.WAITING_KV:
+        if lease is not None and lease.state is LeaseState.WAITING_KV and not lease.pages_ready:
             self._end(lease, TransferFailed(f"request {rid}: KV pages never arrived within "
                                             f"{self.transfer_timeout_s:.0f}s; pages freed"))
 
@@ -198,6 +199,7 @@ class DecodeLoop:
         """Take the lease out of service and answer its Open request; free its pages unless a writer may
         still write them (then they wait in `fencing`)."""
         self.leases.pop(lease.request_id, None)
+        self.arrived.discard(lease.request_id)  # a writer's notice for a lease that never started
         self.deadlines.cancel((Due.TRANSFER, lease.request_id))
         self.scheduler.remove(lease.seq)
         self._traced(lease, error)

@@ -78,6 +78,8 @@ class Puller:
                                                  stopped=lambda: lease.end_status is not None)
         except TandemError as e:  # LeaseLost (the hold ended), Cancelled (the lease did), TransferFailed
             error = e
+        except Exception as e:  # anything else (a device out of memory, a reader's bug) fails this read, not the thread
+            error = TransferFailed(f"request {lease.request_id}: reading its KV pages failed: {type(e).__name__}: {e}")
         with self._lock:
             self.results.append(PullResult(lease, n, time.perf_counter() - t0, error))
         self.wake()

@@ -53,22 +53,25 @@ class ListSink:
 
 
 @contextlib.contextmanager
-def worker_pair(default_engine, prefill_pages: int = 0):
+def worker_pair(default_engine, prefill_pages: int = 0, **decode_options):
     """A prefill worker (with a pool of `prefill_pages` pages of its own, or none) and a decode worker with
-    an inproc pool, sharing weights; both closed after, and no decode page left held."""
+    an inproc pool (`decode_options`: DecodeWorker's), sharing weights; both closed after, and no decode
+    page left held."""
     registry: dict = {}
     layout = default_engine.cache.layout
     decode_engine = Engine(default_engine.model, default_engine.tokenizer, KVCache(layout, 256))
     host = PoolHost(decode_engine.cache, ("inproc",), registry)
-    decode = DecodeWorker(decode_engine, host, transfer_timeout_s=5.0).launch()
+    decode = DecodeWorker(decode_engine, host, **{"transfer_timeout_s": 5.0, **decode_options}).launch()
     own = KVCache(layout, prefill_pages) if prefill_pages else None
     prefill = PrefillWorker(Engine(default_engine.model, default_engine.tokenizer, own), registry=registry).launch()
-    yield prefill, decode
-    # a Release is applied by the decode loop between steps: let the ones a test sent last land first
-    assert wait_until(lambda: not decode.inbox), "the decode loop never applied its last notices"
-    prefill.close()
-    decode.close()
-    host.close()
+    try:
+        yield prefill, decode
+        # a Release is applied by the decode loop between steps: let the ones a test sent last land first
+        assert wait_until(lambda: not decode.inbox), "the decode loop never applied its last notices"
+    finally:
+        prefill.close()
+        decode.close()
+        host.close()
     assert decode_engine.allocator.num_used == 0, "a test leaked decode pages"
 
 
@@ -378,3 +381,39 @@ def test_the_shm_sender_refuses_a_destination_it_cannot_reach(default_engine, pa
     finally:
         s.close()
         decode.release(Release("y", reserved.lease, writer_closed=True))
+
+
+def test_pages_that_arrived_wait_for_room_past_the_transfer_timeout(default_engine):
+    """The decode worker takes a Start before it has polled the writer's "done" notice (its loop was busy
+    in a step): the transfer deadline is armed. The notice comes, but the batch is full (one sequence at
+    most, decoding for seconds), so the request waits for room well past the transfer timeout; it must
+    not fail with TRANSFER_FAILED, and it decodes exactly once the batch has room."""
+    params = SamplingParams(max_tokens=6)
+    long = SamplingParams(max_tokens=160, ignore_eos=True)
+    with worker_pair(default_engine, max_batch_size=1, transfer_timeout_s=0.5) as (prefill, decode):
+        busy = default_engine.tokenizer.encode("Write a long story about a dragon.")
+        reserved, busy_sink = reserve(decode, busy, long, "busy")
+        first = prefill_into(prefill, busy, long, "busy", reserved).replies[0]
+        decode.start(Start("busy", reserved.lease, first.token, first.logprob))
+        ids = default_engine.tokenizer.encode("Name a color.")
+        want = complete(default_engine, ids, params).output_ids
+        reserved, sink = reserve(decode, ids, params, "waits")
+        decode.start(Start("waits", reserved.lease, want[0], None))  # taken before the notice is polled
+        assert isinstance(prefill_into(prefill, ids, params, "waits", reserved).replies[0], Prefilled)
+        assert not busy_sink.finished.wait(1.0)  # the batch stays full past the 0.5 s transfer timeout
+        assert sink.finished.wait(60) and busy_sink.finished.wait(60)
+        assert sink.error is None and [want[0]] + sink.tokens == want
+
+
+def test_a_writer_notice_for_a_lease_released_before_start_is_not_kept(default_engine, pair):
+    """The writer's "done" notice reached the decode worker while the lease was still reserved (kept for
+    its Start), then the request ended without a Start (its first token ended it, or its caller left):
+    the decode worker keeps nothing of it."""
+    prefill, decode = pair
+    params = SamplingParams(max_tokens=4)
+    ids = default_engine.tokenizer.encode("Name a color.")
+    reserved, dsink = reserve(decode, ids, params, "r")
+    assert isinstance(prefill_into(prefill, ids, params, "r", reserved).replies[0], Prefilled)
+    assert wait_until(lambda: "r" in decode.arrived)  # the notice, polled before any Start
+    decode.release(Release("r", reserved.lease, writer_closed=True))
+    assert dsink.finished.wait(10) and wait_until(lambda: not decode.arrived)

@@ -196,3 +196,25 @@ def test_a_shared_prefix_is_read_only_where_the_decode_cache_lacks_it(default_en
     assert all(p.cached_tokens >= len(chat(tok, "", SYSTEM)) // tpp * tpp - tpp for p in pulled[1:])
     assert all(p.kv_bytes < pulled[0].kv_bytes for p in pulled[1:])  # only the pages the cache lacked
     assert pull_pair.prefill.stats().cache_hits > 0  # the prefill side reused its own cache too
+
+
+def test_a_read_that_raises_fails_its_request_and_the_next_read_works(default_engine, pull_pair, monkeypatch):
+    """A fault no real reader here can be made to show (a device out of memory in a cuda_ipc read): the
+    reader raises something that is not a Tandem status. That request fails with TRANSFER_FAILED and
+    its decode pages are freed; the pull thread lives on, and the next request is read and decoded."""
+    ids = default_engine.tokenizer.encode_chat([ChatMessage("user", PROMPTS[0])])
+    first, psink = pull_pair.prefill_held(ids, "oom")
+    real = reader("inproc", pull_pair.layout, pull_pair.registry)
+    pull_pair.decode.puller.readers["inproc"] = real
+
+    def fail(*args, **kwargs):
+        raise RuntimeError("CUDA out of memory (a fault injected by this test)")
+    monkeypatch.setattr(real, "read", fail)
+    dsink = ListSink()
+    pull_pair.decode.open(Open("oom", ids, PARAMS, source=first.source), dsink)
+    assert dsink.finished.wait(10) and status_of(dsink.error) is Status.TRANSFER_FAILED
+    assert "RuntimeError: CUDA out of memory" in str(dsink.error)
+    assert wait_until(lambda: pull_pair.d_engine.allocator.num_used == 0)
+    assert pull_pair.prefill.unhold("oom", first.source.hold).found
+    monkeypatch.undo()
+    assert pull_pair.run(ids, "next")[0] == complete(default_engine, ids, PARAMS).output_ids

@@ -120,8 +120,12 @@ class WorkerChannel:
         stream.orphans[rid] = on_orphan
 
     def send(self, msg) -> None:
-        """Post a call without waiting for its reply (best effort: lost if the stream is broken)."""
-        stream, rid, _ = self._submit(msg)
+        """Post a call without waiting for its reply (best effort: lost if the stream is broken or the
+        channel closed; never raises)."""
+        try:
+            stream, rid, _ = self._submit(msg)
+        except Unavailable:
+            return
         stream.pending.pop(rid, None)
 
     def _submit(self, msg) -> tuple[_Stream, str, asyncio.Queue]:
@@ -202,6 +206,8 @@ class WorkerChannel:
             stream.reader.cancel()
 
     async def close(self) -> None:
+        """Close the channel; a later call fails with UNAVAILABLE (its worker left the fleet)."""
+        self._refusal = f"{self.model} at {self.url}: the channel is closed (the worker left the fleet)"
         stream, self._stream = self._stream, None
         if stream is not None:
             stream.reader.cancel()

@@ -40,6 +40,7 @@ class WorkerState:
     last_seen: float = 0.0
     inflight_tokens: int = 0  # our own count: prompt tokens sent and not yet answered (prefill)
     running: int = 0  # our own count: requests holding pages or streaming (decode, generate)
+    holds: int = 0  # our own count: pull holds on this prefill worker's pages not yet ended (control/pull_attempt.py)
     failures: int = 0  # consecutive failed watch connections
     slot: str = ""  # stable name for metrics: <role>-<n>, the lowest n free when it joined (an address is not)
     watcher: asyncio.Task | None = field(default=None, repr=False)
@@ -114,7 +115,7 @@ class Fleet:
             return
         w.draining = True
         await self._bump()
-        while w.running or w.inflight_tokens:
+        while w.running or w.inflight_tokens or w.holds:  # each end changes its stats, which wakes us
             await self.wait_change(self.version, time.monotonic() + 3600)
         self.workers.pop(name, None)
         await self._close(w)

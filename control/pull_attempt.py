@@ -78,7 +78,8 @@ class PullAttempt(PairAttempt):
             self.prefilling = True
             first = await first_of(self.held, Prefilled, p, f"before the first token of {self.request_id}")
             self.traced_prefill(first, span)
-        self.prefilling, self.source = False, first.source
+        self.prefilling = False
+        self._hold(first.source)
         t.first_token, t.prefilled = time.perf_counter(), first
         t.reserved = t.start  # nothing waited for a decode worker before the prefill
         if self.on_first is not None:
@@ -108,10 +109,15 @@ class PullAttempt(PairAttempt):
                 raise blame(Unavailable(f"{d.name} {what} before reading its K/V"), d)
             span.set(kv_bytes=pulled.kv_bytes, kv_seconds=pulled.kv_seconds, cached_tokens=pulled.cached_tokens)
         t.pulled, t.pulled_at, t.decode_cached = pulled, time.perf_counter(), pulled.cached_tokens
-        self.source = None
+        self._hold(None)
         self.prefill.client.unhold(self.request_id, source.hold, reader_closed=True)  # the read ended before Pulled
         if self.on_pulled is not None:
             self.on_pulled()
+
+    def _hold(self, source) -> None:
+        """The hold not yet ended (None: ended), counted on the prefill worker: its drain waits for it."""
+        self.prefill.holds += (source is not None) - (self.source is not None)
+        self.source = source
 
     async def __aexit__(self, *exc) -> None:
         """Every exit that is not DONE: Abort a running prefill, Unhold a hold, Release the decode lease
@@ -121,6 +127,7 @@ class PullAttempt(PairAttempt):
             p.client.abort(self.request_id)
         if self.source is not None:  # a reader may still read only if decode was opened and did not refuse
             p.client.unhold(self.request_id, self.source.hold, reader_closed=self.opened is None or self.refused)
+            self._hold(None)
         if self.opened is not None and not self.ended:
             self.decode.client.release(self.request_id, "", writer_closed=True)
         try:

@@ -140,7 +140,8 @@ class ServingPath(ABC):
 
         def give_back() -> None:
             w.running -= 1
-            self.fleet.poke()
+            if w.draining and not w.running:
+                self.fleet.poke()  # its drain waits for this (not a request waiting for pages: it would wake itself)
 
         attempt.on_exit.append(give_back)
         return attempt

@@ -320,3 +320,44 @@ def test_a_pull_attempt_left_early_ends_its_hold_and_then_its_lease(workers, def
     assert p1.pages_held == p1.pages_used == 0 and d1.pages_used == 0
     assert second.finish_reason is None and timings.pulled is not None and leased > 0
     assert p2.pages_held == p2.pages_used == 0 and d2.pages_used == d2.reserved == 0
+
+
+def test_a_pull_attempt_whose_prefill_client_closes_ends_cleanly(workers, default_engine):
+    """The fleet closes a prefill worker's client once it counts nothing left on it (a drain, a replaced
+    worker). A pull attempt still holding K/V there counts (`holds`), and if the client is closed under it
+    anyway, its sends are dropped, not raised: the attempt ends with the request's tokens or a
+    TandemError (resumable), its exit callbacks run (the decode worker's load is given back), and
+    nothing stays held on either worker (the prefill worker ends a hold whose call went away)."""
+    pull_only(workers)
+    ids = default_engine.tokenizer.encode_chat([ChatMessage("user", "Write two sentences about the moon.")])
+    params = SamplingParams(max_tokens=12)
+
+    async def run():
+        p, d = await pair(workers)
+        watcher = PrefillClient(workers.urls("prefill")[0])
+        exits, tokens, error = [], [], None
+        try:
+            async with PullAttempt(d, p, "closed", ids, params, [], Timings()) as h:
+                h.on_exit.append(lambda: exits.append(p.holds))
+                tokens.append((await h.next()).token)
+                holding = p.holds
+                await p.client.close()
+                try:
+                    while (t := await h.next()) is not None:
+                        tokens.append(t.token)
+                except TandemError as e:
+                    error = e
+            for _ in range(100):
+                ps, ds = await watcher.stats(), await d.client.stats()
+                if ps.pages_held == ps.pages_used == 0 and ds.pages_used == ds.reserved == 0:
+                    break
+                await asyncio.sleep(0.1)
+            return holding, p.holds, exits, tokens, error, ps, ds
+        finally:
+            await closing(d)
+            await watcher.close()
+
+    holding, holds, exits, tokens, error, ps, ds = asyncio.run(run())
+    assert holding == 1 and holds == 0 and exits == [0]
+    assert error is not None or len([t for t in tokens if t is not None]) == 12, (error, tokens)
+    assert ps.pages_held == ps.pages_used == 0 and ds.pages_used == ds.reserved == 0

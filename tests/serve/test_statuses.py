@@ -77,6 +77,14 @@ def _complete(http: str, prompt: str, tokens: int, timeout_s: float) -> tuple[in
                                           "temperature": 0}, headers={"Tandem-Timeout": str(timeout_s)})
 
 
+def _decode_tries(http: str) -> float:
+    """`tandem_worker_requests_total{role="decode"}`: the tries the front door sent to decode workers."""
+    with urllib.request.urlopen(http + "/metrics") as r:
+        lines = r.read().decode().splitlines()
+    return sum(float(line.split()[1]) for line in lines
+               if line.startswith("tandem_worker_requests_total{") and 'role="decode"' in line)
+
+
 def test_a_request_no_pool_can_hold_is_a_client_error_at_once(small):
     t = time.monotonic()
     status, body = post(small.http, "/v1/completions", {"prompt": "hi", "max_tokens": 100})
@@ -92,6 +100,7 @@ def test_pool_full_past_the_deadline_is_429_and_over_admission_limits_is_429_at_
         until = time.monotonic() + 30
         while sum(pages_used(small.http).values()) < 4 and time.monotonic() < until:  # the holder has them
             time.sleep(0.05)
+        tries = _decode_tries(small.http)
         waiting = pool.submit(_complete, small.http, "The sky is", 20, 1.0)  # 2 pages: waits, then gives up
         time.sleep(0.3)
         t = time.monotonic()
@@ -101,6 +110,9 @@ def test_pool_full_past_the_deadline_is_429_and_over_admission_limits_is_429_at_
         assert refused_in < 0.5
         status, body = waiting.result(timeout=60)
         assert status == 429 and body["error"]["code"] == "OUT_OF_PAGES", body
+        # it slept until a worker's state changed and tried again (4-5 tries in its second here), never in a
+        # loop of refused tries woken by its own try's end (913 in its second before that was fixed)
+        assert _decode_tries(small.http) - tries <= 20
         assert holder.result(timeout=120)[0] == 200
     status, body = post(small.http, "/v1/completions", {"prompt": "The sky is", "max_tokens": 4})
     assert status == 200, body  # the pages all came back

@@ -18,6 +18,7 @@ max_tokens) up front, so an admitted request never runs out of pages mid-answer.
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Callable
 
@@ -156,7 +157,7 @@ class Engine:
         in_calls = limit and (sum(lens) <= limit or self.model.in_rounds)  # every row through one-call passes
         if in_calls and writers is None and cpu_attention.supports(self.cache.data):
             logits = self._pass(seqs, [0] * len(seqs), lens, None, stop)
-        elif in_calls and writers is not None and self._scratch_fits():
+        elif in_calls and writers is not None and self._scratch_fits:
             logits = self._direct(seqs, lens, writers, stop)
         else:  # the layer loop, PyTorch's causal attention per sequence
             tpp = self.tokens_per_page
@@ -167,8 +168,9 @@ class Engine:
             s.num_cached = n
         return self._sample(seqs, logits)
 
+    @functools.cached_property
     def _scratch_fits(self) -> bool:
-        """Whether the CPU kernel reads a pool of this engine's layout (one page made to ask)."""
+        """Whether the CPU kernel reads a pool of this engine's layout (one page made once to ask)."""
         return cpu_attention.supports(KVCache(self.kv_layout(), 1, self.device).data)
 
     def _direct(self, seqs: list[Sequence], lens: list[int], writers: list[KVWriter],

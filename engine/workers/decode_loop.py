@@ -17,6 +17,8 @@ from tandem.wire import Pulled, Token
 CANCEL_SWEEP_S = 1.0
 # While a NIXL writer may be writing: poll this often (UCX over TCP lands WRITEs only while we poll)
 PROGRESS_S = 0.002
+# While only a fenced lease waits for its NIXL writer's close notice (an idle worker polls for nothing else)
+FENCE_POLL_S = 0.05
 
 
 class Due(enum.Enum):
@@ -85,8 +87,8 @@ class DecodeLoop:
         # that fired without re-arming would leave a lease nobody looks at again.
         if self.leases and not self.deadlines.armed(SWEEP):
             self.deadlines.after(CANCEL_SWEEP_S, SWEEP)
-        if self._awaiting_writes() and not self.deadlines.armed(PROGRESS):
-            self.deadlines.after(PROGRESS_S, PROGRESS)  # the next iteration polls the transport again
+        if (every := self._poll_every()) is not None and not self.deadlines.armed(PROGRESS):
+            self.deadlines.after(every, PROGRESS)  # the next iteration polls the transport again
         return changed
 
     def _notices(self) -> bool:
@@ -117,11 +119,16 @@ class DecodeLoop:
             changed = True
         return changed
 
-    def _awaiting_writes(self) -> bool:
-        """A lease whose writer is (or may soon be) writing through a transport that must be polled."""
-        return self.pool is not None and any(
-            x.transport and not x.pages_ready and self.pool.needs_progress(x.transport)
-            for x in self.leases.values() if x.state in (LeaseState.RESERVED, LeaseState.WAITING_KV))
+    def _poll_every(self) -> float | None:
+        """How soon to poll the transport again: PROGRESS_S while a lease's writer is (or may soon be)
+        writing through a transport that lands writes only while polled, FENCE_POLL_S while only a fenced
+        lease's writer's close notice is awaited over one; None when nothing is."""
+        if self.pool is None:
+            return None
+        if any(x.transport and not x.pages_ready and self.pool.needs_progress(x.transport)
+               for x in self.leases.values() if x.state in (LeaseState.RESERVED, LeaseState.WAITING_KV)):
+            return PROGRESS_S
+        return FENCE_POLL_S if any(self.pool.needs_progress(x.transport) for x in self.fencing.values()) else None
 
     def _lease_in_slot(self, slot: int, epoch: int) -> Lease | None:
         return next((x for x in self.leases.values() if x.slot == slot and x.epoch == epoch), None)

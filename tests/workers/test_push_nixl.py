@@ -1,0 +1,55 @@
+"""The push handoff's fence over NIXL in the workers (one process, two real NIXL agents over UCX, real
+model): a lease that ends while its one-sided writer may still write waits in FENCING for the writer's
+close notice, and an otherwise idle decode worker still polls for it."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from engine.engine import Engine
+from engine.kv_pool import KVCache
+from engine.transports.host import PoolHost
+from engine.transports.nixl import available as nixl_available
+from engine.workers.decode_worker import DecodeWorker
+from engine.workers.prefill_worker import PrefillWorker
+from tandem.sampling_params import SamplingParams
+from tandem.status import Cancelled
+from tandem.wire import Prefill, Release
+from tests.workers.test_handoff import ListSink, reserve, wait_until
+
+pytestmark = pytest.mark.skipif(not nixl_available(), reason="NIXL not installed (pip install --no-deps nixl-cu12)")
+
+
+def test_an_idle_decode_worker_frees_a_fenced_lease_at_its_writers_close_notice(default_engine):
+    """A request released while its prefill is still writing over NIXL (writers slowed to 0.1 s a layer):
+    its decode pages wait in FENCING. The prefill is then aborted and its writer sends its close notice;
+    nothing else runs on the decode worker, yet the pages come back within seconds, not at the fence
+    timeout (30 s here)."""
+    model, tok, layout = default_engine.model, default_engine.tokenizer, default_engine.cache.layout
+    d_engine = Engine(model, tok, KVCache(layout, 64), identity=default_engine.identity)
+    d_host = PoolHost(d_engine.cache, ("nixl",))
+    decode = DecodeWorker(d_engine, d_host, transfer_timeout_s=10.0, fence_timeout_s=30.0).launch()
+    prefill = PrefillWorker(Engine(model, tok, None, identity=default_engine.identity), write_delay_s=0.1).launch()
+    try:
+        ids = tok.encode("Tell me about the history of the Roman empire in detail.")
+        params = SamplingParams(max_tokens=4)
+        reserved, dsink = reserve(decode, ids, params, "gone")
+        assert reserved.destination.transport == "nixl"
+        psink = ListSink()
+        prefill.submit(Prefill("gone", ids, params, destination=reserved.destination), psink)
+        time.sleep(0.5)  # a few layers written
+        decode.release(Release("gone", reserved.lease, writer_closed=False))
+        assert dsink.finished.wait(10) and wait_until(lambda: bool(decode.fencing))
+        assert d_engine.allocator.num_used > 0  # held out of use while the writer may still write
+        assert prefill.abort("gone").found
+        t0 = time.monotonic()
+        assert psink.finished.wait(10) and isinstance(psink.error, Cancelled)
+        assert wait_until(lambda: d_engine.allocator.num_used == 0 and not decode.fencing, 20)
+        took = time.monotonic() - t0
+        assert took < 10, f"the pages came back after {took:.1f}s: at the fence timeout, not at the notice"
+    finally:
+        prefill.close()
+        decode.close()
+        d_host.close()

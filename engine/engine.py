@@ -161,8 +161,9 @@ class Engine:
             logits = self._direct(seqs, lens, writers, stop)
         else:  # the layer loop, PyTorch's causal attention per sequence
             tpp = self.tokens_per_page
-            writers = writers or [PoolWriter(self.cache, torch.tensor(  # [n] the slots of positions 0..n-1
-                [s.page_table[p // tpp] * tpp + p % tpp for p in range(n)], device=self.device)) for s, n in zip(seqs, lens)]
+            writers = writers or [PoolWriter(self.cache, slots) for slots in torch.tensor(  # [n] each: positions 0..n-1
+                [s.page_table[p // tpp] * tpp + p % tpp for s, n in zip(seqs, lens) for p in range(n)],
+                device=self.device).split(lens)]  # one upload
             logits = forward(self.model, seqs, [0] * len(seqs), lens, PrefillAttention(lens, writers), stop)
         for s, n in zip(seqs, lens):
             s.num_cached = n

@@ -153,7 +153,12 @@ def test_a_stalled_worker_is_visible_on_health_and_back_when_it_resumes(one_by_o
     d = stop["details"]
     assert d["health_503_after_s"] is not None and d["health_503_after_s"] < 7.0, d  # stall_s is 4
     said = [e for e in worker_events(one_by_one) if "tandem.supervisor" in e][-3:]  # why it was replaced, if it was
-    assert not d["replaced_while_stopped"] and d["health_200_after_resume_s"] < 7.0, f"{said} {d}"
+    assert not any("killing and replacing" in e for e in said), f"the stall timer replaced it: {said} {d}"
+    # Once in CI the resumed worker's Triton aborted by itself right after SIGCONT (its Python backend threw
+    # boost::interprocess::lock_exception; code -6) and was replaced as any crashed worker is: allowed,
+    # as long as that is the reason and health is back as soon
+    crashed = any("decode-0 exited (code -6)" in e for e in said)
+    assert (not d["replaced_while_stopped"] or crashed) and d["health_200_after_resume_s"] < 7.0, f"{said} {d}"
     assert stop["wrong"] == 0
 
 

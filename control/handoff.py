@@ -105,6 +105,7 @@ class Attempt:
         self.opened = None  # the decode worker's Open stream (control/channel.py), once opened
         self.finished = False  # the token with a finish reason was returned: next() gives None
         self.ended = False  # the worker itself ended the request (its stream's last token): nothing to release
+        self.placed = False  # the workers reserved its pages (a first token says so too): no longer waiting for them
 
     async def next(self) -> Token | None:
         raise NotImplementedError
@@ -196,7 +197,7 @@ class Handoff(PairAttempt):
             reserved = await first_of(self.opened, Reserved, d, "before reserving pages")
             span.set(cached_tokens=reserved.cached_tokens, pages=len(reserved.destination.page_ids),
                      transport=reserved.destination.transport)
-        self.lease, t.reserved = reserved.lease, time.perf_counter()
+        self.lease, t.reserved, self.placed = reserved.lease, time.perf_counter(), True
         t.decode_cached, t.transport = reserved.cached_tokens, reserved.destination.transport
         self.writer_running = True
         with self.span.child("tandem.prefill", worker=self.prefill.name) as span:

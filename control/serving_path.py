@@ -82,7 +82,7 @@ class ServingPath(ABC):
         uid = f"{next(self._ids)}:{prep.request.request_id}"
         waited: TandemError | None = None  # why the request is waiting (full pools, no worker), if it is
         while True:
-            version = self.fleet.version
+            version, attempt = self.fleet.version, None
             try:
                 with span.child("tandem.attempt", retry=failures, resumed=failures > 0,
                                 resumed_after_tokens=len(sent)) as traced:
@@ -102,6 +102,8 @@ class ServingPath(ABC):
                 if not await self.fleet.wait_change(version, deadline):
                     raise _gave_up(e) from None
             except DeadlineExceeded as e:
+                if attempt is not None and attempt.placed:  # it waited, then got its pages: the deadline is its own
+                    waited = None
                 raise _gave_up(waited) if waited is not None else e from None
             except TandemError as e:
                 worker = getattr(e, "worker", None)

@@ -138,6 +138,31 @@ def test_a_request_past_its_deadline_is_504(small):
     assert post(small.http, "/v1/completions", {"prompt": "The sky is", "max_tokens": 4})[0] == 200
 
 
+def test_a_request_that_waited_for_pages_then_got_them_ends_its_deadline_as_504(small):
+    """It waited (pool full), a worker freed pages and reserved them for it, and its deadline passed during
+    its prefill: that is the request's own deadline (504), not a wait for pages (it ended 429 before).
+    The prefill worker is stopped (SIGSTOP, well under the 4 s stall limit) so the prefill outlasts it."""
+    prefill = small.workers()["prefill-0"]["pid"]
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        holder = pool.submit(_complete, small.http, "Once upon a time", 60, 1.0)  # 4 of the 5 pages, until 1 s
+        until = time.monotonic() + 30
+        while sum(pages_used(small.http).values()) < 4 and time.monotonic() < until:
+            time.sleep(0.05)
+        waiting = pool.submit(_complete, small.http, "The sky is", 20, 2.0)  # 2 pages: waits for the holder's
+        time.sleep(0.3)
+        os.killpg(prefill, signal.SIGSTOP)
+        try:
+            assert holder.result(timeout=30)[0] == 504  # its deadline gives its pages back
+            status, body = waiting.result(timeout=30)
+        finally:
+            os.killpg(prefill, signal.SIGCONT)
+    assert status == 504 and body["error"]["code"] == "DEADLINE_EXCEEDED", body
+    deadline = time.monotonic() + 30
+    while (after := post(small.http, "/v1/completions", {"prompt": "The sky is", "max_tokens": 4})[0]) != 200:
+        assert time.monotonic() < deadline, after  # its prefill is aborted and its pages come back
+        time.sleep(0.2)
+
+
 def test_a_dead_worker_is_a_retryable_503_on_both_doors(small):
     """The supervisor starts a replacement at once, and it takes seconds to load (process, PyTorch, the
     model, Triton): requests sent meanwhile, one per door at the same moment with 2 s deadlines, wait for

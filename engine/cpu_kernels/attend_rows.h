@@ -83,69 +83,79 @@ __attribute__((target("avx512f"), always_inline)) inline __m512 scores16(const f
   return sum16(acc);
 }
 
-// out[r][g][16j .. 16(j + C)) = inv[r][g] * sum over keys t < ctx[r], in order, of scores[r][g][t] * v_t,
-// for the R rows and N heads at once: each value row is read once, its C vectors kept in registers.
-template <typename T, int N, int R, int C>
-__attribute__((target("avx512f"), always_inline)) inline void weighted_values(
-    const T* v, const int64_t* table, const int64_t* ctx, int64_t longest, int64_t tpp, int64_t row_stride,
-    const float* scores, int64_t width, const float (&inv)[R][N], int64_t hd, int64_t out_stride, T* out) {
-  __m512 acc[R][N][C];
-  for (int r = 0; r < R; ++r)
-    for (int g = 0; g < N; ++g)
-      for (int c = 0; c < C; ++c) acc[r][g][c] = _mm512_setzero_ps();
-  for (int64_t t0 = 0; t0 < longest; t0 += tpp) {
-    const T* page = v + table[t0 / tpp] * tpp * row_stride;
-    for (int64_t t = t0; t < std::min(longest, t0 + tpp); ++t) {
+constexpr int kMaxRows = 16;        // query rows of one sequence in one call of attend_rows (a tile)
+constexpr int kMaxHeadsAtOnce = 4;  // query heads sharing one kv head in one call
+constexpr int64_t kKeyBlock = 128;  // keys whose values stay in L1 while every (row, head) of a tile uses them
+
+// acc[m][16c .. 16(c + 1)) += scores[m][t] * v_t[16c .. 16(c + 1)) for keys t in [t0, t1), in order,
+// skipping t >= ctx[m], for M (row, head) pairs m and the C value chunks at `v` (acc: fp32, 64-byte
+// aligned). Each value chunk is read once for the M pairs; the sums stay in registers across the block
+// and in `acc` between blocks, so they are those of one pass over the keys in order whatever the blocks.
+template <typename T, int M, int C>
+__attribute__((target("avx512f"))) void weigh_values(const T* v, const int64_t* table, const int64_t* ctx, int64_t t0,
+                                                     int64_t t1, int64_t tpp, int64_t row_stride, const float* const* scores,
+                                                     float* const* acc) {
+  __m512 a[M][C];
+  for (int m = 0; m < M; ++m)
+    for (int c = 0; c < C; ++c) a[m][c] = _mm512_load_ps(acc[m] + 16 * c);
+  for (int64_t t = t0; t < t1;) {
+    const int64_t first = t / tpp * tpp, end = std::min(t1, first + tpp);
+    const T* page = v + table[t / tpp] * tpp * row_stride;
+    for (; t < end; ++t) {
       __m512 vc[C];
-      for (int c = 0; c < C; ++c) vc[c] = load16(page + (t - t0) * row_stride + 16 * c);
-      for (int r = 0; r < R; ++r) {
-        if (t >= ctx[r]) continue;
-        for (int g = 0; g < N; ++g) {
-          const __m512 w = _mm512_set1_ps(scores[(r * N + g) * width + t]);
-          for (int c = 0; c < C; ++c) acc[r][g][c] = _mm512_fmadd_ps(vc[c], w, acc[r][g][c]);
-        }
+      for (int c = 0; c < C; ++c) vc[c] = load16(page + (t - first) * row_stride + 16 * c);
+      for (int m = 0; m < M; ++m) {
+        if (t >= ctx[m]) continue;
+        const __m512 w = _mm512_set1_ps(scores[m][t]);
+        for (int c = 0; c < C; ++c) a[m][c] = _mm512_fmadd_ps(vc[c], w, a[m][c]);
       }
     }
   }
-  for (int r = 0; r < R; ++r)
-    for (int g = 0; g < N; ++g)
-      for (int c = 0; c < C; ++c) {
-        alignas(64) float o[16];
-        _mm512_store_ps(o, _mm512_mul_ps(acc[r][g][c], _mm512_set1_ps(inv[r][g])));
-        T* dst = out + r * out_stride + g * hd + 16 * c;
-        for (int l = 0; l < 16; ++l) dst[l] = static_cast<T>(o[l]);  // bf16: nearest even
-      }
+  for (int m = 0; m < M; ++m)
+    for (int c = 0; c < C; ++c) _mm512_store_ps(acc[m] + 16 * c, a[m][c]);
 }
 
-// R query rows that read the same page table (one row of a decode batch; up to kMaxTile rows of a prompt),
-// row r over its own first ctx[r] keys, for the N query heads [h, h + N) that share one kv head:
-// out[r][g][hd] = softmax(q_rg . K^T * scale) . V. q and out rows are `q_stride` apart. Each key and value
-// row is read once for all R rows and N heads, the page table once per page (no division per key). A
-// (row, head)'s arithmetic is the same whatever R and N: its scores (scores16), their maximum, the
-// exponentials and their sum in blocks of 16 in order, the weighted sum over its keys in order; so a row's
-// result does not depend on the rows or heads it was computed with, nor on the batch around it.
-template <typename T, int N, int R>
-__attribute__((target("avx512f"), noinline)) void attend_rows(const T* q, int64_t q_stride, const T* k, const T* v,
-                                                            const int64_t* table, const int64_t* ctx, int64_t tpp,
-                                                            int64_t row_stride, int64_t hd, float scale,
-                                                            std::vector<float>& scratch, T* out) {
-  const int64_t chunks = hd / 16;
+template <typename T>
+using WeighFn = void (*)(const T*, const int64_t*, const int64_t*, int64_t, int64_t, int64_t, int64_t,
+                         const float* const*, float* const*);
+
+// weigh_values for 1-6 pairs (at most 24 accumulators: 6 pairs of 4 chunks)
+template <typename T, int C>
+WeighFn<T> weigh_fn(int64_t pairs) {
+  static constexpr WeighFn<T> fns[] = {weigh_values<T, 1, C>, weigh_values<T, 2, C>, weigh_values<T, 3, C>,
+                                       weigh_values<T, 4, C>, weigh_values<T, 5, C>, weigh_values<T, 6, C>};
+  return fns[pairs - 1];
+}
+
+// R (<= kMaxRows) query rows that read the same page table (one row of a decode batch; consecutive rows
+// of a prompt), row r over its own first ctx[r] keys, for the N (<= kMaxHeadsAtOnce) query heads
+// [h, h + N) that share one kv head: out[r][g][hd] = softmax(q_rg . K^T * scale) . V. q and out rows
+// are `q_stride` apart. Each key row is read once for all R rows and N heads, each value row once per
+// six (row, head) pairs from L1 (values are taken kKeyBlock keys at a time), the page table once per
+// page. A (row, head)'s arithmetic is the same whatever R and N: its scores (scores16), their maximum,
+// the exponentials and their sum in blocks of 16 in order, the weighted sum over its keys in order; so
+// a row's result does not depend on the rows or heads it was computed with, nor on the batch around it.
+template <typename T, int N>
+__attribute__((target("avx512f"), noinline)) void attend_rows(const T* q, int64_t q_stride, int64_t R, const T* k,
+                                                    const T* v, const int64_t* table, const int64_t* ctx, int64_t tpp,
+                                                    int64_t row_stride, int64_t hd, float scale,
+                                                    std::vector<float>& scratch, T* out) {
+  const int64_t chunks = hd / 16, pairs = R * N;
   int64_t longest = 0;
   for (int r = 0; r < R; ++r) longest = std::max(longest, ctx[r]);
   const int64_t width = (longest + 15) / 16 * 16;  // one (row, head)'s scores, padded to whole blocks of 16
-  scratch.resize(R * N * width + (R * N + 16) * hd + 16);
-  float* scores = scratch.data();  // [R][N][width]
-  float* qs = scores + R * N * width;  // [R][N][hd]: the scaled queries, then [16][hd] `wide` (bf16 keys in fp32)
-  qs += (64 - reinterpret_cast<uintptr_t>(qs) % 64) % 64 / sizeof(float);  // 64-byte aligned (scratch has room)
-  float* wide = qs + R * N * hd;
-  for (int r = 0; r < R; ++r)
-    for (int g = 0; g < N; ++g)
-      for (int64_t j = 0; j < chunks; ++j)
-        _mm512_store_ps(qs + ((r * N + g) * chunks + j) * 16,
-                        _mm512_mul_ps(load16(q + r * q_stride + g * hd + 16 * j), _mm512_set1_ps(scale)));
-  __m512 top[R][N];
-  for (int r = 0; r < R; ++r)
-    for (int g = 0; g < N; ++g) top[r][g] = _mm512_set1_ps(-INFINITY);
+  scratch.resize(pairs * width + (2 * pairs + 16) * hd + 16);
+  float* scores = scratch.data();  // [pairs][width]; then, 64-byte aligned (scratch has room for that):
+  float* qs = scores + pairs * width;  // [pairs][hd] the scaled queries,
+  qs += (64 - reinterpret_cast<uintptr_t>(qs) % 64) % 64 / sizeof(float);
+  float* sums = qs + pairs * hd;     // [pairs][hd] the weighted sums of values,
+  float* wide = sums + pairs * hd;   // [16][hd] bf16 keys widened to fp32
+  for (int64_t m = 0; m < pairs; ++m)
+    for (int64_t j = 0; j < chunks; ++j)
+      _mm512_store_ps(qs + m * hd + 16 * j,
+                      _mm512_mul_ps(load16(q + m / N * q_stride + m % N * hd + 16 * j), _mm512_set1_ps(scale)));
+  __m512 top[kMaxRows * kMaxHeadsAtOnce];
+  for (int64_t m = 0; m < pairs; ++m) top[m] = _mm512_set1_ps(-INFINITY);
   for (int64_t t0 = 0; t0 < longest; t0 += 16) {
     const T* rows[16];
     key_rows(k, table, t0, std::min<int64_t>(16, longest - t0), tpp, row_stride, rows);
@@ -158,38 +168,58 @@ __attribute__((target("avx512f"), noinline)) void attend_rows(const T* q, int64_
         keys[i] = wide + i * hd;
       }
     }
-    for (int r = 0; r < R; ++r) {
+    for (int64_t r = 0; r < R; ++r) {
       if (t0 >= ctx[r]) continue;
       const __mmask16 live = ctx[r] - t0 >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (ctx[r] - t0)) - 1);
-      for (int g = 0; g < N; ++g) {
-        const __m512 sc = scores16(keys, qs + (r * N + g) * hd, chunks);
-        _mm512_storeu_ps(scores + (r * N + g) * width + t0, sc);
-        top[r][g] = _mm512_mask_max_ps(top[r][g], live, top[r][g], sc);
+      for (int64_t g = 0; g < N; ++g) {
+        const int64_t m = r * N + g;
+        const __m512 sc = scores16(keys, qs + m * hd, chunks);
+        _mm512_storeu_ps(scores + m * width + t0, sc);
+        top[m] = _mm512_mask_max_ps(top[m], live, top[m], sc);
       }
     }
   }
-  float inv[R][N];
-  for (int r = 0; r < R; ++r)
-    for (int g = 0; g < N; ++g) {  // exp in place; lanes past the row's context are masked out of the sum
-      float* s = scores + (r * N + g) * width;
-      const __m512 most = _mm512_set1_ps(_mm512_reduce_max_ps(top[r][g]));
-      __m512 total = _mm512_setzero_ps();
-      for (int64_t t = 0; t < ctx[r]; t += 16) {
-        const __mmask16 live = ctx[r] - t >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (ctx[r] - t)) - 1);
-        const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(s + t), most));
-        _mm512_storeu_ps(s + t, e);
-        total = _mm512_mask_add_ps(total, live, total, e);
-      }
-      inv[r][g] = 1.f / _mm512_reduce_add_ps(total);
+  float inv[kMaxRows * kMaxHeadsAtOnce];
+  int64_t pair_ctx[kMaxRows * kMaxHeadsAtOnce];
+  for (int64_t m = 0; m < pairs; ++m) {  // exp in place; lanes past the row's context are masked out of the sum
+    float* s = scores + m * width;
+    const int64_t n = pair_ctx[m] = ctx[m / N];
+    const __m512 most = _mm512_set1_ps(_mm512_reduce_max_ps(top[m]));
+    __m512 total = _mm512_setzero_ps();
+    for (int64_t t = 0; t < n; t += 16) {
+      const __mmask16 live = n - t >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (n - t)) - 1);
+      const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(s + t), most));
+      _mm512_storeu_ps(s + t, e);
+      total = _mm512_mask_add_ps(total, live, total, e);
     }
-  constexpr int C = R * N <= 6 ? 4 : R * N <= 12 ? 2 : 1;  // value chunks per pass: at most 24 accumulators
-  int64_t j = 0;
-  for (; j + C <= chunks; j += C)
-    weighted_values<T, N, R, C>(v + 16 * j, table, ctx, longest, tpp, row_stride, scores, width, inv, hd, q_stride,
-                                out + 16 * j);
-  for (; j < chunks; ++j)
-    weighted_values<T, N, R, 1>(v + 16 * j, table, ctx, longest, tpp, row_stride, scores, width, inv, hd, q_stride,
-                                out + 16 * j);
+    inv[m] = 1.f / _mm512_reduce_add_ps(total);
+  }
+  std::fill(sums, sums + pairs * hd, 0.f);
+  const float* score_rows[kMaxRows * kMaxHeadsAtOnce];
+  float* sum_rows[kMaxRows * kMaxHeadsAtOnce];
+  const int64_t block = pairs <= 6 ? longest : kKeyBlock;  // one group of pairs reads each value once anyway
+  for (int64_t b0 = 0; b0 < longest; b0 += block) {
+    const int64_t b1 = std::min(longest, b0 + block);
+    for (int64_t m0 = 0; m0 < pairs; m0 += 6) {  // groups of up to 6 pairs, 4 value chunks at a time
+      const int64_t n = std::min<int64_t>(6, pairs - m0);
+      for (int64_t j = 0, c; j < chunks; j += c) {
+        c = chunks - j >= 4 ? 4 : 1;
+        for (int64_t m = 0; m < n; ++m) {
+          score_rows[m] = scores + (m0 + m) * width;
+          sum_rows[m] = sums + (m0 + m) * hd + 16 * j;
+        }
+        const WeighFn<T> weigh = c == 4 ? weigh_fn<T, 4>(n) : weigh_fn<T, 1>(n);
+        weigh(v + 16 * j, table, pair_ctx + m0, b0, b1, tpp, row_stride, score_rows, sum_rows);
+      }
+    }
+  }
+  for (int64_t m = 0; m < pairs; ++m)
+    for (int64_t c = 0; c < chunks; ++c) {
+      alignas(64) float o[16];
+      _mm512_store_ps(o, _mm512_mul_ps(_mm512_load_ps(sums + m * hd + 16 * c), _mm512_set1_ps(inv[m])));
+      T* dst = out + m / N * q_stride + m % N * hd + 16 * c;
+      for (int l = 0; l < 16; ++l) dst[l] = static_cast<T>(o[l]);  // bf16: nearest even
+    }
 }
 
 }  // namespace

@@ -1,7 +1,7 @@
 // Attention over the paged pool without gathering it: each query row reads its keys and values where
 // they lie (page table), in one pass per (tile of rows, kv head) for the query heads that share it:
 // a decode row is a tile of its own, a prompt's consecutive rows (which read one page table) go up to
-// kMaxTile to a tile, so a prompt's keys are read once per tile instead of once per row. Optionally
+// kMaxRows to a tile, so a prompt's keys are read once per tile instead of once per row. Optionally
 // preceded by each row's rotary embedding and its K/V write into the pool (decode_step_attention).
 //
 // The gathered path (engine/attention.py) copies every sequence's context out of the pool each layer
@@ -11,6 +11,8 @@
 // horizontal add per key. Measured, 2 threads, 9 query heads on 3 kv heads, 30 layers, against the
 // previous kernel (a row at a time, one horizontal sum per key; the same bits): a 512-row fp32 prompt
 // 89 -> 58 ms, bf16 86 -> 65 ms; 2048 rows fp32 5 layers 431 -> 204 ms; decode rows within noise of it.
+// Past 1024 keys a prompt's keys and values no longer stay in L2 from one tile to the next: tiles grow to
+// 16 rows there, and values are weighed 128 keys at a time (attend_rows.h), the same bits.
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -23,31 +25,20 @@
 
 namespace {
 
-constexpr int64_t kMaxHeadsAtOnce = 4;
-constexpr int64_t kMaxTile = 4;  // rows of one sequence that share a pass over its keys
-
-// The rows of `tables` [B, P] cut into tiles: runs of up to kMaxTile consecutive rows with the same page
-// table (a prompt chunk's rows; a decode batch's rows each stand alone). Returns each tile's first row, and B.
-std::vector<int64_t> tile_starts(const torch::Tensor& tables) {
+// The rows of `tables` [B, P] cut into tiles: each run of consecutive rows with the same page table (a
+// prompt chunk's rows; a decode batch's rows each stand alone) in as few tiles of at most `most` rows as
+// there can be, of sizes that differ by at most one row. Returns each tile's first row, and B.
+std::vector<int64_t> tile_starts(const torch::Tensor& tables, int64_t most) {
   const int64_t B = tables.size(0), P = tables.size(1);
   const int64_t* tab = tables.data_ptr<int64_t>();
   std::vector<int64_t> starts;
-  for (int64_t b = 0; b < B; ++b)
-    if (starts.empty() || b - starts.back() == kMaxTile ||
-        std::memcmp(tab + b * P, tab + (b - 1) * P, P * sizeof(int64_t)) != 0)
-      starts.push_back(b);
+  for (int64_t b = 0, end; b < B; b = end) {
+    for (end = b + 1; end < B && std::memcmp(tab + end * P, tab + b * P, P * sizeof(int64_t)) == 0;) ++end;
+    const int64_t n = end - b, pieces = (n + most - 1) / most;
+    for (int64_t i = 0; i < pieces; ++i) starts.push_back(b + n * i / pieces);
+  }
   starts.push_back(B);
   return starts;
-}
-
-template <typename T>
-using RowsFn = void (*)(const T*, int64_t, const T*, const T*, const int64_t*, const int64_t*, int64_t, int64_t,
-                        int64_t, float, std::vector<float>&, T*);
-
-template <typename T, int N>
-RowsFn<T> rows_fn(int64_t rows) {
-  return rows == 4 ? attend_rows<T, N, 4> : rows == 3 ? attend_rows<T, N, 3> : rows == 2 ? attend_rows<T, N, 2>
-                                                                                         : attend_rows<T, N, 1>;
 }
 
 // Work items (tile, kv head, a run of up to kMaxHeadsAtOnce of its query heads); a run of one head each
@@ -56,16 +47,24 @@ RowsFn<T> rows_fn(int64_t rows) {
 // work idle: 0.46 against 0.77 ms at 4096 keys in fp32.) Tiles are taken first, last, second, second to
 // last, ...: the threads get contiguous ranges of items, and a prompt's rows attend to 1, 2, ..., n keys,
 // so in row order the last thread would get most of the keys (3/4 of a prompt's with 2 threads); in this
-// order every pair of tiles holds about the same number. Each row's result is the same bits whatever
-// tile, run or batch it is in (attend_rows).
+// order every pair of tiles holds about the same number. (A queue of items, largest first, balanced as
+// well but split a sequence's kv heads, which share cache lines, between threads: decode 30% slower.)
+// Each row's result is the same bits whatever tile, run or batch it is in (attend_rows).
 template <typename T>
 void attend_all(const torch::Tensor& q, const torch::Tensor& kv, const torch::Tensor& tables, const torch::Tensor& ctx,
                 torch::Tensor& out) {
   const int64_t H = q.size(1), hd = q.size(2);
   const int64_t tpp = kv.size(2), Hkv = kv.size(3), group = H / Hkv, P = tables.size(1);
-  const std::vector<int64_t> starts = tile_starts(tables);
+  // Tiles of 4 rows while a row's keys are few; past 1024 keys (1 MiB of K and V per kv head in fp32,
+  // which no longer stay in L2 across tiles) up to kMaxRows rows, each key read once per tile, fewer where
+  // that would leave under about 8 items per thread. Measured, 2 threads, 3 kv heads, fp32, one layer: a
+  // 4096-row prompt 149 ms in tiles of 4, 103 in tiles of 16; its last 1024 rows 61 -> 46 ms; 2048 rows
+  // 30.5 -> 25.3 ms; at 256 rows, tiles of 16 took 0.5 ms against 0.35 in tiles of 4.
+  const int64_t longest = *std::max_element(ctx.data_ptr<int64_t>(), ctx.data_ptr<int64_t>() + ctx.size(0));
+  const int64_t most = longest <= 1024 ? 4 : std::clamp<int64_t>(q.size(0) * Hkv / (8 * at::get_num_threads()), 4, kMaxRows);
+  const std::vector<int64_t> starts = tile_starts(tables, most);
   const int64_t tiles = static_cast<int64_t>(starts.size()) - 1;
-  const int64_t run = tiles * Hkv >= at::get_num_threads() ? std::min(group, kMaxHeadsAtOnce) : 1;
+  const int64_t run = tiles * Hkv >= at::get_num_threads() ? std::min<int64_t>(group, kMaxHeadsAtOnce) : 1;
   const int64_t runs = (group + run - 1) / run;  // per kv head
   const T* k = kv.data_ptr<T>();
   const T* v = k + kv.stride(0);
@@ -83,9 +82,9 @@ void attend_all(const torch::Tensor& q, const torch::Tensor& kv, const torch::Te
       const int64_t n = std::min(run, (kvh + 1) * group - h);
       const int64_t first = b * H * hd + h * hd;  // q and out rows [n, hd] of heads h..h+n-1 of row b
       const T *qf = qp + first, *kh = k + kvh * hd, *vh = v + kvh * hd;
-      const RowsFn<T> attend = n == 4 ? rows_fn<T, 4>(rows) : n == 3 ? rows_fn<T, 3>(rows)
-                               : n == 2 ? rows_fn<T, 2>(rows) : rows_fn<T, 1>(rows);
-      attend(qf, H * hd, kh, vh, tab + b * P, lens + b, tpp, Hkv * hd, hd, scale, scratch, op + first);
+      const auto attend = n == 4 ? attend_rows<T, 4> : n == 3 ? attend_rows<T, 3> : n == 2 ? attend_rows<T, 2>
+                                                                                       : attend_rows<T, 1>;
+      attend(qf, H * hd, rows, kh, vh, tab + b * P, lens + b, tpp, Hkv * hd, hd, scale, scratch, op + first);
     }
   });
 }

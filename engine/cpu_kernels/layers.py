@@ -40,17 +40,18 @@ def layer_weights(layers: list) -> list[torch.Tensor] | None:
 # scripts/bench_one_call.py --prompt-lens 512,1024 --one-call-rows 4096; longer prompts alternated the same
 # way in one engine), medians: 474/535 ms at 512 rows, 1041/1167 at 1024, 2831/2654 at 2048, 8474/6962 at
 # 4096. Prompt rows attend in tiles of 4 that read each key once (decode_attention.cpp), where PyTorch's
-# causal attention reads a key once per block of rows; past ~1500 rows the loop wins. (Before the tiles,
-# with a row's keys read once per row, the loop won past ~512.)
+# causal attention reads a key once per block of rows; past ~1500 rows the loop won. (Before the tiles,
+# with a row's keys read once per row, the loop won past ~512. Since tiles of up to 16 rows past 1024
+# keys, one call of 2048 rows is no faster than two rounds of 1024: 1979 against 1954 ms, two runs.)
 ONE_CALL_ROWS = {torch.float32: 1024, torch.bfloat16: 16}
 
 
 # Dtypes whose longer passes run as rounds of one call each (engine/passes.py), so that every row's bits
 # are those of one arithmetic. fp32, one prompt of 1536 / 2048 / 4096 rows, medians in one process: against
-# its pages (engine.extend, the prefill worker's pooled path and chunks) 1407 / 2195 / 6654 ms in rounds,
-# 1738 / 2739 / 7789 in the loop (PyTorch's attention over gathered pages); a fresh prompt of 2048 / 4096
-# rows (python scripts/bench_one_call.py --prompt-lens 2048,4096 --passes 3) 2096 / 6575 in rounds, 2076 /
-# 5495 in the loop (its causal attention). Not bf16: past 16 rows the loop's oneDNN products are twice as
+# its pages (engine.extend, the prefill worker's pooled path and chunks) 1358 / 1993 / 5661 ms in rounds,
+# 1762 / 2654 / 8093 in the loop (PyTorch's attention over gathered pages); a fresh prompt of 2048 / 4096
+# rows (python scripts/bench_one_call.py --prompt-lens 2048,4096 --passes 3) 2001 / 5662 in rounds, 2085 /
+# 5740 in the loop (its causal attention). Not bf16: past 16 rows the loop's oneDNN products are twice as
 # fast as the one call's.
 IN_ROUNDS = {torch.float32}
 

@@ -210,9 +210,10 @@ def test_a_rows_attention_is_the_same_bits_whatever_batch_it_is_in(dtype, H, Hkv
 @needs_kernel
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_rows_that_share_a_page_table_attend_in_tiles_and_each_gets_its_bits_alone(dtype):
-    """A prompt's rows read one page table: the kernel takes up to four of them per pass over the keys.
-    A pass here: 11 rows of one prompt (contexts 30..40: tiles of 4, 4, 3), a decode row, 6 rows of
-    another sequence whose contexts are not in order (tiles of 4, 2), a decode row. Every row alone must
+    """A prompt's rows read one page table: the kernel takes up to four of them per pass over the keys
+    while their contexts are short.
+    A pass here: 11 rows of one prompt (contexts 30..40: tiles of 3, 4, 4), a decode row, 6 rows of
+    another sequence whose contexts are not in order (tiles of 3, 3), a decode row. Every row alone must
     give the same bits as in the pass, and all of them the float64 result."""
     torch.manual_seed(7)
     H, Hkv, hd, tpp = 9, 3, 64, 12
@@ -221,6 +222,31 @@ def test_rows_that_share_a_page_table_attend_in_tiles_and_each_gets_its_bits_alo
     prompt, other, d1, d2 = order[:4], order[4:8], order[8:12], order[12:16]
     rows = ([(prompt, 30 + i) for i in range(11)] + [(d1, 17)] +
             [(other, n) for n in (5, 48, 1, 33, 48, 20)] + [(d2, 44)])
+    tab = torch.tensor([t for t, _ in rows])
+    lens = torch.tensor([n for _, n in rows])
+    q = torch.randn(len(rows), H, hd).to(dtype)
+    together = cpu_attention.decode(q, kv, tab, lens)
+    for b in range(len(rows)):
+        assert torch.equal(cpu_attention.decode(q[b:b + 1], kv, tab[b:b + 1], lens[b:b + 1])[0], together[b])
+    want = _reference_attention(q, kv, tab.tolist(), lens.tolist())
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2 ** -7, atol=4e-3)
+    torch.testing.assert_close(together.double(), want.to(dtype).double(), **tol)
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("H, Hkv, hd", [(9, 3, 64), (8, 2, 80)])  # 80: value chunks of 4, then one alone
+def test_long_contexts_attend_in_tiles_of_up_to_16_rows_and_each_row_gets_its_bits_alone(dtype, H, Hkv, hd):
+    """Past 1024 keys a prompt's rows share a pass over the keys up to 16 at a time (on 2 threads, 130
+    rows: tiles of 14-15), and their values are weighed 128 keys at a time by groups of 6 (row, head)
+    pairs. A pass of 130 rows of one prompt (contexts 1100..1229) and a decode row: every row alone gives
+    the same bits as in the pass, and all of them the float64 result."""
+    torch.manual_seed(11)
+    tpp, pages = 16, 90
+    kv = torch.randn(2, pages, tpp, Hkv, hd).to(dtype)
+    order = torch.randperm(pages).tolist()
+    prompt, decode = order[:78], order[78:] + order[:66]
+    rows = [(prompt, 1100 + i) for i in range(130)] + [(decode, 1030)]
     tab = torch.tensor([t for t, _ in rows])
     lens = torch.tensor([n for _, n in rows])
     q = torch.randn(len(rows), H, hd).to(dtype)

@@ -207,6 +207,21 @@ def test_a_rows_attention_is_the_same_bits_whatever_batch_it_is_in(dtype, H, Hkv
     torch.testing.assert_close(batched.double(), want.to(dtype).double(), **tol)
 
 
+def _each_row_alone_as_in_the_pass(kv: torch.Tensor, rows: list[tuple[list[int], int]], H: int) -> None:
+    """Rows (page table, context length) over one pool layer kv, random queries of H heads, in one pass:
+    each row alone gives the same bits as in the pass, and all of them the float64 result."""
+    dtype, hd = kv.dtype, kv.shape[-1]
+    tab = torch.tensor([t for t, _ in rows])
+    lens = torch.tensor([n for _, n in rows])
+    q = torch.randn(len(rows), H, hd).to(dtype)
+    together = cpu_attention.decode(q, kv, tab, lens)
+    for b in range(len(rows)):
+        assert torch.equal(cpu_attention.decode(q[b:b + 1], kv, tab[b:b + 1], lens[b:b + 1])[0], together[b])
+    want = _reference_attention(q, kv, tab.tolist(), lens.tolist())
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2 ** -7, atol=4e-3)
+    torch.testing.assert_close(together.double(), want.to(dtype).double(), **tol)
+
+
 @needs_kernel
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_rows_that_share_a_page_table_attend_in_tiles_and_each_gets_its_bits_alone(dtype):
@@ -222,15 +237,7 @@ def test_rows_that_share_a_page_table_attend_in_tiles_and_each_gets_its_bits_alo
     prompt, other, d1, d2 = order[:4], order[4:8], order[8:12], order[12:16]
     rows = ([(prompt, 30 + i) for i in range(11)] + [(d1, 17)] +
             [(other, n) for n in (5, 48, 1, 33, 48, 20)] + [(d2, 44)])
-    tab = torch.tensor([t for t, _ in rows])
-    lens = torch.tensor([n for _, n in rows])
-    q = torch.randn(len(rows), H, hd).to(dtype)
-    together = cpu_attention.decode(q, kv, tab, lens)
-    for b in range(len(rows)):
-        assert torch.equal(cpu_attention.decode(q[b:b + 1], kv, tab[b:b + 1], lens[b:b + 1])[0], together[b])
-    want = _reference_attention(q, kv, tab.tolist(), lens.tolist())
-    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2 ** -7, atol=4e-3)
-    torch.testing.assert_close(together.double(), want.to(dtype).double(), **tol)
+    _each_row_alone_as_in_the_pass(kv, rows, H)
 
 
 @needs_kernel
@@ -247,15 +254,7 @@ def test_long_contexts_attend_in_tiles_of_up_to_16_rows_and_each_row_gets_its_bi
     order = torch.randperm(pages).tolist()
     prompt, decode = order[:78], order[78:] + order[:66]
     rows = [(prompt, 1100 + i) for i in range(130)] + [(decode, 1030)]
-    tab = torch.tensor([t for t, _ in rows])
-    lens = torch.tensor([n for _, n in rows])
-    q = torch.randn(len(rows), H, hd).to(dtype)
-    together = cpu_attention.decode(q, kv, tab, lens)
-    for b in range(len(rows)):
-        assert torch.equal(cpu_attention.decode(q[b:b + 1], kv, tab[b:b + 1], lens[b:b + 1])[0], together[b])
-    want = _reference_attention(q, kv, tab.tolist(), lens.tolist())
-    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2 ** -7, atol=4e-3)
-    torch.testing.assert_close(together.double(), want.to(dtype).double(), **tol)
+    _each_row_alone_as_in_the_pass(kv, rows, H)
 
 
 @needs_kernel

@@ -61,7 +61,8 @@ void attend_all(const torch::Tensor& q, const torch::Tensor& kv, const torch::Te
   // 4096-row prompt 149 ms in tiles of 4, 103 in tiles of 16; its last 1024 rows 61 -> 46 ms; 2048 rows
   // 30.5 -> 25.3 ms; at 256 rows, tiles of 16 took 0.5 ms against 0.35 in tiles of 4.
   const int64_t longest = *std::max_element(ctx.data_ptr<int64_t>(), ctx.data_ptr<int64_t>() + ctx.size(0));
-  const int64_t most = longest <= 1024 ? 4 : std::clamp<int64_t>(q.size(0) * Hkv / (8 * at::get_num_threads()), 4, kMaxRows);
+  const int64_t most =
+      longest <= 1024 ? 4 : std::clamp<int64_t>(q.size(0) * Hkv / (8 * at::get_num_threads()), 4, kMaxRows);
   const std::vector<int64_t> starts = tile_starts(tables, most);
   const int64_t tiles = static_cast<int64_t>(starts.size()) - 1;
   const int64_t run = tiles * Hkv >= at::get_num_threads() ? std::min<int64_t>(group, kMaxHeadsAtOnce) : 1;

@@ -26,8 +26,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
 from tritonclient.grpc import model_config_pb2 as mc
@@ -40,6 +41,7 @@ from tandem.logprobs import Logprob
 from tandem.request_context import client_traceparent, note_tokens
 from tandem.status import Status, TandemError, status_of
 
+_ADMITTED, _DONE = object(), object()  # FrontDoor._merged's markers: an answer was admitted, an answer ended
 _TYPE = {"BYTES": mc.TYPE_STRING, "INT32": mc.TYPE_INT32, "UINT64": mc.TYPE_UINT64, "FP32": mc.TYPE_FP32,
          "BOOL": mc.TYPE_BOOL}
 
@@ -111,6 +113,7 @@ class Delta:
     top: Logprob | None = None  # the token's alternatives, when top_logprobs asked for them
     prompt_logprobs: tuple[Logprob, ...] = ()  # on the first delta, when the request asked (echo) ...
     prompt_ids: tuple[int, ...] = ()  # ... beside the prompt's token ids they report on
+    index: int = 0  # which of a request's answers it belongs to (FrontDoor.answer_all): the reply's choice
 
 
 @dataclass(frozen=True)
@@ -132,8 +135,10 @@ class FrontDoor:
         self.served = served
         self.service: Orchestrator = served.service
 
-    async def answer(self, req: GenerationRequest) -> AsyncIterator[Delta]:
+    async def answer(self, req: GenerationRequest, on_admitted: Callable[[], None] | None = None
+                     ) -> AsyncIterator[Delta]:
         """The request's deltas; raises a TandemError (before the first delta when it is refused).
+        `on_admitted` is called once the request is prepared and admitted.
 
         The one generator between the serving path's tokens and a protocol codec. Traced (when the
         service's tracer is on) as `tandem.request`, a child of the client's traceparent, with children
@@ -150,6 +155,8 @@ class FrontDoor:
                 n_in = len(prep.prompt_ids)
                 ticket = svc.admission.admit(n_in)  # refused at once when full
             meter.admitted(n_in)
+            if on_admitted is not None:
+                on_admitted()
             try:
                 text = TextStream(svc.tokenizer, prep.params.stop)
                 echo = self._echo(prep)
@@ -198,6 +205,50 @@ class FrontDoor:
             return ""
         return req.prompt if req.prompt is not None else self.service.tokenizer.decode(prep.prompt_ids)
 
+    def answer_all(self, reqs: Sequence[GenerationRequest]) -> AsyncIterator[Delta]:
+        """The deltas of several answers served concurrently, each marked with its index in `reqs`, in the
+        order they come (one request: `answer` itself). Nothing is yielded before every answer has been
+        admitted, so a refusal of any is raised before the first delta, as for one request; a failure
+        after that ends them all (the others are cancelled and give back what they hold)."""
+        return self.answer(reqs[0]) if len(reqs) == 1 else self._merged(reqs)
+
+    async def _merged(self, reqs: Sequence[GenerationRequest]) -> AsyncIterator[Delta]:
+        queue: asyncio.Queue = asyncio.Queue()  # Deltas, _ADMITTED and _DONE markers, or an answer's error
+
+        async def pump(i: int, req: GenerationRequest) -> None:
+            try:
+                async with contextlib.aclosing(self.answer(req, lambda: queue.put_nowait(_ADMITTED))) as deltas:
+                    async for d in deltas:
+                        queue.put_nowait(dataclasses.replace(d, index=i))
+                queue.put_nowait(_DONE)
+            except Exception as e:  # noqa: BLE001 - handed to the consumer, which raises it
+                queue.put_nowait(e)
+
+        tasks = [asyncio.create_task(pump(i, r)) for i, r in enumerate(reqs)]
+        held: list[Delta] = []  # deltas that came before every answer was admitted
+        waiting = running = len(reqs)
+        try:
+            while running:
+                item = await queue.get()  # each answer ends by itself: its own deadline bounds it
+                if isinstance(item, Exception):
+                    raise item
+                if item is _DONE:
+                    running -= 1
+                elif item is _ADMITTED:
+                    waiting -= 1
+                    if not waiting:
+                        for d in held:
+                            yield d
+                        held.clear()
+                elif waiting:
+                    held.append(item)
+                else:
+                    yield item
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
     async def collect(self, req: GenerationRequest, on_delta: Callable[[Delta], None] | None = None) -> Answer:
         """The whole answer of one request (the one collector every door uses); `on_delta` sees each delta."""
         text, logprobs, n, reason, n_in, cached = [], [], 0, None, 0, 0
@@ -213,13 +264,16 @@ class FrontDoor:
                 reason, n_in, cached = d.finish_reason or reason, d.prompt_tokens, cached or d.cached_tokens
         return Answer("".join(text), tuple(logprobs), n, reason, n_in, cached)
 
-    async def collect_all(self, reqs: list[GenerationRequest]) -> list[Answer]:
-        """Whole answers of a batch, served concurrently; the first failure cancels the others."""
+    async def collect_all(self, reqs: Sequence[GenerationRequest],
+                          on_deltas: Sequence[Callable[[Delta], None] | None] = ()) -> list[Answer]:
+        """Whole answers of a batch, served concurrently; the first failure cancels the others.
+        `on_deltas[i]`, when given, sees each delta of answer i."""
+        watch = list(on_deltas) or [None] * len(reqs)
         if len(reqs) == 1:
-            return [await self.collect(reqs[0])]
+            return [await self.collect(reqs[0], watch[0])]
         try:
             async with asyncio.TaskGroup() as tg:
-                tasks = [tg.create_task(self.collect(r)) for r in reqs]
+                tasks = [tg.create_task(self.collect(r, w)) for r, w in zip(reqs, watch)]
         except BaseExceptionGroup as group:  # the status of the first failure, as a single request's
             raise group.exceptions[0] from None
         return [t.result() for t in tasks]

@@ -1,7 +1,8 @@
 """The OpenAI-compatible routes: /v1/models[/{id}], /v1/completions, /v1/chat/completions (SSE when streaming).
 
 A codec over the front-door core (frontdoor/core.py): parse (openai_api.py), answer or collect, shape
-the reply. The model id is the served model's name (ServedModel.served_name); its Triton name is an
+the reply. A request's answers (a batch of prompts, `n` each) are served concurrently
+(FrontDoor.answer_all / collect_all) and come back as its choices. The model id is the served model's name (ServedModel.served_name); its Triton name is an
 alias. Fields the server does not know are accepted and named once in the log (openai_fields.py).
 Logprobs (and an echoed prompt's) are built token by token (openai_logprobs.py). A client that
 disconnects mid-stream cancels its request (one debug line, no traceback); a failure after the stream
@@ -60,15 +61,15 @@ class OpenAIRoutes:
         self.service.refuse_if_closed()
         body = await read_object(request)
         rid = oa.new_id("cmpl")
-        req, stream = oa.completion_request(body, self.names, rid, self.unknown)
-        return await self._answer(request, req, stream, rid, oa.completion_body, body)
+        return await self._answer(request, oa.completion_request(body, self.names, rid, self.unknown), rid,
+                                  oa.completion_body, body)
 
     async def chat(self, request):
         self.service.refuse_if_closed()
         body = await read_object(request)
         rid = oa.new_id("chatcmpl")
-        req, stream = oa.chat_request(body, self.names, rid, self.unknown)
-        return await self._answer(request, req, stream, rid, oa.chat_body, body)
+        return await self._answer(request, oa.chat_request(body, self.names, rid, self.unknown), rid,
+                                  oa.chat_body, body)
 
     def _trail(self, req, shape) -> LogprobTrail | None:
         """The request's logprobs reports, when it asked for them."""
@@ -77,16 +78,19 @@ class OpenAIRoutes:
         tok = self.service.tokenizer
         return LogprobTrail(shape is oa.chat_body, lambda t: tok.decode([t], skip_special_tokens=False))
 
-    async def _answer(self, request, req, stream: bool, rid: str, shape, body: dict):
-        req = dataclasses.replace(req, timeout_s=request_timeout(request))
-        trail = self._trail(req, shape)
-        if not stream:
-            a = await self.door.collect(req, on_delta=trail.add if trail else None)
-            return web.json_response(shape(rid, self.served.served_name, a.text, a.finish_reason,
-                                           oa.usage(a.prompt_tokens, a.tokens, a.cached_tokens), chunk=False,
-                                           logprobs=trail.take() if trail else None))
-        events = _Events(request, rid, self.served.served_name, shape, body, trail)
-        async with contextlib.aclosing(self.door.answer(req)) as deltas:
+    async def _answer(self, request, parsed: oa.Parsed, rid: str, shape, body: dict):
+        """Every answer the request asks for (its choices), collected into one reply or streamed."""
+        timeout = request_timeout(request)
+        reqs = [dataclasses.replace(r, timeout_s=timeout) for r in parsed.answers]
+        trails = [self._trail(r, shape) for r in reqs]
+        model = self.served.served_name
+        if not parsed.stream:
+            answers = await self.door.collect_all(reqs, [t.add if t else None for t in trails])
+            return web.json_response(oa.whole_body(
+                shape, rid, model, [(a.text, a.finish_reason, t.take() if t else None) for a, t in zip(answers, trails)],
+                parsed.usage([(a.prompt_tokens, a.tokens, a.cached_tokens) for a in answers])))
+        events = _Events(request, rid, model, shape, body, trails, parsed)
+        async with contextlib.aclosing(self.door.answer_all(reqs)) as deltas:
             done = await events.send(deltas)
         if events.resp is None:  # the core yields at least the delta with the finish reason
             raise Internal(f"the answer of {rid} ended before its first delta")
@@ -98,37 +102,40 @@ class OpenAIRoutes:
 
 
 class _Events:
-    """One SSE stream. Its response starts with the first delta, so a refusal (429, 503, ...) before
-    it is still an HTTP status, not an SSE event. A token whose text is held back (a partial character,
-    a possible stop string) has its logprobs sent with the next event that carries text."""
+    """One SSE stream of a request's choices, each delta an event of its choice. The response starts
+    with the first delta, so a refusal (429, 503, ...) before it is still an HTTP status, not an SSE
+    event. A token whose text is held back (a partial character, a possible stop string) has its
+    logprobs sent with the next event of its choice that carries text."""
 
-    def __init__(self, request, rid: str, model: str, shape, body: dict, trail: LogprobTrail | None):
-        self.request, self.rid, self.model, self.shape, self.trail = request, rid, model, shape, trail
+    def __init__(self, request, rid: str, model: str, shape, body: dict, trails: list[LogprobTrail | None],
+                 parsed: oa.Parsed):
+        self.request, self.rid, self.model, self.shape, self.trails = request, rid, model, shape, trails
+        self.parsed = parsed
         self.include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
         self.resp: web.StreamResponse | None = None
 
     async def send(self, deltas) -> bool:
         """Write the events; False when the client went away (its request is cancelled)."""
-        n = n_in = cached = 0
-        is_first = True
+        counts = [[0, 0, 0] for _ in self.trails]  # per choice: prompt, completion and cached tokens
+        started = [False] * len(self.trails)  # whether the choice has sent an event (chat: its role)
         try:
             async for d in deltas:
                 if self.resp is None:
                     self.resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
                                                             "Cache-Control": "no-cache"})
                     await self.resp.prepare(self.request)
-                n += d.token is not None
-                n_in, cached = d.prompt_tokens, cached or d.cached_tokens
-                if self.trail:
-                    self.trail.add(d)
+                seen, trail = counts[d.index], self.trails[d.index]
+                seen[:] = d.prompt_tokens, seen[1] + (d.token is not None), seen[2] or d.cached_tokens
+                if trail:
+                    trail.add(d)
                 if not d.text and not d.finish_reason:
                     continue
-                extra = {"first": is_first} if self.shape is oa.chat_body else {}
+                extra = {"first": not started[d.index]} if self.shape is oa.chat_body else {}
                 await self._sse(self.shape(self.rid, self.model, d.text, d.finish_reason, None, chunk=True,
-                                           logprobs=self.trail.take() if self.trail else None, **extra))
-                is_first = False
+                                           logprobs=trail.take() if trail else None, index=d.index, **extra))
+                started[d.index] = True
             if self.include_usage:
-                chunk = self.shape(self.rid, self.model, "", None, oa.usage(n_in, n, cached), chunk=True)
+                chunk = self.shape(self.rid, self.model, "", None, self.parsed.usage(counts), chunk=True)
                 chunk["choices"] = []
                 await self._sse(chunk)
         except TandemError as e:
@@ -137,7 +144,8 @@ class _Events:
             with contextlib.suppress(*_GONE):
                 await self._sse(oa.error_body(str(e), kind="server_error") | {"status": status_of(e).value})
         except _GONE:
-            log.debug("client of %s disconnected after %d tokens; request cancelled", self.rid, n)
+            log.debug("client of %s disconnected after %d tokens; request cancelled", self.rid,
+                      sum(c[1] for c in counts))
             return False
         return True
 

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
 import secrets
 import time
+from dataclasses import dataclass
 
 from engine.tokenizer import CHAT_ROLES, ChatMessage
-from frontdoor.openai_fields import (CHAT_FIELDS, COMPLETION_FIELDS, UnknownFields, boolean, number,
-                                     refuse_unsupported, token_ids, tools, unknown_fields)
+from frontdoor.openai_fields import (CHAT_FIELDS, COMPLETION_FIELDS, MAX_ANSWERS, UnknownFields,
+                                     answers_per_prompt, boolean, number, refuse_unsupported, token_ids, tools,
+                                     unknown_fields)
 from control.requests import GenerationRequest
 from tandem.request_context import current_id
-from tandem.sampling_params import MAX_TOP_LOGPROBS
+from tandem.sampling_params import MAX_SEED, MAX_TOP_LOGPROBS
 from tandem.status import InvalidArgument, NotFound
 
 
@@ -45,33 +48,75 @@ def _common(body: dict, allowed: set[str], models: tuple[str, ...], max_tokens_d
 
 
 def completion_request(body: dict, models: tuple[str, ...], request_id: str,
-                       unknown: UnknownFields | None = None) -> tuple[GenerationRequest, bool]:
-    """/v1/completions. `logprobs` is an integer here (alternatives per token, 0..20, or null: none);
-    `echo` repeats the prompt before the answer (with the prompt's logprobs when logprobs is set)."""
+                       unknown: UnknownFields | None = None) -> Parsed:
+    """/v1/completions: one request per answer, in the order of the reply's choices (prompt by prompt,
+    `n` each). `logprobs` is an integer here (alternatives per token, 0..20, or null: none); `echo`
+    repeats the prompt before the answer (with the prompt's logprobs when logprobs is set)."""
     common = _common(body, COMPLETION_FIELDS, models, 16, unknown, "/v1/completions")
     top = number(body, "logprobs", None, int)
     if top is not None and not 0 <= top <= MAX_TOP_LOGPROBS:
         raise InvalidArgument(f"'logprobs' must be an integer in [0, {MAX_TOP_LOGPROBS}] or null, got {top}",
                               "logprobs")
     echo = boolean(body, "echo")
-    prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-        prompt = prompt[0]
-    ids = ()
-    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-        ids, prompt = tuple(prompt), None
-    elif not isinstance(prompt, str):
-        raise InvalidArgument("'prompt' must be a string, or one list of token ids (one prompt per request)",
-                              "prompt")
-    req = GenerationRequest(request_id=request_id, prompt=prompt, prompt_ids=ids, logprobs=top is not None,
-                            top_logprobs=top or 0, prompt_logprobs=echo and top is not None,
-                            exclude_input=not echo, **common)
-    return req, boolean(body, "stream")
+    reqs = [GenerationRequest(request_id=request_id, prompt=text, prompt_ids=ids, logprobs=top is not None,
+                              top_logprobs=top or 0, prompt_logprobs=echo and top is not None,
+                              exclude_input=not echo, **common) for text, ids in _prompts(body.get("prompt"))]
+    return _parsed(reqs, answers_per_prompt(body), boolean(body, "stream"))
+
+
+def _prompts(prompt) -> list[tuple[str | None, tuple[int, ...]]]:
+    """The prompts of /v1/completions as (text, ()) or (None, token ids): `prompt` is a string, a list
+    of token ids, or a non-empty list of strings and lists of token ids (a batch)."""
+    if isinstance(prompt, str) or _is_ids(prompt):
+        prompt = [prompt]
+    if not isinstance(prompt, list) or not prompt or not all(isinstance(p, str) or _is_ids(p) for p in prompt):
+        raise InvalidArgument("'prompt' must be a string, a list of token ids, or a non-empty list of strings "
+                              "or of token-id lists (a batch)", "prompt")
+    return [(p, ()) if isinstance(p, str) else (None, tuple(p)) for p in prompt]
+
+
+def _is_ids(v) -> bool:
+    return isinstance(v, list) and bool(v) and all(isinstance(t, int) and not isinstance(t, bool) for t in v)
+
+
+@dataclass(frozen=True)
+class Parsed:
+    """One OpenAI request as the door serves it: a request per answer, in the order of the reply's
+    choices (answer j of prompt i is choice i * n + j), `n` answers per prompt, streamed or not."""
+
+    answers: tuple[GenerationRequest, ...]
+    n: int
+    stream: bool
+
+    def usage(self, counts: list[tuple[int, int, int]]) -> dict:
+        """The reply's usage from (prompt, completion, cached) tokens per choice: each prompt counts
+        once (as its first answer saw it), every answer's completion counts."""
+        firsts = counts[::self.n]
+        return usage(sum(c[0] for c in firsts), sum(c[1] for c in counts), sum(c[2] for c in firsts))
+
+
+def _parsed(reqs: list[GenerationRequest], n: int, stream: bool) -> Parsed:
+    """`n` answers of each request. Answer j samples with the request's seed + j (mod 2**64) when it
+    has one, so each choice is the answer a single request with that seed gets; without a seed each
+    draws its own."""
+    if len(reqs) * n > MAX_ANSWERS:
+        raise InvalidArgument(f"{len(reqs)} prompts x n={n} asks for {len(reqs) * n} answers; one request "
+                              f"takes at most {MAX_ANSWERS}", "n" if n > 1 else "prompt")
+    if len(reqs) * n > 1:
+        reqs = [dataclasses.replace(r, request_id=f"{r.request_id}-{i * n + j}", seed=_nth_seed(r.seed, j))
+                for i, r in enumerate(reqs) for j in range(n)]
+    return Parsed(tuple(reqs), n, stream)
+
+
+def _nth_seed(seed: int | None, j: int) -> int | None:
+    """Answer j's seed; one out of range stays as it is, for preparation to refuse."""
+    return (seed + j) % MAX_SEED if seed is not None and 0 <= seed < MAX_SEED else seed
 
 
 def chat_request(body: dict, models: tuple[str, ...], request_id: str,
-                 unknown: UnknownFields | None = None) -> tuple[GenerationRequest, bool]:
-    """/v1/chat/completions. `logprobs` is a boolean here, `top_logprobs` (0..20) needs it true."""
+                 unknown: UnknownFields | None = None) -> Parsed:
+    """/v1/chat/completions: `n` requests, one per answer. `logprobs` is a boolean here, `top_logprobs`
+    (0..20) needs it true."""
     if body.get("max_completion_tokens") is not None and body.get("max_tokens") is None:
         body = dict(body, max_tokens=body["max_completion_tokens"])
     common = _common(body, CHAT_FIELDS, models, None, unknown, "/v1/chat/completions")
@@ -87,7 +132,7 @@ def chat_request(body: dict, models: tuple[str, ...], request_id: str,
         raise InvalidArgument("'messages' must be a non-empty list", "messages")
     req = GenerationRequest(request_id=request_id, messages=tuple(_message(i, m) for i, m in enumerate(messages)),
                             tools=tools(body), logprobs=want, top_logprobs=top, **common)
-    return req, boolean(body, "stream")
+    return _parsed([req], answers_per_prompt(body), boolean(body, "stream"))
 
 
 def _message(i: int, m) -> ChatMessage:
@@ -116,21 +161,29 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) ->
 
 
 def completion_body(rid: str, model: str, text: str, reason: str | None, usage_: dict | None, chunk: bool,
-                    logprobs: dict | None = None) -> dict:
-    choice = {"index": 0, "text": text, "finish_reason": reason, "logprobs": logprobs}
+                    logprobs: dict | None = None, index: int = 0) -> dict:
+    choice = {"index": index, "text": text, "finish_reason": reason, "logprobs": logprobs}
     body = {"id": rid, "object": "text_completion", "created": int(time.time()), "model": model, "choices": [choice]}
     if usage_ is not None:
         body["usage"] = usage_
     return body
 
 
+def whole_body(shape, rid: str, model: str, choices: list[tuple[str, str | None, dict | None]], usage_: dict) -> dict:
+    """A reply that is not streamed: its choices as (text, finish reason, logprobs), in order, and usage."""
+    body = shape(rid, model, "", None, usage_, chunk=False)
+    body["choices"] = [shape(rid, model, text, reason, None, chunk=False, logprobs=lp, index=i)["choices"][0]
+                       for i, (text, reason, lp) in enumerate(choices)]
+    return body
+
+
 def chat_body(rid: str, model: str, text: str, reason: str | None, usage_: dict | None, chunk: bool,
-              first: bool = False, logprobs: dict | None = None) -> dict:
+              first: bool = False, logprobs: dict | None = None, index: int = 0) -> dict:
     if chunk:
         delta = {"role": "assistant", "content": text} if first else {"content": text}
-        choice = {"index": 0, "delta": delta, "finish_reason": reason, "logprobs": logprobs}
+        choice = {"index": index, "delta": delta, "finish_reason": reason, "logprobs": logprobs}
     else:
-        choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": reason,
+        choice = {"index": index, "message": {"role": "assistant", "content": text}, "finish_reason": reason,
                   "logprobs": logprobs}
     body = {"id": rid, "object": "chat.completion.chunk" if chunk else "chat.completion", "created": int(time.time()),
             "model": model, "choices": [choice]}

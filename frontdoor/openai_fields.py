@@ -2,7 +2,7 @@
 
 Three kinds, as vLLM treats them: *honoured* fields change the answer; *accepted* fields are read and
 ignored (bookkeeping such as `user` or `store`, which change nothing about the tokens); *refused* values
-are ones we cannot honour (e.g. `n` > 1, tools): a 400 naming the field and what is allowed, never a
+are ones we cannot honour (e.g. `logit_bias`, tools): a 400 naming the field and what is allowed, never a
 silent wrong answer. A field this door has never heard of is accepted and ignored like vLLM does, and
 named in one warning per field name for the life of the server (`UnknownFields`).
 """
@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from tandem.status import InvalidArgument
 
 log = logging.getLogger("tandem.http")
+MAX_ANSWERS = 64  # answers in one request (prompts x n): each reserves pages for its whole answer up front
 
 _SAMPLING = {"model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "stream",
              "stream_options", "stop", "stop_token_ids", "ignore_eos", "seed", "n", "min_tokens",
@@ -46,11 +47,6 @@ def unknown_fields(body: dict, allowed: set[str]) -> list[str]:
 
 def refuse_unsupported(body: dict) -> None:
     """Values we cannot honour: refused with what is allowed, never silently ignored."""
-    for key in ("n", "best_of"):
-        v = body.get(key)
-        if v is not None and v != 1:
-            raise InvalidArgument(f"only {key}=1 is supported (one answer per request), got {v!r}; "
-                                  f"send separate requests (with different seeds) for more answers", key)
     if body.get("suffix") not in (None, ""):
         raise InvalidArgument("suffix (insertion) is not supported; send the text to complete as the prompt",
                               "suffix")
@@ -72,6 +68,19 @@ def refuse_unsupported(body: dict) -> None:
                               "structured output)", "response_format")
     if body.get("modalities") not in (None, ["text"]):
         raise InvalidArgument("modalities: only [\"text\"] is supported", "modalities")
+
+
+def answers_per_prompt(body: dict) -> int:
+    """`n`: answers per prompt, 1..MAX_ANSWERS. `best_of` may only repeat it: every sample drawn is
+    returned, none is ranked away."""
+    n = number(body, "n", 1, int)
+    if not 1 <= n <= MAX_ANSWERS:
+        raise InvalidArgument(f"'n' must be an integer in [1, {MAX_ANSWERS}], got {n}", "n")
+    best = number(body, "best_of", None, int)
+    if best is not None and best != n:
+        raise InvalidArgument(f"'best_of' must be null or equal n ({n}): this server returns every answer it "
+                              f"samples and ranks none away, got {best}", "best_of")
+    return n
 
 
 def boolean(body: dict, key: str, default: bool = False) -> bool:

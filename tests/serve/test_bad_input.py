@@ -54,7 +54,9 @@ def test_kserve_integers_out_of_range_are_refused_not_wrapped(served):
 
 def test_openai_values_we_cannot_honour_are_refused_never_ignored(served):
     base = {"prompt": "hi", "max_tokens": 2}
-    for extra, field in [({"n": 2}, "n"), ({"best_of": 3}, "best_of"), ({"suffix": "x"}, "suffix"),
+    for extra, field in [({"n": 0}, "n"), ({"n": 65}, "n"), ({"n": 1.5}, "n"), ({"best_of": 3}, "best_of"),
+                         ({"n": 40, "prompt": ["a", "b"]}, "n"), ({"prompt": ["a", 5]}, "prompt"),
+                         ({"prompt": []}, "prompt"), ({"prompt": [[1, 2], []]}, "prompt"), ({"suffix": "x"}, "suffix"),
                          ({"logprobs": 21}, "logprobs"), ({"logprobs": True}, "logprobs"),
                          ({"echo": "yes"}, "echo"), ({"stream": "yes"}, "stream"), ({"stream": 1}, "stream"),
                          ({"logit_bias": {"5": 1}}, "logit_bias"), ({"presence_penalty": 3}, "presence_penalty"),
@@ -69,7 +71,8 @@ def test_openai_values_we_cannot_honour_are_refused_never_ignored(served):
     for extra, field in [({"response_format": {"type": "json_object"}}, "response_format"),
                          ({"top_logprobs": 2}, "top_logprobs"), ({"logprobs": True, "top_logprobs": 99}, "top_logprobs"),
                          ({"logprobs": 1}, "logprobs"), ({"tools": [tool]}, "tools"),
-                         ({"tool_choice": "required"}, "tool_choice"), ({"n": 3}, "n")]:
+                         ({"tool_choice": "required"}, "tool_choice"), ({"n": 65}, "n"),
+                         ({"n": 2, "best_of": 3}, "best_of")]:
         status, reply = post(served.http, "/v1/chat/completions", chat | extra)
         assert status == 400 and reply["error"]["param"] == field, (extra, reply)
     status, reply = post(served.http, "/v1/chat/completions", chat | {"response_format": {"type": "text"}, "n": 1,

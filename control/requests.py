@@ -43,6 +43,7 @@ class GenerationRequest:
     frequency_penalty: float = 0.0
     ignore_eos: bool = False
     stop_token_ids: tuple[int, ...] = ()
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias): SamplingParams.logit_bias
     exclude_input: bool = True  # False: non-streamed text also repeats the prompt (Triton ensemble default)
     timeout_s: float | None = None  # the client's own deadline for this request (None: the deployment's)
     extra: dict = field(default_factory=dict)
@@ -83,8 +84,12 @@ def prepare(req: GenerationRequest, tokenizer: Tokenizer, limits: Limits) -> Pre
                             repetition_penalty=float(req.repetition_penalty), ignore_eos=req.ignore_eos,
                             presence_penalty=float(req.presence_penalty),
                             frequency_penalty=float(req.frequency_penalty),
-                            stop_token_ids=tuple(req.stop_token_ids),
+                            stop_token_ids=tuple(req.stop_token_ids), logit_bias=tuple(req.logit_bias),
                             extra_eos=(req.end_id,) if req.end_id is not None else ()).with_seed()
+    outside = [t for t, _ in params.logit_bias if t >= limits.vocab_size]
+    if outside:
+        raise InvalidArgument(f"logit_bias names token ids outside the vocabulary [0, {limits.vocab_size}): "
+                              f"{outside[:5]}", "logit_bias")
     return Prepared(req, ids, params)
 
 

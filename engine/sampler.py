@@ -5,8 +5,10 @@ Randomness is counter-based: the draw for output token `n` of a request uses a g
 request can move between processes (prefill samples token 0, decode the rest) with nothing to carry
 but its seed and its tokens so far (the repetition penalty reads them; both roles hold them).
 
-Reported logprobs are the model's own distribution (log-softmax of the raw logits, before penalties,
-bans, temperature or truncation), as vLLM reports them by default.
+The logits are edited in this order: repetition penalty, presence and frequency penalties, logit
+bias, bans; greedy rows then take the first maximum, others sample after temperature, min-p, top-k
+and top-p. Reported logprobs are the model's own distribution (log-softmax of the raw logits, before
+penalties, bias, bans, temperature or truncation), as vLLM reports them by default.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], steps: list[int],
     repetition, presence or frequency penalty.
     """
     raw = logits.float()  # [B, V]
-    edited = any(p.repetition_penalty != 1.0 or p.presence_penalty or p.frequency_penalty for p in params)
+    edited = any(p.edits_logits for p in params)
     logits = raw.clone() if edited or any(banned) else raw  # `raw` stays the model's own, for logprobs
     for i, p in enumerate(params):
         if p.repetition_penalty != 1.0:
@@ -45,6 +47,8 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], steps: list[int],
         if p.presence_penalty or p.frequency_penalty:
             output = history[i][len(history[i]) - steps[i]:]
             _subtract(logits[i], output, p.presence_penalty, p.frequency_penalty)
+        if p.logit_bias:
+            _bias(logits[i], p.logit_bias)
     for i, ban in enumerate(banned):
         if ban:
             logits[i, list(ban)] = float("-inf")
@@ -87,6 +91,12 @@ def _subtract(row: torch.Tensor, output: list[int], presence: float, frequency: 
         return
     ids, counts = torch.tensor(output, device=row.device).unique(return_counts=True)  # [U], [U]
     row[ids] -= presence + frequency * counts.to(row.dtype)
+
+
+def _bias(row: torch.Tensor, bias: tuple[tuple[int, float], ...]) -> None:
+    """row: [V] logits, changed in place: OpenAI's logit_bias, each value added to its token's logit."""
+    ids = torch.tensor([t for t, _ in bias], dtype=torch.long, device=row.device)  # [K]
+    row[ids] += torch.tensor([b for _, b in bias], dtype=row.dtype, device=row.device)  # [K]
 
 
 def _sample_row(row: torch.Tensor, p: SamplingParams, step: int) -> int:

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 from engine.tokenizer import CHAT_ROLES, ChatMessage
 from frontdoor.openai_fields import (CHAT_FIELDS, COMPLETION_FIELDS, MAX_ANSWERS, UnknownFields,
-                                     answers_per_prompt, boolean, number, refuse_unsupported, token_ids, tools,
-                                     unknown_fields)
+                                     answers_per_prompt, boolean, logit_bias, number, refuse_unsupported,
+                                     token_ids, tools, unknown_fields)
 from control.requests import GenerationRequest
 from tandem.request_context import current_id
 from tandem.sampling_params import MAX_SEED, MAX_TOP_LOGPROBS
@@ -44,7 +44,8 @@ def _common(body: dict, allowed: set[str], models: tuple[str, ...], max_tokens_d
                 presence_penalty=number(body, "presence_penalty", 0.0),
                 frequency_penalty=number(body, "frequency_penalty", 0.0),
                 min_tokens=number(body, "min_tokens", 0, int), stop=tuple(stop), seed=number(body, "seed", None, int),
-                stop_token_ids=token_ids(body, "stop_token_ids"), ignore_eos=boolean(body, "ignore_eos"))
+                stop_token_ids=token_ids(body, "stop_token_ids"), ignore_eos=boolean(body, "ignore_eos"),
+                logit_bias=logit_bias(body))
 
 
 def completion_request(body: dict, models: tuple[str, ...], request_id: str,

@@ -2,7 +2,7 @@
 
 Three kinds, as vLLM treats them: *honoured* fields change the answer; *accepted* fields are read and
 ignored (bookkeeping such as `user` or `store`, which change nothing about the tokens); *refused* values
-are ones we cannot honour (e.g. `logit_bias`, tools): a 400 naming the field and what is allowed, never a
+are ones we cannot honour (e.g. tools, JSON mode): a 400 naming the field and what is allowed, never a
 silent wrong answer. A field this door has never heard of is accepted and ignored like vLLM does, and
 named in one warning per field name for the life of the server (`UnknownFields`).
 """
@@ -50,8 +50,6 @@ def refuse_unsupported(body: dict) -> None:
     if body.get("suffix") not in (None, ""):
         raise InvalidArgument("suffix (insertion) is not supported; send the text to complete as the prompt",
                               "suffix")
-    if body.get("logit_bias") not in (None, {}):
-        raise InvalidArgument("logit_bias is not supported; only null or {}", "logit_bias")
     if body.get("tools") not in (None, []) and body.get("tool_choice") != "none":
         raise InvalidArgument("tool calling is not supported by this server: send tools only with "
                               "tool_choice \"none\" (the chat template sees them; the answer is text)", "tools")
@@ -109,6 +107,18 @@ def tools(body: dict) -> tuple[dict, ...]:
     if not isinstance(v, list) or not all(isinstance(t, dict) for t in v):
         raise InvalidArgument("'tools' must be a list of tool objects", "tools")
     return tuple(v)
+
+
+def logit_bias(body: dict) -> tuple[tuple[int, float], ...]:
+    """OpenAI's `logit_bias`: an object mapping token ids (as decimal strings) to numbers, as (id, bias)
+    pairs by id; the ranges are SamplingParams' to check (and the vocabulary the request's)."""
+    v = body.get("logit_bias")
+    if v is None:
+        return ()
+    if not isinstance(v, dict) or not all(isinstance(k, str) and k.isdecimal() for k in v):
+        raise InvalidArgument(f"'logit_bias' must map token ids (as strings, e.g. \"50256\") to numbers in "
+                              f"[-100, 100], got {v!r}"[:300], "logit_bias")
+    return tuple(sorted((int(k), b) for k, b in v.items()))
 
 
 def token_ids(body: dict, key: str) -> tuple[int, ...]:

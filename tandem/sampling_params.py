@@ -15,6 +15,7 @@ from tandem.status import InvalidArgument
 MAX_STOP_STRINGS = 16
 MAX_SEED = 2**64
 MAX_TOP_LOGPROBS = 20  # alternatives per position, as OpenAI allows
+MAX_LOGIT_BIAS = 1024  # tokens one request may bias: the sampler adds each to its logit at every step
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,7 @@ class SamplingParams:
     presence_penalty: float = 0.0  # subtracted from the logit of every token already in the output (OpenAI)
     frequency_penalty: float = 0.0  # ... times how often it is there
     extra_eos: tuple[int, ...] = ()  # e.g. a client's end_id, on top of the model's EOS
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit), by id, each id once
 
     def __post_init__(self) -> None:
         if not _is_int(self.max_tokens) or self.max_tokens < 1:
@@ -77,10 +79,16 @@ class SamplingParams:
         for name in ("stop_token_ids", "extra_eos"):
             if any(not _is_int(t) or t < 0 for t in getattr(self, name)):
                 raise InvalidArgument(f"{name} must be non-negative token ids", name)
+        _check_logit_bias(self.logit_bias)
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def edits_logits(self) -> bool:
+        """True when sampling changes the model's logits before choosing (penalties, a logit bias)."""
+        return self.penalized or bool(self.logit_bias)
 
     @property
     def penalized(self) -> bool:
@@ -90,6 +98,20 @@ class SamplingParams:
     def with_seed(self) -> "SamplingParams":
         """A copy with a concrete seed, so every process that samples for this request agrees."""
         return self if self.seed is not None or self.greedy else replace(self, seed=secrets.randbits(63))
+
+
+def _check_logit_bias(bias) -> None:
+    """(token id, bias) pairs in increasing id order, at most MAX_LOGIT_BIAS, each bias in [-100, 100]."""
+    if len(bias) > MAX_LOGIT_BIAS:
+        raise InvalidArgument(f"logit_bias takes at most {MAX_LOGIT_BIAS} tokens, got {len(bias)}", "logit_bias")
+    last = -1
+    for pair in bias:
+        if len(pair) != 2 or not _is_int(pair[0]) or pair[0] <= last:
+            raise InvalidArgument("logit_bias must map distinct non-negative token ids to biases", "logit_bias")
+        if isinstance(pair[1], bool) or not isinstance(pair[1], (int, float)) or not -100.0 <= pair[1] <= 100.0:
+            raise InvalidArgument(f"logit_bias for token {pair[0]} must be a number in [-100, 100], got {pair[1]!r}",
+                                  "logit_bias")
+        last = pair[0]
 
 
 def _is_int(v) -> bool:

@@ -1,7 +1,7 @@
 """Typed parsing of control messages (tandem/wire.py): JSON objects into frozen dataclasses, checking keys
 and value types, so a malformed message is an InvalidArgument naming the field, never a crash deeper in.
-Wire types: int, float, str, bool, enums, lists/tuples, dicts, nested message dataclasses, Optional of
-these, and bytes (base64 text on the wire).
+Wire types: int, float, str, bool, enums, lists/tuples (fixed ones like tuple[int, float] too), dicts,
+nested message dataclasses, Optional of these, and bytes (base64 text on the wire).
 """
 
 from __future__ import annotations
@@ -99,6 +99,10 @@ def _check(where: str, value, hint):
     if origin in (list, tuple):
         if not isinstance(value, list):
             raise WireError(f"{where}: expected a list, got {type(value).__name__}")
+        if origin is tuple and Ellipsis not in args:  # a fixed tuple, e.g. tuple[int, float]: item by item
+            if len(value) != len(args):
+                raise WireError(f"{where}: expected a list of {len(args)} items, got {len(value)}")
+            return tuple(_check(where, v, a) for v, a in zip(value, args))
         if args[0] is int:  # token id lists are long: one pass, no per-item recursion
             if not all(type(v) is int for v in value):
                 raise WireError(f"{where}: expected a list of integers")

@@ -56,8 +56,9 @@ def tandem_sampling(kw: dict) -> SamplingParams:
                           top_p=1.0 if greedy else (kw.get("top_p") or 1.0))
 
 
+# Tandem fields with no recorded counterpart
 NOT_CARRIED = {"top_logprobs": 0, "prompt_logprobs": False, "min_p": 0.0, "repetition_penalty": 1.0,
-               "presence_penalty": 0.0, "frequency_penalty": 0.0}  # Tandem fields with no recorded counterpart
+               "presence_penalty": 0.0, "frequency_penalty": 0.0, "logit_bias": ()}
 
 
 def refuse_not_carried(p: SamplingParams) -> None:

@@ -90,6 +90,30 @@ def test_presence_and_frequency_penalties_greedy_equal_a_reference(default_engin
     assert got != plain[:len(got)]
 
 
+def test_logit_bias_greedy_equals_a_reference_and_reports_the_models_own_logprobs(default_engine, hf_default_model,
+                                                                                ids):
+    """OpenAI's logit_bias: each bias added to its token's logit before choosing (greedy included). The
+    answer's first token is banned with -100 and another favoured, so the answer must change; the
+    logprobs reported stay the model's own (before the bias)."""
+    _, hf = hf_default_model
+    plain = complete(default_engine, ids, SamplingParams(max_tokens=8, logprobs=True))
+    bias = tuple(sorted({plain.output_ids[0]: -100.0, plain.output_ids[1]: 3.5}.items()))
+    got = complete(default_engine, ids, SamplingParams(max_tokens=8, logprobs=True, logit_bias=bias))
+    seq, out, own = list(ids), [], []
+    with torch.inference_mode():
+        for _ in range(8):
+            logits = hf(torch.tensor([seq])).logits[0, -1].float()  # [V]
+            biased = logits.clone()
+            for t, b in bias:
+                biased[t] += b
+            out.append(int(biased.argmax()))
+            own.append(float(torch.log_softmax(logits, -1)[out[-1]]))
+            seq.append(out[-1])
+    assert got.output_ids == out[:len(got.output_ids)] and len(got.output_ids) > 4
+    assert got.output_ids[0] != plain.output_ids[0]
+    assert got.output_logprobs == pytest.approx(own[:len(got.output_ids)], abs=1e-3)
+
+
 def test_min_p_never_samples_below_its_floor():
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
     drawn = {sample(logits.clone(), [SamplingParams(temperature=1.0, min_p=0.4, seed=s)], [0], [()])[0][0]
@@ -109,3 +133,11 @@ def test_seeded_sampling_with_penalty_is_reproducible(default_engine, ids):
 def test_bad_values_name_the_field(field, value):
     with pytest.raises(InvalidArgument, match=field):
         SamplingParams(**{field: value})
+
+
+@pytest.mark.parametrize("bias", [((5, 100.5),), ((5, float("nan")),), ((5, 1.0), (5, 2.0)), ((7, 1.0), (5, 2.0)),
+                                  ((-1, 1.0),), ((5, True),), ((5,),), tuple((t, 1.0) for t in range(1025))])
+def test_a_bad_logit_bias_is_refused(bias):
+    with pytest.raises(InvalidArgument, match="logit_bias"):
+        SamplingParams(logit_bias=bias)
+

@@ -59,7 +59,9 @@ def test_openai_values_we_cannot_honour_are_refused_never_ignored(served):
                          ({"prompt": []}, "prompt"), ({"prompt": [[1, 2], []]}, "prompt"), ({"suffix": "x"}, "suffix"),
                          ({"logprobs": 21}, "logprobs"), ({"logprobs": True}, "logprobs"),
                          ({"echo": "yes"}, "echo"), ({"stream": "yes"}, "stream"), ({"stream": 1}, "stream"),
-                         ({"logit_bias": {"5": 1}}, "logit_bias"), ({"presence_penalty": 3}, "presence_penalty"),
+                         ({"logit_bias": {"5": 101}}, "logit_bias"),
+                         ({"logit_bias": {"x": 1}}, "logit_bias"), ({"logit_bias": [5, 1]}, "logit_bias"),
+                         ({"logit_bias": {"5": "1"}}, "logit_bias"), ({"logit_bias": {"99999999": 1}}, "logit_bias"), ({"presence_penalty": 3}, "presence_penalty"),
                          ({"min_p": 2}, "min_p"), ({"repetition_penalty": 0}, "repetition_penalty"),
                          ({"ignore_eos": "true"}, "ignore_eos"), ({"stop_token_ids": [1, "x"]}, "stop_token_ids"),
                          ({"stream_options": {"include_usage": "yes"}}, "include_usage")]:

@@ -96,6 +96,22 @@ def test_vllm_sampling_fields_ride_in_extra_body(client, default_engine):
     assert stopped.choices[0].finish_reason == "stop" and stopped.usage.completion_tokens == 1
 
 
+def test_logit_bias_steers_the_disaggregated_answer_exactly_as_one_engine(client, default_engine):
+    """Prefill chooses the first token and decode the rest, each adding the bias: the answer equals one
+    engine's, and differs from the unbiased one (its first token is banned)."""
+    ids = default_engine.tokenizer.encode(PROMPT)
+    first = complete(default_engine, ids, SamplingParams(max_tokens=4)).output_ids[0]
+    favoured = default_engine.tokenizer.encode(" London")[0]
+    bias = {str(first): -100, str(favoured): 5}
+    want = default_engine.tokenizer.decode(complete(default_engine, ids, SamplingParams(
+        max_tokens=10, logit_bias=tuple(sorted((int(k), float(v)) for k, v in bias.items())))).output_ids)
+    for stream in (False, True):
+        got = client.completions.create(model="smollm2-135m", prompt=PROMPT, max_tokens=10, temperature=0,
+                                        logit_bias=bias, stream=stream)
+        text = "".join(c.choices[0].text for c in got) if stream else got.choices[0].text
+        assert text == want and not text.startswith(default_engine.tokenizer.decode([first]))
+
+
 def test_typed_errors(client):
     with pytest.raises(openai.NotFoundError, match="does not exist"):
         client.completions.create(model="gpt-4", prompt=PROMPT, max_tokens=4)

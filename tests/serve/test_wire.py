@@ -9,7 +9,7 @@ import pytest
 
 from tandem.logprobs import Logprob
 from tandem.sampling_params import SamplingParams
-from tandem.status import Status, status_of
+from tandem.status import InvalidArgument, Status, status_of
 from tandem.wire import Open, Start, Token, WireError, decode_reply, decode_request, encode_reply, encode_request
 
 
@@ -25,8 +25,15 @@ def test_logprob_reports_round_trip():
     report = Logprob(-0.5, (3, 9), (-0.5, -1.25))
     for tok in (Token(3, -0.5, None, top=report, prompt_logprobs=[Logprob(-2.0), report]),):
         assert decode_reply(encode_reply(tok)).body == tok
-    params = SamplingParams(max_tokens=4, top_logprobs=2, prompt_logprobs=True, min_p=0.1, repetition_penalty=1.2)
+    params = SamplingParams(max_tokens=4, top_logprobs=2, prompt_logprobs=True, min_p=0.1, repetition_penalty=1.2,
+                            logit_bias=((3, -100.0), (9, 2.5)))
     assert decode_request(encode_request(Open("r", [1, 2], params))).sampling == params
+    raw = json.loads(encode_request(Open("r", [1, 2], params)))
+    for bad, why in [([[3, 1.0, 2]], "2 items"), ([[3.5, 1.0]], "expected int"), ([[3, "x"]], "expected float"),
+                     ([[9, 1.0], [3, 1.0]], "distinct")]:
+        raw["body"]["sampling"]["logit_bias"] = bad
+        with pytest.raises(InvalidArgument, match=why):
+            decode_request(json.dumps(raw))
     raw = json.loads(encode_reply(Token(3, -0.5, None, top=report)))
     raw["body"]["top"]["top_ids"] = ["x"]
     with pytest.raises(WireError, match="top_ids"):

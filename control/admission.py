@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 from dataclasses import dataclass
 
-from tandem.status import ResourceExhausted
+from tandem.status import InvalidArgument, ResourceExhausted
 
 
 @dataclass
@@ -21,6 +21,13 @@ class Admission:
     in_flight: int = 0
     queued_tokens: int = 0
     preparing: int = 0  # passed `check`, being tokenized, not yet admitted (or refused)
+
+    def check_size(self, answers: int) -> None:
+        """Refuse, as a client error, a request of more answers than may ever be in flight at once:
+        waiting and retrying could never admit it."""
+        if answers > self.max_in_flight:
+            raise InvalidArgument(f"the request asks for {answers} answers at once; this server admits at most "
+                                  f"{self.max_in_flight} requests at a time (limits.max_in_flight)")
 
     def check(self, ahead: int = 0) -> None:
         """Refuse at once, before any work (tokenizing) is spent on a request that cannot be admitted.

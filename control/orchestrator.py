@@ -55,13 +55,18 @@ class Orchestrator:
 
     async def prepare(self, req: GenerationRequest, span: Span = NO_SPAN) -> Prepared:
         """The request validated and tokenized; `span` (its admission) gets a `tandem.tokenize` child."""
+        with span.child("tandem.tokenize") as tokenize:
+            prep = await self.off_loop(prepare, req, self.tokenizer, self.limits)
+            tokenize.set(prompt_tokens=len(prep.prompt_ids))
+            return prep
+
+    async def off_loop(self, fn, *args):
+        """fn(*args) on the preparation threads (tokenizer work), holding an admission place while it
+        runs: refused at once while draining or when full, so tokenizing never lets more work in than
+        admission allows (a request is admitted right after, with no await between)."""
         self._refuse_if_draining()
-        loop = asyncio.get_running_loop()
-        with self.admission.prepare():  # checks the limits, then holds a place until the front door admits it
-            with span.child("tandem.tokenize") as tokenize:
-                prep = await loop.run_in_executor(self._pool, prepare, req, self.tokenizer, self.limits)
-                tokenize.set(prompt_tokens=len(prep.prompt_ids))
-                return prep
+        with self.admission.prepare():
+            return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

@@ -46,6 +46,7 @@ class Tokenizer:
         self.chat_template: str | None = find_chat_template(folder, cfg, chat_template)
         self.bos_token: str | None = _token_text(cfg.get("bos_token"))
         self.eos_token: str | None = _token_text(cfg.get("eos_token"))
+        self.pad_token: str | None = _token_text(cfg.get("pad_token"))
         self.eos_token_id = self._tok.token_to_id(self.eos_token) if self.eos_token else None
         self._env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
                                                   extensions=["jinja2.ext.loopcontrols"])
@@ -55,9 +56,9 @@ class Tokenizer:
     def vocab_size(self) -> int:
         return self._tok.get_vocab_size(with_added_tokens=True)
 
-    def encode(self, text: str) -> list[int]:
-        # add_special_tokens lets tokenizer.json's post-processor add a BOS where the model wants one.
-        return self._tok.encode(text, add_special_tokens=True).ids
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """add_special_tokens lets tokenizer.json's post-processor add a BOS where the model wants one."""
+        return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
@@ -77,9 +78,11 @@ class Tokenizer:
             add_generation_prompt=add_generation_prompt, tools=tools or None,
             bos_token=self.bos_token or "", eos_token=self.eos_token or "")
 
-    def encode_chat(self, messages: list[ChatMessage], tools: list[dict] | None = None) -> list[int]:
+    def encode_chat(self, messages: list[ChatMessage], tools: list[dict] | None = None,
+                    add_generation_prompt: bool = True) -> list[int]:
         # The template already writes any BOS it wants; do not add another.
-        return self._tok.encode(self.render_chat(messages, tools=tools), add_special_tokens=False).ids
+        text = self.render_chat(messages, add_generation_prompt, tools)
+        return self._tok.encode(text, add_special_tokens=False).ids
 
 
 def _token_text(tok) -> str | None:

@@ -207,9 +207,11 @@ class FrontDoor:
 
     def answer_all(self, reqs: Sequence[GenerationRequest]) -> AsyncIterator[Delta]:
         """The deltas of several answers served concurrently, each marked with its index in `reqs`, in the
-        order they come (one request: `answer` itself). Nothing is yielded before every answer has been
+        order they come (one request: `answer` itself). More answers than admission ever lets in at once
+        are refused (InvalidArgument) before any is served. Nothing is yielded before every answer has been
         admitted, so a refusal of any is raised before the first delta, as for one request; a failure
         after that ends them all (the others are cancelled and give back what they hold)."""
+        self.service.admission.check_size(len(reqs))
         return self.answer(reqs[0]) if len(reqs) == 1 else self._merged(reqs)
 
     async def _merged(self, reqs: Sequence[GenerationRequest]) -> AsyncIterator[Delta]:
@@ -266,8 +268,10 @@ class FrontDoor:
 
     async def collect_all(self, reqs: Sequence[GenerationRequest],
                           on_deltas: Sequence[Callable[[Delta], None] | None] = ()) -> list[Answer]:
-        """Whole answers of a batch, served concurrently; the first failure cancels the others.
-        `on_deltas[i]`, when given, sees each delta of answer i."""
+        """Whole answers of a batch, served concurrently; the first failure cancels the others (more
+        answers than admission ever lets in at once are refused first). `on_deltas[i]`, when given, sees
+        each delta of answer i."""
+        self.service.admission.check_size(len(reqs))
         watch = list(on_deltas) or [None] * len(reqs)
         if len(reqs) == 1:
             return [await self.collect(reqs[0], watch[0])]

@@ -3,6 +3,7 @@ same model (http_kserve.py, so `tritonclient.http` works too), health and Promet
 
     GET  /health   /metrics   /v1/models
     POST /v1/completions   /v1/chat/completions      (SSE streaming with "stream": true)
+    POST /tokenize   /detokenize   GET /tokenizer_info   /version      (vLLM's, http_tokens.py)
     GET  /v2/health/live   /v2/health/ready   /v2   /v2/models/{m}   /v2/models/{m}/ready   /v2/models/{m}/config
     POST /v2/models/{m}/infer                        (JSON tensors, or the binary tensor data extension)
     POST /v2/models/{m}/generate   /v2/models/{m}/generate_stream   GET /v2/models/{m}/stats   (http_generate.py)
@@ -31,6 +32,7 @@ from frontdoor.http_generate import add_generate_routes
 from frontdoor.http_gate import Gate, Turnstile, arrived, generation_line, raw_response
 from frontdoor.http_kserve import add_kserve_routes
 from frontdoor.http_openai import add_openai_routes
+from frontdoor.http_tokens import add_token_routes
 from frontdoor.protocol_status import http_headers, http_status
 from frontdoor.core import FrontDoor
 from frontdoor.request_ids import add_request_ids, http_request_ids
@@ -97,6 +99,7 @@ class HttpFrontend:
         add_kserve_routes(r, door)
         add_generate_routes(r, door)  # Triton's generate extension and /stats (frontdoor/http_generate.py)
         add_admin_routes(r, door.service)  # POST /admin/flush (frontdoor/http_admin.py)
+        add_token_routes(r, door)  # POST /tokenize, /detokenize, GET /version (frontdoor/http_tokens.py)
 
     @web.middleware
     async def _errors(self, request, handler):

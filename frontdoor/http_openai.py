@@ -23,7 +23,7 @@ from frontdoor.core import FrontDoor
 from frontdoor.http_body import read_object, request_timeout
 from frontdoor.openai_fields import UnknownFields
 from frontdoor.openai_logprobs import LogprobTrail
-from tandem.status import Internal, NotFound, TandemError, status_of
+from tandem.status import Internal, TandemError, status_of
 
 log = logging.getLogger("tandem.http")
 _GONE = (ConnectionResetError, ConnectionError)
@@ -48,13 +48,13 @@ class OpenAIRoutes:
         return web.json_response({"object": "list", "data": [self._card()]})
 
     def _card(self) -> dict:
-        return {"id": self.served.served_name, "object": "model", "created": 0, "owned_by": "tandem"}
+        return {"id": self.served.served_name, "object": "model", "created": 0, "owned_by": "tandem",
+                "max_model_len": self.service.limits.max_context}  # as vLLM's cards carry it
 
     async def model(self, request):
         name = request.match_info["model"]
         if name not in self.names:
-            raise NotFound(f"unknown model {name!r}: the model does not exist; this server serves "
-                           f"{self.served.served_name!r}")
+            raise oa.unknown_model(name, self.served.served_name)
         return web.json_response(self._card())
 
     async def completions(self, request):

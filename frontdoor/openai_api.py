@@ -25,8 +25,7 @@ def _common(body: dict, allowed: set[str], models: tuple[str, ...], max_tokens_d
     if extra and unknown is not None:
         unknown.note(extra, endpoint)
     if body.get("model") is not None and body.get("model") not in models:
-        raise NotFound(f"unknown model {body.get('model')!r}: the model does not exist; this server serves "
-                       f"{models[0]!r}")
+        raise unknown_model(body.get("model"), models[0])
     refuse_unsupported(body)
     stop = body.get("stop") or []
     if isinstance(stop, str):
@@ -128,12 +127,17 @@ def chat_request(body: dict, models: tuple[str, ...], request_id: str,
                               "top_logprobs")
     if top and not want:
         raise InvalidArgument("'top_logprobs' needs \"logprobs\": true", "top_logprobs")
+    req = GenerationRequest(request_id=request_id, messages=messages_of(body), tools=tools(body), logprobs=want,
+                            top_logprobs=top, **common)
+    return _parsed([req], answers_per_prompt(body), boolean(body, "stream"))
+
+
+def messages_of(body: dict) -> tuple[ChatMessage, ...]:
+    """A chat request's `messages`: a non-empty list of {"role", "content"} (content text, or text parts)."""
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise InvalidArgument("'messages' must be a non-empty list", "messages")
-    req = GenerationRequest(request_id=request_id, messages=tuple(_message(i, m) for i, m in enumerate(messages)),
-                            tools=tools(body), logprobs=want, top_logprobs=top, **common)
-    return _parsed([req], answers_per_prompt(body), boolean(body, "stream"))
+    return tuple(_message(i, m) for i, m in enumerate(messages))
 
 
 def _message(i: int, m) -> ChatMessage:
@@ -147,6 +151,11 @@ def _message(i: int, m) -> ChatMessage:
     if not isinstance(content, str):
         raise InvalidArgument(f"messages[{i}].content must be a string", "messages")
     return ChatMessage(m["role"], content)
+
+
+def unknown_model(name, served_name: str) -> NotFound:
+    """The 404 for a model this server does not serve (OpenAI's and vLLM's wording)."""
+    return NotFound(f"unknown model {name!r}: the model does not exist; this server serves {served_name!r}")
 
 
 def new_id(prefix: str) -> str:

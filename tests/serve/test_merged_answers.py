@@ -16,6 +16,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from control.admission import Admission
 from control.requests import GenerationRequest
 from frontdoor.core import Delta, FrontDoor
 from tandem.status import InvalidArgument, ResourceExhausted
@@ -24,7 +25,7 @@ from tandem.status import InvalidArgument, ResourceExhausted
 def _door(scripts: dict[str, list]) -> tuple[FrontDoor, dict[str, str]]:
     """A front door whose answer to request `r` plays scripts[r.request_id]: ("admit",), ("delta", text),
     ("wait", event), or ("fail", error). `ended[id]` says how each answer ended."""
-    door, ended = FrontDoor(SimpleNamespace(service=None)), {}
+    door, ended = FrontDoor(SimpleNamespace(service=SimpleNamespace(admission=Admission()))), {}
 
     async def answer(req: GenerationRequest, on_admitted=None):
         try:

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from collections import defaultdict
 
 import pytest
 
 from tests.conftest import GUARD_KEY
+from tests.serve.clients import pages_used
 from tests.serve.hold import in_flight
 
 openai = pytest.importorskip("openai")
@@ -23,10 +25,8 @@ MODEL = "smollm2-135m"
 
 
 @pytest.fixture(scope="module")
-def client(served):
-    c = openai.OpenAI(base_url=served.http + "/v1", api_key="unused", max_retries=0, timeout=120)
-    yield c
-    c.close()
+def client(openai_client):
+    return openai_client
 
 
 def _texts(reply, stream: bool, chat: bool = False) -> dict[int, str]:
@@ -90,20 +90,44 @@ def test_chat_streams_n_answers_each_with_its_role_first(client):
         assert mine[-1].finish_reason is not None and all(c.logprobs.content for c in mine if c.delta.content)
 
 
-def test_a_refused_answer_refuses_the_streamed_request_before_it_starts(guarded):
-    """The guarded stack admits one request at a time. With its prefill worker paused, answer 0 is
-    admitted and waits; answer 1 is refused: the request is a 429 (not an SSE stream that fails later),
-    and answer 0 is cancelled and gives its place back."""
-    pgid = guarded.workers()["prefill-0"]["pid"]
-    with openai.OpenAI(base_url=guarded.http + "/v1", api_key=GUARD_KEY, max_retries=0, timeout=120) as c:
+def test_a_refused_answer_refuses_the_streamed_request_and_the_others_give_back_what_they_hold(served):
+    """With the prefill worker paused, answer 0 is admitted and waits for its first token; answer 1's
+    prompt is over the context. The request is a 400 (not an SSE stream that fails later), and answer 0
+    is cancelled: nothing stays in flight, no page stays held."""
+    pgid = served.workers()["prefill-0"]["pid"]
+    with openai.OpenAI(base_url=served.http + "/v1", api_key="unused", max_retries=0, timeout=120) as c:
         os.killpg(pgid, signal.SIGSTOP)
         try:
-            with pytest.raises(openai.RateLimitError) as e:
-                c.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=4, n=2, stream=True)
-            assert e.value.status_code == 429 and "(limit 1)" in e.value.body["message"]
+            with pytest.raises(openai.BadRequestError) as e:
+                c.completions.create(model=MODEL, prompt=[PROMPTS[0], "word " * 9000], max_tokens=4, stream=True)
+            assert "model's context" in e.value.body["message"]
         finally:
             os.killpg(pgid, signal.SIGCONT)
-        assert in_flight(guarded) == 0
+        assert in_flight(served) == 0
+        assert _settles(lambda: sum(pages_used(served.http).values()) == 0)
         assert c.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=4,
                                     temperature=0).usage.completion_tokens == 4
 
+
+def test_more_answers_than_admission_ever_lets_in_are_a_client_error(guarded):
+    """The guarded stack admits one request at a time: two answers could never be in flight together,
+    so the request is a 400 naming the limit, not a 429 that no retry would get past."""
+    with openai.OpenAI(base_url=guarded.http + "/v1", api_key=GUARD_KEY, max_retries=0, timeout=120) as c:
+        for stream in (False, True):
+            with pytest.raises(openai.BadRequestError) as e:
+                c.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=4, n=2, stream=stream)
+            assert "asks for 2 answers" in e.value.body["message"] and "limits.max_in_flight" in e.value.body["message"]
+        with pytest.raises(openai.BadRequestError, match="asks for 2 answers"):
+            c.completions.create(model=MODEL, prompt=PROMPTS, max_tokens=4)
+        assert c.completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=4,
+                                    temperature=0).usage.completion_tokens == 4
+
+
+def _settles(check, timeout_s: float = 10.0) -> bool:
+    """Whether `check()` becomes true within `timeout_s` (pages are given back by messages to the workers)."""
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True

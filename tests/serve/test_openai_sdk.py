@@ -19,10 +19,8 @@ QUESTION = "What is the capital of France?"
 
 
 @pytest.fixture(scope="module")
-def client(served):
-    c = openai.OpenAI(base_url=served.http + "/v1", api_key="unused", max_retries=0, timeout=120)
-    yield c
-    c.close()
+def client(openai_client):
+    return openai_client
 
 
 def _reference(engine, ids, n, **kw):

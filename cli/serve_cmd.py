@@ -78,8 +78,9 @@ def _env(name: str) -> dict:
 @click.option("--worker-tls-server-name", default=None, **_env("WORKER_TLS_SERVER_NAME"),
               help="The name in the workers' certificates (when they are dialled by address).")
 @click.option("--otlp-endpoint", default=None, **_env("OTLP_ENDPOINT"),
-              help="OpenTelemetry traces: OTLP/HTTP URL of a collector, e.g. http://127.0.0.1:4318 (default: the "
-                   "OTEL_EXPORTER_OTLP_* variables; off when none is set). Needs the otel extra.")
+              help="OpenTelemetry traces: OTLP URL of a collector, e.g. http://127.0.0.1:4318 (gRPC with "
+                   "OTEL_EXPORTER_OTLP_PROTOCOL=grpc: http://127.0.0.1:4317; default: the OTEL_EXPORTER_OTLP_* "
+                   "variables; off when none is set). Needs the otel extra.")
 @click.option("--log-format", type=click.Choice(FORMATS), default="text", show_default=True, **_env("LOG_FORMAT"),
               help="json: one object per line, each with the request id of its request.")
 @click.option("--workdir", default=None, **_env("WORKDIR"), help="Where worker logs and the model repository go.")
@@ -156,7 +157,8 @@ async def _serve(dep, workdir, config_path=None, overrides=None, log_format: str
             f"metrics {web}://{fd.host}:{fd.http_port}/metrics; API keys "
             f"{'required' if stack.security.keys else 'off'}")
         if stack.tracer.enabled:
-            say(f"traces: OTLP/HTTP to {trace_config(dep).url}")
+            traced = trace_config(dep)
+            say(f"traces: OTLP ({traced.protocol}) to {traced.url}")
         say("ready")
         await stop.wait()
         say(f"draining (up to {dep.health.drain_grace_s:.0f}s for requests in flight) ...")

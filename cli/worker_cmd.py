@@ -67,8 +67,8 @@ def _env(name: str) -> dict:
 @click.option("--log-format", type=click.Choice(FORMATS), default="text", show_default=True,
               help="This command's own lines (Triton's keep Triton's format).", **_env("LOG_FORMAT"))
 @click.option("--otlp-endpoint", default=None, **_env("OTLP_ENDPOINT"),
-              help="OpenTelemetry traces: OTLP/HTTP URL of a collector (default: the OTEL_EXPORTER_OTLP_* "
-                   "variables; off when none is set). Needs the otel extra.")
+              help="OpenTelemetry traces: OTLP URL of a collector (HTTP, or gRPC with OTEL_EXPORTER_OTLP_PROTOCOL="
+                   "grpc; default: the OTEL_EXPORTER_OTLP_* variables; off when none is set). Needs the otel extra.")
 def worker_command(role, engines, host, grpc_port, http_port, metrics_port, transport, device, gpu, kv_pool_bytes,
                    threads, chunk_tokens, handoff, tls_cert, tls_key, workdir, log_file, log_format, otlp_endpoint):
     """Run one role's Triton instance on this node until stopped.

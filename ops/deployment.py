@@ -36,7 +36,7 @@
     handoff: {mode: push, transfer_timeout_s: 30, fence_timeout_s: 60}   # the only timers left on the data path
                                    # mode push: prefill writes into pages decode reserved; pull: prefill
                                    # holds the K/V in its own pool and decode reads them (shm, cuda_ipc, NIXL READ)
-    tracing: {otlp_endpoint: null} # OpenTelemetry traces over OTLP/HTTP (docs/monitoring.md); null: the
+    tracing: {otlp_endpoint: null} # OpenTelemetry traces over OTLP, HTTP or gRPC (docs/monitoring.md); null: the
                                    # OTEL_* variables decide, off when they name no endpoint
 
 Unknown keys are rejected with the list of allowed ones.
@@ -145,7 +145,8 @@ DEFAULT_LOCAL_PREFILL_TOKENS = 0
 
 
 class Tracing(_Strict):
-    # OTLP/HTTP base URL (or its /v1/traces URL) the orchestrator and the local workers export spans to;
+    # OTLP base URL (or its /v1/traces URL; over gRPC, with OTEL_EXPORTER_OTLP_PROTOCOL=grpc, the collector's
+    # URL) the orchestrator and the local workers export spans to;
     # null: the standard OTEL_* variables decide (tracing is off when they name no endpoint)
     otlp_endpoint: str | None = None
 

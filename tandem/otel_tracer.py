@@ -3,8 +3,8 @@ extra), and only when a process was configured to trace.
 
 Each tracer has its own TracerProvider (none is installed globally): the orchestrator's and each
 worker's spans carry a resource naming their process (`service.name`: the service name, suffixed by a
-worker's role) and go out in batches over OTLP/HTTP (protobuf), or synchronously to the SpanExporter a
-test hands in. Context crosses processes as a W3C traceparent string only.
+worker's role) and go out in batches over OTLP (protobuf, over HTTP or gRPC), or synchronously to the
+SpanExporter a test hands in. Context crosses processes as a W3C traceparent string only.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import asyncio
 import os
 
 from tandem.status import Status, status_of
-from tandem.tracing import Span, TraceConfig, TraceConfigError, Tracer
+from tandem.tracing import GRPC, Span, TraceConfig, TraceConfigError, Tracer
 
 try:
     from opentelemetry import trace
@@ -33,6 +33,18 @@ _PROPAGATOR = TraceContextTextMapPropagator()
 def _attributes(attributes: dict) -> dict:
     """Tandem's attribute names are namespaced `tandem.`; None values are left out."""
     return {f"tandem.{k}": v for k, v in attributes.items() if v is not None}
+
+
+def _otlp_exporter(config: TraceConfig):
+    """The OTLP exporter of `config.protocol`: protobuf over HTTP, or over gRPC (plain text for an
+    http:// endpoint, TLS for https://)."""
+    if config.protocol == GRPC:
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
+
+        return GrpcExporter(endpoint=config.url, insecure=config.url.startswith("http://"))
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+    return OTLPSpanExporter(endpoint=config.url)
 
 
 class OtelSpan(Span):
@@ -72,15 +84,13 @@ class OtelTracer(Tracer):
     enabled = True
 
     def __init__(self, config: TraceConfig, exporter=None):
-        """`exporter`: an SDK SpanExporter to use instead of OTLP/HTTP to `config.url` (spans then go out
-        one by one as they end, so a test sees them at once)."""
+        """`exporter`: an SDK SpanExporter to use instead of OTLP to `config.url` (spans then go out one
+        by one as they end, so a test sees them at once)."""
         resource = Resource.create({"service.name": config.service, "service.instance.id": str(os.getpid()),
                                     "tandem.role": config.role or "orchestrator"})
         self.provider = TracerProvider(resource=resource)
         if exporter is None:
-            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-
-            self.provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=config.url)))
+            self.provider.add_span_processor(BatchSpanProcessor(_otlp_exporter(config)))
         else:
             self.provider.add_span_processor(SimpleSpanProcessor(exporter))
         self.tracer = self.provider.get_tracer("tandem")

@@ -24,33 +24,36 @@ import time
 from dataclasses import dataclass
 from collections.abc import Mapping
 
-DEFAULT_ENDPOINT = "http://localhost:4318"  # the OTLP/HTTP default of the OpenTelemetry specification
+HTTP, GRPC = "http/protobuf", "grpc"
+DEFAULT_ENDPOINTS = {HTTP: "http://localhost:4318", GRPC: "http://localhost:4317"}  # the specification's
 TRACES_PATH = "/v1/traces"
 EXPORTERS = ("otlp", "none")
-PROTOCOLS = ("http/protobuf",)
+PROTOCOLS = tuple(DEFAULT_ENDPOINTS)
 
 
 class TraceConfigError(ValueError):
     """The tracing settings are invalid; the message names the variable and what is allowed."""
 
 
-def traces_url(endpoint: str) -> str:
-    """An OTLP/HTTP base URL as OTEL_EXPORTER_OTLP_ENDPOINT gives it, turned into the traces URL (a URL
-    that already ends in /v1/traces is kept as it is)."""
+def traces_url(endpoint: str, protocol: str = HTTP) -> str:
+    """An OTLP base URL as OTEL_EXPORTER_OTLP_ENDPOINT gives it, turned into where traces go: over HTTP
+    the traces URL (one that already ends in /v1/traces is kept as it is); over gRPC the URL itself
+    (http:// for plain text, https:// for TLS)."""
     if not endpoint.startswith(("http://", "https://")):
         raise TraceConfigError(f"OTLP endpoint {endpoint!r} must be an http:// or https:// URL "
-                               f"(OTLP over HTTP, e.g. {DEFAULT_ENDPOINT})")
+                               f"(e.g. {DEFAULT_ENDPOINTS[protocol]} for OTLP over {protocol})")
     url = endpoint.rstrip("/")
-    return url if url.endswith(TRACES_PATH) else url + TRACES_PATH
+    return url if protocol == GRPC or url.endswith(TRACES_PATH) else url + TRACES_PATH
 
 
 @dataclass(frozen=True)
 class TraceConfig:
-    """Where a process exports its spans (OTLP over HTTP, protobuf) and the service it reports as."""
+    """Where a process exports its spans (OTLP, protobuf over HTTP or gRPC) and the service it reports as."""
 
-    url: str  # the traces URL, e.g. http://127.0.0.1:4318/v1/traces
+    url: str  # the traces URL, e.g. http://127.0.0.1:4318/v1/traces (gRPC: the collector's, http://h:4317)
     service_name: str = "tandem"
     role: str = ""  # "" for the orchestrator; prefill / decode / generate for a worker
+    protocol: str = HTTP  # HTTP or GRPC (OTEL_EXPORTER_OTLP_[TRACES_]PROTOCOL)
 
     @property
     def service(self) -> str:
@@ -66,27 +69,29 @@ class TraceConfig:
         if exporter and exporter not in EXPORTERS:
             raise TraceConfigError(f"OTEL_TRACES_EXPORTER={exporter!r} is not supported; allowed: "
                                    f"{', '.join(EXPORTERS)}")
-        protocol = (env.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or env.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "")
-        if protocol.strip() and protocol.strip() not in PROTOCOLS:
+        protocol = (env.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or env.get("OTEL_EXPORTER_OTLP_PROTOCOL")
+                    or HTTP).strip()
+        if protocol not in PROTOCOLS:
             raise TraceConfigError(f"OTLP protocol {protocol!r} is not supported; allowed: {', '.join(PROTOCOLS)}")
         if exporter == "none":
             return None
         if endpoint or env.get("TANDEM_OTLP_ENDPOINT"):
-            url = traces_url(endpoint or env["TANDEM_OTLP_ENDPOINT"])
+            url = traces_url(endpoint or env["TANDEM_OTLP_ENDPOINT"], protocol)
         elif env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
             url = env["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"]  # the signal's own URL, used as given
-            traces_url(url)  # (checked only)
+            traces_url(url, protocol)  # (checked only)
         elif env.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
-            url = traces_url(env["OTEL_EXPORTER_OTLP_ENDPOINT"])
+            url = traces_url(env["OTEL_EXPORTER_OTLP_ENDPOINT"], protocol)
         elif exporter == "otlp":
-            url = traces_url(DEFAULT_ENDPOINT)
+            url = traces_url(DEFAULT_ENDPOINTS[protocol], protocol)
         else:
             return None
-        return cls(url, env.get("OTEL_SERVICE_NAME", "").strip() or "tandem", role)
+        return cls(url, env.get("OTEL_SERVICE_NAME", "").strip() or "tandem", role, protocol)
 
     def worker_env(self) -> dict[str, str]:
         """What a worker process (Triton's python stubs) needs in its environment to export the same way."""
-        return {"TANDEM_OTLP_ENDPOINT": self.url, "OTEL_SERVICE_NAME": self.service_name}
+        return {"TANDEM_OTLP_ENDPOINT": self.url, "OTEL_SERVICE_NAME": self.service_name,
+                "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": self.protocol}
 
 
 def ns_at(perf_t: float) -> int:
@@ -147,7 +152,7 @@ NOOP = Tracer()
 
 
 def make_tracer(config: TraceConfig | None, exporter=None) -> Tracer:
-    """The tracer for `config`: NOOP when it is None, else OpenTelemetry exporting OTLP/HTTP to its URL
+    """The tracer for `config`: NOOP when it is None, else OpenTelemetry exporting OTLP to its URL
     (or to `exporter`, an SDK SpanExporter, e.g. the in-memory one in tests). Needs the `otel` extra."""
     if config is None:
         return NOOP

@@ -1,15 +1,19 @@
-"""A small real OTLP/HTTP trace receiver for tests: it takes what OpenTelemetry exporters POST to
-/v1/traces (a protobuf ExportTraceServiceRequest, maybe gzipped) and keeps every span, flattened.
-No collector exists on this machine; this is the receiving end of the same protocol."""
+"""Small real OTLP trace receivers for tests: over HTTP (`OtlpReceiver`: what OpenTelemetry exporters
+POST to /v1/traces, a protobuf ExportTraceServiceRequest, maybe gzipped) and over gRPC
+(`OtlpGrpcReceiver`: the collector's TraceService/Export). Each keeps every span, flattened. No
+collector exists on this machine; these are the receiving ends of the same protocols."""
 
 from __future__ import annotations
 
 import gzip
 import threading
 import time
+from concurrent import futures
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+import grpc
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (ExportTraceServiceRequest,
                                                                        ExportTraceServiceResponse)
 
@@ -45,13 +49,35 @@ def _spans(req: ExportTraceServiceRequest) -> list[ReceivedSpan]:
     return out
 
 
-class OtlpReceiver:
-    """`with OtlpReceiver() as r:` listens on 127.0.0.1 (a free port) at `r.url` until the block ends."""
+class _Received:
+    """The spans a receiver got, and waiting for them."""
 
     def __init__(self):
         self.spans: list[ReceivedSpan] = []
         self.posts = 0
         self.lock = threading.Lock()
+
+    def add(self, req: ExportTraceServiceRequest) -> None:
+        with self.lock:
+            self.spans.extend(_spans(req))
+            self.posts += 1
+
+    def wait_for(self, done, timeout_s: float = 60.0) -> list[ReceivedSpan]:
+        """The spans received, once `done(spans)` holds (or the timeout passed: the test then says what is missing)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            with self.lock:
+                spans = list(self.spans)
+            if done(spans) or time.monotonic() > deadline:
+                return spans
+            time.sleep(0.1)
+
+
+class OtlpReceiver(_Received):
+    """`with OtlpReceiver() as r:` listens on 127.0.0.1 (a free port) at `r.url` until the block ends."""
+
+    def __init__(self):
+        super().__init__()
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -64,9 +90,7 @@ class OtlpReceiver:
                     return
                 req = ExportTraceServiceRequest()
                 req.ParseFromString(body)
-                with receiver.lock:
-                    receiver.spans.extend(_spans(req))
-                    receiver.posts += 1
+                receiver.add(req)
                 reply = ExportTraceServiceResponse().SerializeToString()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/x-protobuf")
@@ -93,12 +117,31 @@ class OtlpReceiver:
         self.server.server_close()
         self.thread.join()
 
-    def wait_for(self, done, timeout_s: float = 60.0) -> list[ReceivedSpan]:
-        """The spans received, once `done(spans)` holds (or the timeout passed: the test then says what is missing)."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            with self.lock:
-                spans = list(self.spans)
-            if done(spans) or time.monotonic() > deadline:
-                return spans
-            time.sleep(0.1)
+
+class OtlpGrpcReceiver(_Received):
+    """`with OtlpGrpcReceiver() as r:` serves OTLP's TraceService over plain-text gRPC on 127.0.0.1 (a free
+    port) at `r.url` (http://host:port, as an OTLP/gRPC endpoint is written) until the block ends."""
+
+    def __init__(self):
+        super().__init__()
+        receiver = self
+
+        class Service(trace_service_pb2_grpc.TraceServiceServicer):
+            def Export(self, request, context):
+                receiver.add(request)
+                return ExportTraceServiceResponse()
+
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+        trace_service_pb2_grpc.add_TraceServiceServicer_to_server(Service(), self.server)
+        self.port = self.server.add_insecure_port("127.0.0.1:0")
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def __enter__(self) -> "OtlpGrpcReceiver":
+        self.server.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.stop(grace=None).wait()

@@ -1,6 +1,6 @@
 """OpenTelemetry traces of one disaggregated request across the orchestrator and its real Triton workers.
 
-The workers export OTLP/HTTP to a real receiver run by the test (tests/serve/otlp_receiver.py); the
+The workers export OTLP (HTTP, or gRPC) to a real receiver run by the test (tests/serve/otlp_receiver.py); the
 orchestrator exports to the SDK's in-memory exporter when the stack runs in this process, or OTLP too
 when `tandem serve --otlp-endpoint` runs it. One trace per request, the client's traceparent its parent,
 and the parent-child links cross the process boundaries through the wire messages' traceparent."""
@@ -24,7 +24,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from tandem.manifest import read_manifest  # noqa: E402
 from tandem.tracing import NOOP, TraceConfig, TraceConfigError, make_tracer  # noqa: E402
 from tests.conftest import leak_check, leak_snapshot, start_serve, stop_serve  # noqa: E402
-from tests.serve.otlp_receiver import OtlpReceiver, ReceivedSpan  # noqa: E402
+from tests.serve.otlp_receiver import OtlpGrpcReceiver, OtlpReceiver, ReceivedSpan  # noqa: E402
 
 WORKER_SPANS = {"tandem-prefill": {"tandem.prefill.queue", "tandem.prefill.compute"}, "tandem-decode": {"tandem.decode"}}
 FAST_EXPORT = {"OTEL_BSP_SCHEDULE_DELAY": "200"}  # the workers' batches go out every 200 ms, not 5 s
@@ -208,10 +208,16 @@ def test_the_configuration_follows_the_flag_then_the_standard_variables():
     assert TraceConfig.from_env({"TANDEM_OTLP_ENDPOINT": "https://h:1"}).url == "https://h:1/v1/traces"
     assert TraceConfig.from_env({"OTEL_TRACES_EXPORTER": "otlp"}).url == "http://localhost:4318/v1/traces"
     assert TraceConfig.from_env({**base, "OTEL_TRACES_EXPORTER": "none"}) is None
+    grpc = TraceConfig.from_env({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4317/", "OTEL_EXPORTER_OTLP_PROTOCOL":
+                                 "grpc"}, role="prefill")
+    assert (grpc.url, grpc.protocol) == ("http://collector:4317", "grpc")  # gRPC: no /v1/traces path
+    assert grpc.worker_env()["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"] == "grpc"
+    assert TraceConfig.from_env({"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "grpc"}).url \
+        == "http://localhost:4317"
     assert TraceConfig.from_env({**base, "OTEL_SDK_DISABLED": "true"}) is None
     assert make_tracer(None) is NOOP
     for env, named in (({"OTEL_TRACES_EXPORTER": "zipkin"}, "allowed: otlp, none"),
-                       ({**base, "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}, "allowed: http/protobuf"),
+                       ({**base, "OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"}, "allowed: http/protobuf, grpc"),
                        ({"TANDEM_OTLP_ENDPOINT": "collector:4318"}, "http:// or https://")):
         with pytest.raises(TraceConfigError, match=named):
             TraceConfig.from_env(env)
@@ -285,17 +291,19 @@ def test_a_bad_tracing_setting_stops_serve_with_one_line(built_engines):
     line = one_error_line(err)
     assert code != 0 and "'collector:4318' must be an http:// or https:// URL" in line
     code, err = run("serve", "--model", str(built_engines), *ports,
-                    env={"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"})
+                    env={"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318", "OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"})
     line = one_error_line(err)
-    assert code != 0 and "'grpc' is not supported; allowed: http/protobuf" in line
+    assert code != 0 and "'http/json' is not supported; allowed: http/protobuf, grpc" in line
 
 
-def test_colocated_trace_has_the_generate_workers_decode_span(built_engines, tmp_path):
-    """A co-located worker prefills and decodes: its one span (local_prefill) hangs under the attempt."""
+def test_colocated_trace_over_otlp_grpc_has_the_generate_workers_decode_span(built_engines, tmp_path):
+    """A co-located worker prefills and decodes: its one span (local_prefill) hangs under the attempt.
+    Everything goes out over OTLP/gRPC here (OTEL_EXPORTER_OTLP_PROTOCOL=grpc, a collector's port 4317
+    protocol), the orchestrator's spans and the worker's alike."""
     traceparent, trace_id, _ = client_traceparent()
-    with OtlpReceiver() as receiver:
+    with OtlpGrpcReceiver() as receiver:
         s = start_serve(built_engines, tmp_path, "--mode", "colocated", "--otlp-endpoint", receiver.url,
-                        env=FAST_EXPORT)
+                        env={**FAST_EXPORT, "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"})
         try:
             answer = complete(s.http, "The capital of France is", 4, traceparent)
             spans = receiver.wait_for(lambda got: {"tandem.decode", "tandem.attempt"} <= {
@@ -308,3 +316,4 @@ def test_colocated_trace_has_the_generate_workers_decode_span(built_engines, tmp
     assert decode.attributes["tandem.local_prefill"] is True
     assert decode.attributes["tandem.output_tokens"] == answer["usage"]["completion_tokens"] == 4
     assert not [x for x in mine if x.name in ("tandem.prefill", "tandem.kv_transfer", "tandem.decode_reservation")]
+    assert {x.service for x in mine} == {"tandem", "tandem-generate"}

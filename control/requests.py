@@ -45,6 +45,8 @@ class GenerationRequest:
     stop_token_ids: tuple[int, ...] = ()
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias): SamplingParams.logit_bias
     exclude_input: bool = True  # False: non-streamed text also repeats the prompt (Triton ensemble default)
+    skip_special_tokens: bool = True  # False: the answer's text keeps special tokens (vLLM's field)
+    include_stop_str_in_output: bool = False  # True: the text ends with the stop string that ended it (vLLM's)
     timeout_s: float | None = None  # the client's own deadline for this request (None: the deployment's)
     extra: dict = field(default_factory=dict)
 

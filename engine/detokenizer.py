@@ -2,7 +2,9 @@
 
 Text is emitted only when it is final: never half a UTF-8 character, never the first characters of
 what may turn out to be a stop string. When a stop string appears, the text is cut where it starts
-(the stop string itself is not part of the answer, as in the OpenAI API).
+(the stop string itself is not part of the answer, as in the OpenAI API), or where it ends when the
+request keeps it (vLLM's include_stop_str_in_output). Special tokens are left out of the text unless
+the request keeps them (vLLM's skip_special_tokens=false).
 """
 
 from __future__ import annotations
@@ -15,9 +17,11 @@ class Decoder(Protocol):
 
 
 class TextStream:
-    def __init__(self, tokenizer: Decoder, stop: tuple[str, ...] = ()):
+    def __init__(self, tokenizer: Decoder, stop: tuple[str, ...] = (), skip_special_tokens: bool = True,
+                 keep_stop: bool = False):
         self._tok = tokenizer
         self._stop = stop
+        self._skip, self._keep_stop = skip_special_tokens, keep_stop
         self._ids: list[int] = []
         self._prefix = 0  # ids[_prefix:_read] is context decoded again so word boundaries stay right
         self._read = 0
@@ -31,8 +35,8 @@ class TextStream:
         if self.stopped:
             return ""
         self._ids.append(token_id)
-        before = self._tok.decode(self._ids[self._prefix:self._read])
-        after = self._tok.decode(self._ids[self._prefix:])
+        before = self._tok.decode(self._ids[self._prefix:self._read], self._skip)
+        after = self._tok.decode(self._ids[self._prefix:], self._skip)
         if len(after) > len(before) and not after.endswith("\ufffd"):
             self.text += after[len(before):]
             self._prefix, self._read = self._read, len(self._ids)
@@ -48,9 +52,10 @@ class TextStream:
             return
         longest = max(len(s) for s in self._stop)
         start = max(0, self._searched - longest + 1)
-        hits = [i for i in (self.text.find(s, start) for s in self._stop) if i >= 0]
+        hits = [(i, len(s)) for i, s in ((self.text.find(s, start), s) for s in self._stop) if i >= 0]
         if hits:
-            self.text = self.text[:min(hits)]
+            at, length = min(hits)  # the first stop string (of two starting there, the shorter: it is whole first)
+            self.text = self.text[:at + length if self._keep_stop else at]
             self.stopped = True
         self._searched = len(self.text)
 

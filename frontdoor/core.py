@@ -158,7 +158,8 @@ class FrontDoor:
             if on_admitted is not None:
                 on_admitted()
             try:
-                text = TextStream(svc.tokenizer, prep.params.stop)
+                text = TextStream(svc.tokenizer, prep.params.stop, req.skip_special_tokens,
+                                  req.include_stop_str_in_output)
                 echo = self._echo(prep)
                 with span.child("tandem.stream") as stream:
                     async with contextlib.aclosing(svc.path.run(prep, deadline, stream)) as tokens:

@@ -44,7 +44,8 @@ def _common(body: dict, allowed: set[str], models: tuple[str, ...], max_tokens_d
                 frequency_penalty=number(body, "frequency_penalty", 0.0),
                 min_tokens=number(body, "min_tokens", 0, int), stop=tuple(stop), seed=number(body, "seed", None, int),
                 stop_token_ids=token_ids(body, "stop_token_ids"), ignore_eos=boolean(body, "ignore_eos"),
-                logit_bias=logit_bias(body))
+                logit_bias=logit_bias(body), skip_special_tokens=boolean(body, "skip_special_tokens", True),
+                include_stop_str_in_output=boolean(body, "include_stop_str_in_output"))
 
 
 def completion_request(body: dict, models: tuple[str, ...], request_id: str,

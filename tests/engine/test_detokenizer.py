@@ -29,3 +29,22 @@ def test_stop_string_cut_and_excluded(default_engine):
     stream = TextStream(tok, stop=("gam", "zzz"))
     out = "".join(stream.add(i) for i in tok.encode("alpha beta gamma delta"))
     assert stream.stopped and out == "alpha beta " and stream.flush() == ""
+
+
+def test_a_request_may_keep_its_stop_string(default_engine):
+    tok = default_engine.tokenizer
+    stream = TextStream(tok, stop=("gam", "zzz"), keep_stop=True)
+    out = "".join(stream.add(i) for i in tok.encode("alpha beta gamma delta"))
+    assert stream.stopped and out + stream.flush() == "alpha beta gam"
+
+
+def test_a_request_may_keep_special_tokens_in_its_text(default_engine):
+    from engine.tokenizer import ChatMessage
+
+    tok = default_engine.tokenizer
+    ids = tok.encode_chat([ChatMessage("user", "Hi")])
+    kept = TextStream(tok, skip_special_tokens=False)
+    text = "".join(kept.add(i) for i in ids) + kept.flush()
+    assert text == tok.decode(ids, skip_special_tokens=False) and "<|im_start|>" in text
+    plain = TextStream(tok)
+    assert "".join(plain.add(i) for i in ids) + plain.flush() == tok.decode(ids) != text

@@ -64,7 +64,9 @@ def test_openai_values_we_cannot_honour_are_refused_never_ignored(served):
                          ({"logit_bias": {"5": "1"}}, "logit_bias"), ({"logit_bias": {"99999999": 1}}, "logit_bias"), ({"presence_penalty": 3}, "presence_penalty"),
                          ({"min_p": 2}, "min_p"), ({"repetition_penalty": 0}, "repetition_penalty"),
                          ({"ignore_eos": "true"}, "ignore_eos"), ({"stop_token_ids": [1, "x"]}, "stop_token_ids"),
-                         ({"stream_options": {"include_usage": "yes"}}, "include_usage")]:
+                         ({"stream_options": {"include_usage": "yes"}}, "include_usage"),
+                         ({"skip_special_tokens": 0}, "skip_special_tokens"),
+                         ({"include_stop_str_in_output": "yes"}, "include_stop_str_in_output")]:
         status, reply = post(served.http, "/v1/completions", base | extra)
         assert status == 400 and reply["error"]["param"] == field, (extra, reply)
         assert reply["error"]["type"] == "invalid_request_error" and reply["error"]["message"]

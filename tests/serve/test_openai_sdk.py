@@ -110,6 +110,24 @@ def test_logit_bias_steers_the_disaggregated_answer_exactly_as_one_engine(client
         assert text == want and not text.startswith(default_engine.tokenizer.decode([first]))
 
 
+def test_vllms_text_options_keep_the_stop_string_and_the_special_tokens(client, default_engine):
+    tok = default_engine.tokenizer
+    ids = tok.encode(PROMPT)
+    full = tok.decode(complete(default_engine, ids, SamplingParams(max_tokens=8)).output_ids)
+    stop = full[3:7]  # a stop string inside the greedy answer, so the answer ends early
+    for stream in (False, True):
+        got = client.completions.create(model="smollm2-135m", prompt=PROMPT, max_tokens=8, temperature=0, stop=[stop],
+                                        stream=stream, extra_body={"include_stop_str_in_output": True})
+        text = "".join(c.choices[0].text for c in got) if stream else got.choices[0].text
+        assert text == full[:full.index(stop) + len(stop)], (text, stop)
+    chat = [ChatMessage("user", QUESTION)]
+    out = complete(default_engine, tok.encode_chat(chat), SamplingParams(max_tokens=48)).output_ids
+    got = client.chat.completions.create(model="smollm2-135m", messages=[{"role": "user", "content": QUESTION}],
+                                         max_tokens=48, temperature=0, extra_body={"skip_special_tokens": False})
+    assert got.choices[0].message.content == tok.decode(out, skip_special_tokens=False)
+    assert got.choices[0].finish_reason == "stop" and got.choices[0].message.content.endswith("<|im_end|>")
+
+
 def test_typed_errors(client):
     with pytest.raises(openai.NotFoundError, match="does not exist"):
         client.completions.create(model="gpt-4", prompt=PROMPT, max_tokens=4)

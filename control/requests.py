@@ -58,6 +58,12 @@ class Prepared:
     request: GenerationRequest
     prompt_ids: list[int]
     params: SamplingParams
+    stop_ids: frozenset[int] = frozenset()  # tokens that end the answer: the model's ends (unless ignored), stop ids
+
+    def shown(self, token: int, finish_reason: str | None) -> bool:
+        """Whether `token`'s text belongs in the answer's text. A token that ended the answer by being an
+        end or stop token does not, unless the request keeps its stop (as vLLM renders them)."""
+        return not (finish_reason == "stop" and token in self.stop_ids and not self.request.include_stop_str_in_output)
 
 
 @dataclass(frozen=True)
@@ -65,6 +71,7 @@ class Limits:
     max_context: int
     vocab_size: int
     max_prompt_chars: int = 1 << 20  # refused before tokenizing: a 10 MB prompt never reaches the tokenizer
+    end_ids: tuple[int, ...] = ()  # the tokens the model's answers end with (engine.tokenizer.Tokenizer.end_ids)
 
 
 def prepare(req: GenerationRequest, tokenizer: Tokenizer, limits: Limits) -> Prepared:
@@ -92,7 +99,8 @@ def prepare(req: GenerationRequest, tokenizer: Tokenizer, limits: Limits) -> Pre
     if outside:
         raise InvalidArgument(f"logit_bias names token ids outside the vocabulary [0, {limits.vocab_size}): "
                               f"{outside[:5]}", "logit_bias")
-    return Prepared(req, ids, params)
+    ends = () if params.ignore_eos else (*limits.end_ids, *params.extra_eos)
+    return Prepared(req, ids, params, frozenset((*ends, *params.stop_token_ids)))
 
 
 def _prompt_ids(req: GenerationRequest, tokenizer: Tokenizer, limits: Limits) -> list[int]:

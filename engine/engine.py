@@ -62,8 +62,7 @@ class Engine:
         self.graphs: DecodeGraphs | None = None
         if cache is not None:
             self._use_pool(cache, prefix_cache)
-        self.eos_ids = frozenset(self.cfg.eos_token_ids) | (
-            {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set())
+        self.eos_ids = tokenizer.end_ids(self.cfg.eos_token_ids)
 
     def attach_pool(self, num_pages: int, prefix_cache: bool = True, shared: bool = False) -> None:
         """Give an engine loaded without a KV pool (a prefill worker) a local one of num_pages pages;

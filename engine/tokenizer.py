@@ -52,6 +52,10 @@ class Tokenizer:
                                                   extensions=["jinja2.ext.loopcontrols"])
         self._env.globals["raise_exception"] = _raise_template_error
 
+    def end_ids(self, config_eos_ids) -> frozenset[int]:
+        """The tokens a model's answer ends with: its config's eos_token_id(s) and this tokenizer's EOS."""
+        return frozenset(config_eos_ids) | ({self.eos_token_id} if self.eos_token_id is not None else set())
+
     @property
     def vocab_size(self) -> int:
         return self._tok.get_vocab_size(with_added_tokens=True)

@@ -164,7 +164,8 @@ class FrontDoor:
                 with span.child("tandem.stream") as stream:
                     async with contextlib.aclosing(svc.path.run(prep, deadline, stream)) as tokens:
                         async for tok in tokens:
-                            piece = text.add(tok.token) if tok.token is not None else ""
+                            shown = tok.token is not None and prep.shown(tok.token, tok.finish_reason)
+                            piece = text.add(tok.token) if shown else ""
                             if tok.finish_reason:
                                 piece += text.flush()
                             cached, prompt_lps = 0, ()

@@ -111,7 +111,9 @@ class _Events:
                  parsed: oa.Parsed):
         self.request, self.rid, self.model, self.shape, self.trails = request, rid, model, shape, trails
         self.parsed = parsed
-        self.include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        opts = body.get("stream_options") or {}
+        self.include_usage = bool(opts.get("include_usage"))
+        self.continuous = self.include_usage and bool(opts.get("continuous_usage_stats"))  # vLLM's: usage on every chunk
         self.resp: web.StreamResponse | None = None
 
     async def send(self, deltas) -> bool:
@@ -131,7 +133,8 @@ class _Events:
                 if not d.text and not d.finish_reason:
                     continue
                 extra = {"first": not started[d.index]} if self.shape is oa.chat_body else {}
-                await self._sse(self.shape(self.rid, self.model, d.text, d.finish_reason, None, chunk=True,
+                await self._sse(self.shape(self.rid, self.model, d.text, d.finish_reason,
+                                           oa.usage(*seen) if self.continuous else None, chunk=True,
                                            logprobs=trail.take() if trail else None, index=d.index, **extra))
                 started[d.index] = True
             if self.include_usage:

@@ -36,6 +36,7 @@ def _common(body: dict, allowed: set[str], models: tuple[str, ...], max_tokens_d
     if opts is not None and not isinstance(opts, dict):
         raise InvalidArgument(f"'stream_options' must be an object, got {opts!r}", "stream_options")
     boolean(opts or {}, "include_usage")
+    boolean(opts or {}, "continuous_usage_stats")
     return dict(max_tokens=number(body, "max_tokens", max_tokens_default, int),
                 temperature=number(body, "temperature", 1.0), top_p=number(body, "top_p", 1.0),
                 top_k=number(body, "top_k", 0, int), min_p=number(body, "min_p", 0.0),

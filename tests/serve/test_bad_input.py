@@ -66,6 +66,7 @@ def test_openai_values_we_cannot_honour_are_refused_never_ignored(served):
                          ({"ignore_eos": "true"}, "ignore_eos"), ({"stop_token_ids": [1, "x"]}, "stop_token_ids"),
                          ({"stream_options": {"include_usage": "yes"}}, "include_usage"),
                          ({"skip_special_tokens": 0}, "skip_special_tokens"),
+                         ({"stream_options": {"continuous_usage_stats": 1}}, "continuous_usage_stats"),
                          ({"include_stop_str_in_output": "yes"}, "include_stop_str_in_output")]:
         status, reply = post(served.http, "/v1/completions", base | extra)
         assert status == 400 and reply["error"]["param"] == field, (extra, reply)

@@ -48,6 +48,18 @@ def test_chat_streamed_and_not_are_exact(client, default_engine):
     assert chunks[-1].usage.completion_tokens == got.usage.completion_tokens
 
 
+def test_continuous_usage_stats_count_every_chunk(client):
+    chunks = list(client.completions.create(model="smollm2-135m", prompt=PROMPT, max_tokens=12, temperature=0,
+                                            stream=True, stream_options={"include_usage": True,
+                                                                         "continuous_usage_stats": True}))
+    counts = [c.usage.completion_tokens for c in chunks]
+    assert counts == sorted(counts) and len(set(counts)) > 3 and counts[-1] == 12
+    assert all(c.usage.prompt_tokens == chunks[-1].usage.prompt_tokens > 0 for c in chunks)
+    plain = list(client.completions.create(model="smollm2-135m", prompt=PROMPT, max_tokens=12, temperature=0,
+                                           stream=True, stream_options={"include_usage": True}))
+    assert all(c.usage is None for c in plain[:-1]) and plain[-1].usage.completion_tokens == 12
+
+
 def test_chat_logprobs_and_top_logprobs_equal_the_engines(client, default_engine):
     ids = default_engine.tokenizer.encode_chat([ChatMessage("user", QUESTION)])
     ref = _reference(default_engine, ids, 8, top_logprobs=3)
@@ -92,6 +104,10 @@ def test_vllm_sampling_fields_ride_in_extra_body(client, default_engine):
     stopped = client.completions.create(model="smollm2-135m", prompt=PROMPT, max_tokens=12, temperature=0,
                                         extra_body={"stop_token_ids": [first]})
     assert stopped.choices[0].finish_reason == "stop" and stopped.usage.completion_tokens == 1
+    assert stopped.choices[0].text == ""  # the stop token's text is not the answer's (as vLLM renders it) ...
+    kept = client.completions.create(model="smollm2-135m", prompt=PROMPT, max_tokens=12, temperature=0,
+                                     extra_body={"stop_token_ids": [first], "include_stop_str_in_output": True})
+    assert kept.choices[0].text == default_engine.tokenizer.decode([first])  # ... unless the request keeps it
 
 
 def test_logit_bias_steers_the_disaggregated_answer_exactly_as_one_engine(client, default_engine):
@@ -122,10 +138,14 @@ def test_vllms_text_options_keep_the_stop_string_and_the_special_tokens(client, 
         assert text == full[:full.index(stop) + len(stop)], (text, stop)
     chat = [ChatMessage("user", QUESTION)]
     out = complete(default_engine, tok.encode_chat(chat), SamplingParams(max_tokens=48)).output_ids
-    got = client.chat.completions.create(model="smollm2-135m", messages=[{"role": "user", "content": QUESTION}],
-                                         max_tokens=48, temperature=0, extra_body={"skip_special_tokens": False})
-    assert got.choices[0].message.content == tok.decode(out, skip_special_tokens=False)
-    assert got.choices[0].finish_reason == "stop" and got.choices[0].message.content.endswith("<|im_end|>")
+    assert out[-1] == tok.eos_token_id  # the answer ends with its end token, within 48 tokens
+    for extra, want in [({"skip_special_tokens": False}, tok.decode(out[:-1], skip_special_tokens=False)),
+                        ({"skip_special_tokens": False, "include_stop_str_in_output": True},
+                         tok.decode(out, skip_special_tokens=False))]:
+        got = client.chat.completions.create(model="smollm2-135m", messages=[{"role": "user", "content": QUESTION}],
+                                             max_tokens=48, temperature=0, extra_body=extra)
+        assert got.choices[0].message.content == want and got.choices[0].finish_reason == "stop", extra
+    assert want.endswith("<|im_end|>")  # the end token is shown only when the request keeps its stop
 
 
 def test_typed_errors(client):

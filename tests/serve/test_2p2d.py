@@ -48,9 +48,7 @@ def test_a_decode_worker_dying_mid_stream_loses_no_token(served_2p2d, default_en
                           {"prompt": prompt, "max_tokens": 80, "temperature": 0, "stream": True}, on_event=kill)
     assert status == 200 and kill.killed
     assert "".join(e["choices"][0]["text"] for e in events) == want.text
-    with urllib.request.urlopen(served_2p2d.http + "/metrics") as r:
-        recoveries = re.findall(r'^tandem_recoveries_total\{role="(\w+)"\} ([\d.]+)', r.read().decode(), re.M)
-    assert sum(float(n) for _, n in recoveries) >= 1
+    assert recoveries(served_2p2d) >= 1
     # still serving, on what is left
     status, body = post(served_2p2d.http, "/v1/completions", {"prompt": PROMPTS[0], "max_tokens": 8, "temperature": 0})
     assert status == 200 and body["choices"][0]["text"]
@@ -68,13 +66,35 @@ def test_a_sampled_request_resumes_with_exactly_its_own_tokens(served_2p2d, defa
     status, body = post(served_2p2d.http, "/v1/completions", {"prompt": prompt, **params})
     assert status == 200 and body["choices"][0]["text"] == want.text  # the uninterrupted answer
 
-    def recoveries() -> float:
-        with urllib.request.urlopen(served_2p2d.http + "/metrics") as r:
-            return sum(float(n) for n in re.findall(r"^tandem_recoveries_total\{[^}]*\} ([\d.]+)", r.read().decode(), re.M))
-
-    before, kill = recoveries(), KillServing(served_2p2d, "decode")
+    before, kill = recoveries(served_2p2d), KillServing(served_2p2d, "decode")
     status, events = post(served_2p2d.http, "/v1/completions", {"prompt": prompt, "stream": True, **params},
                           on_event=kill)
     assert status == 200 and kill.killed
     assert "".join(e["choices"][0]["text"] for e in events) == want.text
-    assert recoveries() > before  # it really was resumed, not served whole before the kill
+    assert recoveries(served_2p2d) > before  # it really was resumed, not served whole before the kill
+
+
+def test_n_sampled_answers_each_resume_with_exactly_their_own_tokens(served_2p2d, default_engine):
+    """`n` = 2 seeded answers of one request, streamed: a decode worker serving one of them dies
+    mid-stream, and each choice still carries exactly the tokens of a request of its own with seed + j."""
+    prompt = "Tell me a story about a fox and a crow."
+    ids = default_engine.tokenizer.encode(prompt)
+    want = {j: run_generation(default_engine, ids, SamplingParams(max_tokens=60, temperature=0.8, top_p=0.95,
+                                                                  seed=77 + j, ignore_eos=True)).text for j in range(2)}
+    assert want[0] != want[1]
+    before, kill = recoveries(served_2p2d), KillServing(served_2p2d, "decode", at=8)
+    status, events = post(served_2p2d.http, "/v1/completions",
+                          {"prompt": prompt, "n": 2, "stream": True, "temperature": 0.8, "top_p": 0.95, "seed": 77,
+                           "max_tokens": 60, "ignore_eos": True}, on_event=kill)
+    assert status == 200 and kill.killed
+    got = {0: "", 1: ""}
+    for e in events:
+        for c in e["choices"]:
+            got[c["index"]] += c["text"]
+    assert got == want and recoveries(served_2p2d) > before
+
+
+def recoveries(serve) -> float:
+    """tandem_recoveries_total over every role, from the front door's /metrics."""
+    with urllib.request.urlopen(serve.http + "/metrics") as r:
+        return sum(float(n) for n in re.findall(r"^tandem_recoveries_total\{[^}]*\} ([\d.]+)", r.read().decode(), re.M))

@@ -2,11 +2,12 @@
 
 A codec over the front-door core (frontdoor/core.py): parse (openai_api.py), answer or collect, shape
 the reply. A request's answers (a batch of prompts, `n` each) are served concurrently
-(FrontDoor.answer_all / collect_all) and come back as its choices. The model id is the served model's name (ServedModel.served_name); its Triton name is an
-alias. Fields the server does not know are accepted and named once in the log (openai_fields.py).
-Logprobs (and an echoed prompt's) are built token by token (openai_logprobs.py). A client that
-disconnects mid-stream cancels its request (one debug line, no traceback); a failure after the stream
-began is sent as a last SSE event carrying the status, then [DONE].
+(FrontDoor.answer_all / collect_all) and come back as its choices. The model id is the served model's
+name (ServedModel.served_name); its Triton name is an alias. Fields the server does not know are
+accepted and named once in the log (openai_fields.py). Logprobs (and an echoed prompt's) are built
+token by token (openai_logprobs.py). A client that disconnects mid-stream cancels its request (one
+debug line, no traceback); a failure after the stream began is sent as a last SSE event carrying the
+status, then [DONE].
 """
 
 from __future__ import annotations
@@ -86,9 +87,9 @@ class OpenAIRoutes:
         model = self.served.served_name
         if not parsed.stream:
             answers = await self.door.collect_all(reqs, [t.add if t else None for t in trails])
-            return web.json_response(oa.whole_body(
-                shape, rid, model, [(a.text, a.finish_reason, t.take() if t else None) for a, t in zip(answers, trails)],
-                parsed.usage([(a.prompt_tokens, a.tokens, a.cached_tokens) for a in answers])))
+            choices = [(a.text, a.finish_reason, t.take() if t else None) for a, t in zip(answers, trails)]
+            usage = parsed.usage([(a.prompt_tokens, a.tokens, a.cached_tokens) for a in answers])
+            return web.json_response(oa.whole_body(shape, rid, model, choices, usage))
         events = _Events(request, rid, model, shape, body, trails, parsed)
         async with contextlib.aclosing(self.door.answer_all(reqs)) as deltas:
             done = await events.send(deltas)
@@ -113,7 +114,8 @@ class _Events:
         self.parsed = parsed
         opts = body.get("stream_options") or {}
         self.include_usage = bool(opts.get("include_usage"))
-        self.continuous = self.include_usage and bool(opts.get("continuous_usage_stats"))  # vLLM's: usage on every chunk
+        # vLLM's continuous_usage_stats: every chunk carries its choice's usage so far
+        self.continuous = self.include_usage and bool(opts.get("continuous_usage_stats"))
         self.resp: web.StreamResponse | None = None
 
     async def send(self, deltas) -> bool:

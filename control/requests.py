@@ -47,6 +47,7 @@ class GenerationRequest:
     exclude_input: bool = True  # False: non-streamed text also repeats the prompt (Triton ensemble default)
     skip_special_tokens: bool = True  # False: the answer's text keeps special tokens (vLLM's field)
     include_stop_str_in_output: bool = False  # True: the text ends with the stop string that ended it (vLLM's)
+    prompt_only: bool = False  # the answer shows no generated token (an echoed prompt scored: max_tokens 0)
     timeout_s: float | None = None  # the client's own deadline for this request (None: the deployment's)
     extra: dict = field(default_factory=dict)
 
@@ -61,9 +62,12 @@ class Prepared:
     stop_ids: frozenset[int] = frozenset()  # tokens that end the answer: the model's ends (unless ignored), stop ids
 
     def shown(self, token: int, finish_reason: str | None) -> bool:
-        """Whether `token`'s text belongs in the answer's text. A token that ended the answer by being an
-        end or stop token does not, unless the request keeps its stop (as vLLM renders them)."""
-        return not (finish_reason == "stop" and token in self.stop_ids and not self.request.include_stop_str_in_output)
+        """Whether generated `token` belongs in the answer. A token that ended the answer by being an end
+        or stop token does not, unless the request keeps its stop (as vLLM renders them); none does in
+        a prompt-only answer."""
+        req = self.request
+        ended_by_it = finish_reason == "stop" and token in self.stop_ids and not req.include_stop_str_in_output
+        return not (req.prompt_only or ended_by_it)
 
 
 @dataclass(frozen=True)

@@ -179,8 +179,10 @@ class FrontDoor:
                                 stream.end()
                                 span.set(finish_reason=tok.finish_reason)
                                 last_sent = True
-                            yield Delta(piece, tok.token, tok.logprob, tok.finish_reason, cached, n_in, tok.top,
-                                        prompt_lps, tuple(prep.prompt_ids) if prompt_lps else ())
+                            # a prompt-only answer shows no token of its own
+                            own = (None, None, None) if req.prompt_only else (tok.token, tok.logprob, tok.top)
+                            yield Delta(piece, own[0], own[1], tok.finish_reason, cached, n_in, own[2], prompt_lps,
+                                        tuple(prep.prompt_ids) if prompt_lps else ())
                             if tok.finish_reason:
                                 meter.done(tok.finish_reason)
                                 break

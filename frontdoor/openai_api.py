@@ -53,13 +53,16 @@ def completion_request(body: dict, models: tuple[str, ...], request_id: str,
                        unknown: UnknownFields | None = None) -> Parsed:
     """/v1/completions: one request per answer, in the order of the reply's choices (prompt by prompt,
     `n` each). `logprobs` is an integer here (alternatives per token, 0..20, or null: none); `echo`
-    repeats the prompt before the answer (with the prompt's logprobs when logprobs is set)."""
+    repeats the prompt before the answer (with the prompt's logprobs when logprobs is set), and with
+    `max_tokens` 0 the answer is the prompt alone: scored, nothing generated shown."""
     common = _common(body, COMPLETION_FIELDS, models, 16, unknown, "/v1/completions")
     top = number(body, "logprobs", None, int)
     if top is not None and not 0 <= top <= MAX_TOP_LOGPROBS:
         raise InvalidArgument(f"'logprobs' must be an integer in [0, {MAX_TOP_LOGPROBS}] or null, got {top}",
                               "logprobs")
     echo = boolean(body, "echo")
+    if echo and common["max_tokens"] == 0:  # the prompt scored, nothing generated (OpenAI's legacy scoring call)
+        common.update(max_tokens=1, prompt_only=True)
     reqs = [GenerationRequest(request_id=request_id, prompt=text, prompt_ids=ids, logprobs=top is not None,
                               top_logprobs=top or 0, prompt_logprobs=echo and top is not None,
                               exclude_input=not echo, **common) for text, ids in _prompts(body.get("prompt"))]

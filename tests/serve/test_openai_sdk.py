@@ -204,3 +204,21 @@ def test_over_the_admission_limit_is_a_rate_limit_error(guarded):
         assert first.result(timeout=120)[0] == 200
         assert c.completions.create(model="smollm2-135m", prompt=PROMPT, max_tokens=4,
                                     temperature=0).usage.completion_tokens == 4
+
+
+def test_max_tokens_0_with_echo_scores_the_prompt_alone(client, default_engine):
+    """OpenAI's legacy scoring call (older evaluation harnesses send it): the answer is the prompt with
+    its logprobs, and nothing generated is shown or counted."""
+    ids = default_engine.tokenizer.encode(PROMPT)
+    ref = _reference(default_engine, ids, 1, prompt_logprobs=True)
+    for stream in (False, True):
+        got = client.completions.create(model="smollm2-135m", prompt=PROMPT, max_tokens=0, echo=True, logprobs=1,
+                                        stream=stream, stream_options={"include_usage": True} if stream else None)
+        chunks = list(got) if stream else [got]
+        choices = [c.choices[0] for c in chunks if c.choices]
+        assert "".join(c.text for c in choices) == PROMPT and choices[-1].finish_reason == "length"
+        lps = [v for c in choices if c.logprobs for v in c.logprobs.token_logprobs]
+        assert lps[0] is None and lps[1:] == pytest.approx([r.logprob for r in ref.prompt_logprobs], abs=1e-3)
+        assert len(lps) == len(ids) and chunks[-1].usage.completion_tokens == 0
+    with pytest.raises(openai.BadRequestError, match="max_tokens"):
+        client.completions.create(model="smollm2-135m", prompt=PROMPT, max_tokens=0)

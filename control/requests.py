@@ -25,6 +25,8 @@ class GenerationRequest:
     prompt: str | None = None
     messages: tuple[ChatMessage, ...] = ()
     tools: tuple[dict, ...] = ()  # tool definitions shown to the chat template (chat requests only)
+    add_generation_prompt: bool = True  # chat: the template opens the assistant's turn (vLLM's field)
+    continue_final_message: bool = False  # chat: the final message is left open and continued (vLLM's field)
     prompt_ids: tuple[int, ...] = ()
     max_tokens: int | None = 16  # None: up to DEFAULT_MAX_TOKENS, within the context
     temperature: float = 0.0
@@ -115,7 +117,9 @@ def _prompt_ids(req: GenerationRequest, tokenizer: Tokenizer, limits: Limits) ->
     if req.messages:
         if not any(m.content for m in req.messages):
             raise InvalidArgument("messages are empty; send at least one message with content", "messages")
-        ids = tokenizer.encode_chat(list(req.messages), list(req.tools) or None)  # InvalidRequest from the template names the problem
+        # an InvalidRequest from the template names the problem
+        ids = tokenizer.encode_chat(list(req.messages), list(req.tools) or None, req.add_generation_prompt,
+                                    req.continue_final_message)
     elif req.prompt_ids:
         ids = list(req.prompt_ids)
         bad = [t for t in ids if not 0 <= t < limits.vocab_size]

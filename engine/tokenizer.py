@@ -68,24 +68,37 @@ class Tokenizer:
         return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
 
     def render_chat(self, messages: list[ChatMessage], add_generation_prompt: bool = True,
-                    tools: list[dict] | None = None) -> str:
+                    tools: list[dict] | None = None, continue_final: bool = False) -> str:
         """The prompt text for a conversation, by the model's own chat template (`tools`: OpenAI tool
-        definitions, given to the template as `tools`, as Hugging Face's apply_chat_template does)."""
+        definitions, given to the template as `tools`, as Hugging Face's apply_chat_template does).
+        `continue_final` leaves the final message open (the text ends with its content, without the
+        end of its turn), so the model continues it; it excludes `add_generation_prompt`."""
+        if continue_final and add_generation_prompt:
+            raise InvalidRequest("continue_final_message and add_generation_prompt exclude each other: "
+                                 "set add_generation_prompt to false to continue the final message")
         if not self.chat_template:
             raise InvalidRequest("this model has no chat template; send a plain prompt instead")
         for m in messages:
             if m.role not in CHAT_ROLES:
                 raise InvalidRequest(f"unknown chat role {m.role!r}; allowed: {', '.join(CHAT_ROLES)}")
         template = self._env.from_string(self.chat_template)
-        return template.render(
+        text = template.render(
             messages=[{"role": m.role, "content": m.content} for m in messages],
             add_generation_prompt=add_generation_prompt, tools=tools or None,
             bos_token=self.bos_token or "", eos_token=self.eos_token or "")
+        if not continue_final:
+            return text
+        final = messages[-1].content
+        at = text.rfind(final) if final else -1
+        if at < 0:
+            raise InvalidRequest("continue_final_message needs a final message with content that the chat "
+                                 "template writes as it is")
+        return text[:at + len(final)]
 
     def encode_chat(self, messages: list[ChatMessage], tools: list[dict] | None = None,
-                    add_generation_prompt: bool = True) -> list[int]:
+                    add_generation_prompt: bool = True, continue_final: bool = False) -> list[int]:
         # The template already writes any BOS it wants; do not add another.
-        text = self.render_chat(messages, add_generation_prompt, tools)
+        text = self.render_chat(messages, add_generation_prompt, tools, continue_final)
         return self._tok.encode(text, add_special_tokens=False).ids
 
 

@@ -25,7 +25,8 @@ from frontdoor.http_body import read_object
 from frontdoor.openai_fields import UnknownFields, boolean, token_ids, unknown_fields
 from tandem.status import InvalidArgument
 
-_TOKENIZE = {"model", "prompt", "messages", "add_special_tokens", "add_generation_prompt", "return_token_strs"}
+_TOKENIZE = {"model", "prompt", "messages", "add_special_tokens", "add_generation_prompt", "continue_final_message",
+             "return_token_strs"}
 _DETOKENIZE = {"model", "tokens"}
 
 
@@ -48,7 +49,8 @@ class TokenRoutes:
                                      boolean(body, "add_generation_prompt", True))
         tok, limits = self.service.tokenizer, self.service.limits
         if body.get("messages") is not None:
-            ids = await self.service.off_loop(tok.encode_chat, list(oa.messages_of(body)), None, generation)
+            ids = await self.service.off_loop(tok.encode_chat, list(oa.messages_of(body)), None, generation,
+                                              boolean(body, "continue_final_message"))
         else:
             prompt = body.get("prompt")
             if not isinstance(prompt, str):

@@ -133,7 +133,8 @@ def chat_request(body: dict, models: tuple[str, ...], request_id: str,
     if top and not want:
         raise InvalidArgument("'top_logprobs' needs \"logprobs\": true", "top_logprobs")
     req = GenerationRequest(request_id=request_id, messages=messages_of(body), tools=tools(body), logprobs=want,
-                            top_logprobs=top, **common)
+                            top_logprobs=top, add_generation_prompt=boolean(body, "add_generation_prompt", True),
+                            continue_final_message=boolean(body, "continue_final_message"), **common)
     return _parsed([req], answers_per_prompt(body), boolean(body, "stream"))
 
 

@@ -25,7 +25,8 @@ _BOOKKEEPING = {"user", "metadata", "store", "service_tier"}  # accepted, ignore
 COMPLETION_FIELDS = _SAMPLING | _BOOKKEEPING | {"prompt", "echo", "suffix"}
 CHAT_FIELDS = _SAMPLING | _BOOKKEEPING | {"messages", "max_completion_tokens", "top_logprobs", "response_format",
                                           "tools", "tool_choice", "parallel_tool_calls", "functions",
-                                          "function_call", "modalities"}
+                                          "function_call", "modalities", "add_generation_prompt",
+                                          "continue_final_message"}
 
 
 class UnknownFields:

@@ -222,3 +222,20 @@ def test_max_tokens_0_with_echo_scores_the_prompt_alone(client, default_engine):
         assert len(lps) == len(ids) and chunks[-1].usage.completion_tokens == 0
     with pytest.raises(openai.BadRequestError, match="max_tokens"):
         client.completions.create(model="smollm2-135m", prompt=PROMPT, max_tokens=0)
+
+
+def test_chat_continues_a_final_assistant_message(client, default_engine):
+    """vLLM's continue_final_message: the assistant's turn is left open after its given start, and the
+    answer continues it exactly as one engine continues that text."""
+    tok = default_engine.tokenizer
+    msgs = [ChatMessage("user", QUESTION), ChatMessage("assistant", "The capital of France is")]
+    ids = tok.encode_chat(msgs, None, add_generation_prompt=False, continue_final=True)
+    assert tok.decode(ids).endswith("The capital of France is")  # no end of turn after it
+    want = tok.decode(complete(default_engine, ids, SamplingParams(max_tokens=8)).output_ids)
+    body = [{"role": m.role, "content": m.content} for m in msgs]
+    got = client.chat.completions.create(model="smollm2-135m", messages=body, max_tokens=8, temperature=0,
+                                         extra_body={"continue_final_message": True, "add_generation_prompt": False})
+    assert got.choices[0].message.content == want and got.usage.prompt_tokens == len(ids)
+    with pytest.raises(openai.BadRequestError, match="exclude each other"):
+        client.chat.completions.create(model="smollm2-135m", messages=body, max_tokens=8,
+                                       extra_body={"continue_final_message": True})

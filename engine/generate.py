@@ -34,7 +34,8 @@ def run_generation(engine, prompt_ids: list[int], params: SamplingParams, on_tex
     while sched.has_work:
         for ev in sched.step():
             t_first = t_first or time.perf_counter()
-            piece = stream.add(ev.token) if ev.token not in seq.eos_ids else ""
+            ends = ev.token in seq.eos_ids or ev.token in params.stop_token_ids  # its text is not the answer's
+            piece = "" if ends else stream.add(ev.token)
             text.append(piece)
             if on_text and piece:
                 on_text(piece)

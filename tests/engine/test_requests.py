@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from engine.errors import InvalidRequest, ModelLoadError
+from engine.generate import run_generation
 from engine.load import load_engine
 from tandem.sampling_params import SamplingParams
 from engine.tokenizer import ChatMessage
@@ -69,3 +70,6 @@ def test_stop_token_and_max_tokens(default_engine):
     assert full.finish_reason.value == "length" and len(full.output_ids) == 6
     stopped = complete(default_engine, ids, SamplingParams(max_tokens=6, stop_token_ids=(full.output_ids[2],)))
     assert stopped.output_ids == full.output_ids[:3] and stopped.finish_reason.value == "stop"
+    # run_generation's text leaves out the stop token's, as the front doors do
+    text = run_generation(default_engine, ids, SamplingParams(max_tokens=6, stop_token_ids=(full.output_ids[2],))).text
+    assert text == default_engine.tokenizer.decode(full.output_ids[:2])

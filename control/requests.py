@@ -79,6 +79,18 @@ class Limits:
     max_prompt_chars: int = 1 << 20  # refused before tokenizing: a 10 MB prompt never reaches the tokenizer
     end_ids: tuple[int, ...] = ()  # the tokens the model's answers end with (engine.tokenizer.Tokenizer.end_ids)
 
+    def check_chars(self, chars: int) -> None:
+        """Refuse text of more characters than this server tokenizes."""
+        if chars > self.max_prompt_chars:
+            raise InvalidArgument(f"prompt has {chars} characters; this server takes at most {self.max_prompt_chars}",
+                                  "prompt")
+
+    def check_ids(self, ids, param: str) -> None:
+        """Refuse token ids outside the vocabulary, naming the field `param` that holds them."""
+        bad = [t for t in ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise InvalidArgument(f"token ids must be in [0, {self.vocab_size}); got {bad[:5]}", param)
+
 
 def prepare(req: GenerationRequest, tokenizer: Tokenizer, limits: Limits) -> Prepared:
     ids = _prompt_ids(req, tokenizer, limits)
@@ -101,19 +113,13 @@ def prepare(req: GenerationRequest, tokenizer: Tokenizer, limits: Limits) -> Pre
                             frequency_penalty=float(req.frequency_penalty),
                             stop_token_ids=tuple(req.stop_token_ids), logit_bias=tuple(req.logit_bias),
                             extra_eos=(req.end_id,) if req.end_id is not None else ()).with_seed()
-    outside = [t for t, _ in params.logit_bias if t >= limits.vocab_size]
-    if outside:
-        raise InvalidArgument(f"logit_bias names token ids outside the vocabulary [0, {limits.vocab_size}): "
-                              f"{outside[:5]}", "logit_bias")
+    limits.check_ids([t for t, _ in params.logit_bias], "logit_bias")
     ends = () if params.ignore_eos else (*limits.end_ids, *params.extra_eos)
     return Prepared(req, ids, params, frozenset((*ends, *params.stop_token_ids)))
 
 
 def _prompt_ids(req: GenerationRequest, tokenizer: Tokenizer, limits: Limits) -> list[int]:
-    chars = len(req.prompt or "") + sum(len(m.content) for m in req.messages)
-    if chars > limits.max_prompt_chars:
-        raise InvalidArgument(f"prompt has {chars} characters; this server takes at most {limits.max_prompt_chars}",
-                              "prompt")
+    limits.check_chars(len(req.prompt or "") + sum(len(m.content) for m in req.messages))
     if req.messages:
         if not any(m.content for m in req.messages):
             raise InvalidArgument("messages are empty; send at least one message with content", "messages")
@@ -122,9 +128,7 @@ def _prompt_ids(req: GenerationRequest, tokenizer: Tokenizer, limits: Limits) ->
                                     req.continue_final_message)
     elif req.prompt_ids:
         ids = list(req.prompt_ids)
-        bad = [t for t in ids if not 0 <= t < limits.vocab_size]
-        if bad:
-            raise InvalidArgument(f"token ids must be in [0, {limits.vocab_size}); got {bad[:5]}", "prompt")
+        limits.check_ids(ids, "prompt")
     else:
         if not req.prompt:
             raise InvalidArgument("prompt is empty; send the text to complete", "prompt")

@@ -16,6 +16,8 @@ preparation, and errors have OpenAI's shape.
 
 from __future__ import annotations
 
+import functools
+
 from aiohttp import web
 
 import tandem
@@ -49,17 +51,17 @@ class TokenRoutes:
                                      boolean(body, "add_generation_prompt", True))
         tok, limits = self.service.tokenizer, self.service.limits
         if body.get("messages") is not None:
-            ids = await self.service.off_loop(tok.encode_chat, list(oa.messages_of(body)), None, generation,
-                                              boolean(body, "continue_final_message"))
+            messages = oa.messages_of(body)
+            limits.check_chars(sum(len(m.content) for m in messages))
+            encode = functools.partial(tok.encode_chat, list(messages), None, generation,
+                                       boolean(body, "continue_final_message"))
         else:
             prompt = body.get("prompt")
             if not isinstance(prompt, str):
                 raise InvalidArgument("'prompt' must be a string (or send 'messages')", "prompt")
-            if len(prompt) > limits.max_prompt_chars:
-                raise InvalidArgument(f"prompt has {len(prompt)} characters; this server takes at most "
-                                      f"{limits.max_prompt_chars}", "prompt")
-            ids = await self.service.off_loop(tok.encode, prompt, special)
-        texts = [tok.decode([t], skip_special_tokens=False) for t in ids] if strs else None
+            limits.check_chars(len(prompt))
+            encode = functools.partial(tok.encode, prompt, special)
+        ids, texts = await self.service.off_loop(_tokenized, tok, encode, strs)
         return web.json_response({"count": len(ids), "max_model_len": limits.max_context, "tokens": ids,
                                   "token_strs": texts})
 
@@ -68,9 +70,7 @@ class TokenRoutes:
         if body.get("tokens") is None:
             raise InvalidArgument("'tokens' is required: a list of token ids", "tokens")
         ids, limits = list(token_ids(body, "tokens")), self.service.limits
-        bad = [t for t in ids if not 0 <= t < limits.vocab_size]
-        if bad:
-            raise InvalidArgument(f"token ids must be in [0, {limits.vocab_size}); got {bad[:5]}", "tokens")
+        limits.check_ids(ids, "tokens")
         if len(ids) > limits.max_prompt_chars:
             raise InvalidArgument(f"{len(ids)} tokens; this server decodes at most {limits.max_prompt_chars}",
                                   "tokens")
@@ -96,3 +96,10 @@ class TokenRoutes:
         if not self.served.known_openai(body.get("model")):
             raise oa.unknown_model(body.get("model"), self.served.served_name)
         return body
+
+
+def _tokenized(tok, encode, strs: bool) -> tuple[list[int], list[str] | None]:
+    """`encode()`'s ids and, when asked, each token's text (special tokens kept): tokenizer work, run off
+    the event loop."""
+    ids = encode()
+    return ids, [tok.decode([t], skip_special_tokens=False) for t in ids] if strs else None

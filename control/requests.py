@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from engine.guided import guides_for
 from engine.tokenizer import ChatMessage, Tokenizer
+from tandem.guides import Guide
 from tandem.sampling_params import SamplingParams
 from tandem.status import InvalidArgument
 
@@ -46,6 +48,7 @@ class GenerationRequest:
     ignore_eos: bool = False
     stop_token_ids: tuple[int, ...] = ()
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias): SamplingParams.logit_bias
+    guide: Guide | None = None  # structured output: the grammar the answer follows (tandem/guides.py)
     exclude_input: bool = True  # False: non-streamed text also repeats the prompt (Triton ensemble default)
     skip_special_tokens: bool = True  # False: the answer's text keeps special tokens (vLLM's field)
     include_stop_str_in_output: bool = False  # True: the text ends with the stop string that ended it (vLLM's)
@@ -111,9 +114,11 @@ def prepare(req: GenerationRequest, tokenizer: Tokenizer, limits: Limits) -> Pre
                             repetition_penalty=float(req.repetition_penalty), ignore_eos=req.ignore_eos,
                             presence_penalty=float(req.presence_penalty),
                             frequency_penalty=float(req.frequency_penalty),
-                            stop_token_ids=tuple(req.stop_token_ids), logit_bias=tuple(req.logit_bias),
+                            stop_token_ids=tuple(req.stop_token_ids), logit_bias=tuple(req.logit_bias), guide=req.guide,
                             extra_eos=(req.end_id,) if req.end_id is not None else ()).with_seed()
     limits.check_ids([t for t, _ in params.logit_bias], "logit_bias")
+    if params.guide is not None:  # compiled here once, so a bad schema is the client's 400, never a worker's fault
+        guides_for(tokenizer.file, limits.vocab_size, tuple(sorted(limits.end_ids))).check(params.guide)
     ends = () if params.ignore_eos else (*limits.end_ids, *params.extra_eos)
     return Prepared(req, ids, params, frozenset((*ends, *params.stop_token_ids)))
 

@@ -29,6 +29,7 @@ from engine.config import ModelConfig
 from engine.cpu_kernels import attention as cpu_attention
 from engine.cuda_graphs import DecodeGraphs
 from engine.errors import InvalidRequest
+from engine.guided import guides_for
 from engine.kv_pool import TORCH_DTYPES, KVCache
 from engine.page_allocator import PageAllocator
 from engine.model import LlamaModel
@@ -118,6 +119,7 @@ class Engine:
         seq = Sequence(request_id, list(prompt_ids), params.with_seed(), self.eos_ids | set(params.extra_eos),
                        self.max_context, output_ids=list(output_ids))
         seq.attach_text(self.tokenizer)
+        seq.attach_guide(guides_for(self.tokenizer.file, self.cfg.vocab_size, tuple(sorted(self.eos_ids))))
         return seq
 
     def can_admit(self, seq: Sequence) -> bool:
@@ -265,8 +267,9 @@ class Engine:
         """logits: [B, V] -> each sequence's next token, appended; the logprob when asked (the report
         with alternatives stays on the sequence: Sequence.last_logprob)."""
         history = [s.all_ids if s.params.penalized else [] for s in seqs]
+        allowed = [s.guide.allowed() if s.guide is not None else None for s in seqs]
         tokens, reports = sample(logits, [s.params for s in seqs], [len(s.output_ids) for s in seqs],
-                                 [s.banned_ids() for s in seqs], history)
+                                 [s.banned_ids() for s in seqs], history, allowed)
         outs = []
         for s, t, r in zip(seqs, tokens, reports):
             s.append(t, r)

@@ -6,6 +6,7 @@ import enum
 from dataclasses import dataclass, field
 
 from engine.detokenizer import Decoder, TextStream
+from engine.guided import Guides, GuideState
 from tandem.logprobs import Logprob
 from tandem.sampling_params import SamplingParams
 
@@ -33,12 +34,18 @@ class Sequence:
     prompt_logprobs: list[Logprob] = field(default_factory=list)  # prompt tokens 1.. (params.prompt_logprobs)
     finish_reason: FinishReason | None = None
     text: TextStream | None = None  # only when there are stop strings to find
+    guide: GuideState | None = None  # only when the params carry a guide: which tokens may come next
 
     def attach_text(self, tokenizer: Decoder) -> None:
         if self.params.stop:
             self.text = TextStream(tokenizer, self.params.stop)
             for t in self.output_ids:  # earlier outputs of a resumed request
                 self.text.add(t)
+
+    def attach_guide(self, guides: Guides) -> None:
+        """Follow the params' guide from the tokens generated so far (those of a resumed request)."""
+        if self.params.guide is not None:
+            self.guide = guides.state(self.params.guide, self.output_ids)
 
     @property
     def all_ids(self) -> list[int]:
@@ -75,6 +82,8 @@ class Sequence:
         if logprob is not None:
             self.output_logprobs.append(logprob.logprob if isinstance(logprob, Logprob) else logprob)
         p = self.params
+        if self.guide is not None:
+            self.guide.advance(token)
         if (token in self.eos_ids and not p.ignore_eos) or token in p.stop_token_ids:
             self.finish_reason = FinishReason.STOP
             return
@@ -83,5 +92,7 @@ class Sequence:
             if self.text.stopped:
                 self.finish_reason = FinishReason.STOP
                 return
-        if len(self.output_ids) >= p.max_tokens or self.num_tokens >= self.max_context:
+        if self.guide is not None and self.guide.finished:  # the grammar is complete: only an end could follow
+            self.finish_reason = FinishReason.STOP
+        elif len(self.output_ids) >= p.max_tokens or self.num_tokens >= self.max_context:
             self.finish_reason = FinishReason.LENGTH

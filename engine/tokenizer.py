@@ -32,6 +32,7 @@ class Tokenizer:
     def __init__(self, folder: str, chat_template: str | None = None):
         """`chat_template`: an override, a Jinja file or the name of a named template (engine/chat_template.py)."""
         path = os.path.join(folder, TOKENIZER_FILE)
+        self.file = path  # tokenizer.json, which engine/guided.py reads too
         if not os.path.isfile(path):
             raise ModelLoadError(f"{folder} has no {TOKENIZER_FILE}; a model folder needs one")
         try:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from control.requests import GenerationRequest
+from tandem.guides import Guide, GuideKind
 from tandem.status import InvalidArgument
 
 MAX_BATCH_SIZE = 64
@@ -52,6 +53,8 @@ INPUTS = (
     TensorSpec("length_penalty", "FP32", (1,)),
     TensorSpec("return_context_logits", "BOOL", (1,)),
     TensorSpec("return_generation_logits", "BOOL", (1,)),
+    TensorSpec("guided_decoding_guide_type", "BYTES", (1,)),  # json, json_schema, regex, ebnf_grammar (choice)
+    TensorSpec("guided_decoding_guide", "BYTES", (1,)),  # the schema, regex or grammar (tandem/guides.py)
 )
 OUTPUTS = (
     TensorSpec("text_output", "BYTES", (-1,)),
@@ -107,11 +110,7 @@ def parse_requests(inputs: dict[str, tuple[str, np.ndarray]], request_id: str) -
                 raise InvalidArgument(f"{name}={row[name]!r} is not supported; only {neutral!r}")
         if row.get("bad_words") and any(w for w in row["bad_words"]):
             raise InvalidArgument("bad_words is not supported; send an empty list")
-        raw = row["text_input"]
-        try:
-            prompt = raw.decode("utf-8") if isinstance(raw, bytes) else str(raw)
-        except UnicodeDecodeError:
-            raise InvalidArgument("text_input is not valid UTF-8") from None
+        prompt = _text(row, "text_input")
         seed = row.get("seed", row.get("random_seed"))
         out.append(GenerationRequest(
             request_id=f"{request_id}-{i}" if batch > 1 else request_id, prompt=prompt,
@@ -123,5 +122,27 @@ def parse_requests(inputs: dict[str, tuple[str, np.ndarray]], request_id: str) -
             end_id=row.get("end_id"), logprobs=bool(row.get("return_log_probs", False)),
             repetition_penalty=row.get("repetition_penalty", 1.0),
             presence_penalty=row.get("presence_penalty", 0.0), frequency_penalty=row.get("frequency_penalty", 0.0),
-            exclude_input=bool(row.get("exclude_input_in_output", False)) or stream))
+            exclude_input=bool(row.get("exclude_input_in_output", False)) or stream, guide=_guide(row)))
     return out, stream
+
+
+def _text(row: dict, name: str) -> str:
+    raw = row.get(name, b"")
+    try:
+        return raw.decode("utf-8") if isinstance(raw, bytes) else str(raw)
+    except UnicodeDecodeError:
+        raise InvalidArgument(f"{name} is not valid UTF-8", name) from None
+
+
+def _guide(row: dict) -> Guide | None:
+    """TensorRT-LLM's guided-decoding inputs: a type (absent or empty: none) and the guide's text."""
+    kind, text = _text(row, "guided_decoding_guide_type"), _text(row, "guided_decoding_guide")
+    if not kind:
+        if text:
+            raise InvalidArgument("guided_decoding_guide needs guided_decoding_guide_type (json, json_schema, regex, "
+                                  "ebnf_grammar or choice)", "guided_decoding_guide_type")
+        return None
+    if kind not in {k.value for k in GuideKind}:
+        raise InvalidArgument(f"guided_decoding_guide_type must be one of {', '.join(k.value for k in GuideKind)}, "
+                              f"got {kind!r}", "guided_decoding_guide_type")
+    return Guide(GuideKind(kind), text)

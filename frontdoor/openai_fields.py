@@ -2,28 +2,37 @@
 
 Three kinds, as vLLM treats them: *honoured* fields change the answer; *accepted* fields are read and
 ignored (bookkeeping such as `user` or `store`, which change nothing about the tokens); *refused* values
-are ones we cannot honour (e.g. tools, JSON mode): a 400 naming the field and what is allowed, never a
+are ones we cannot honour (e.g. tool calls): a 400 naming the field and what is allowed, never a
 silent wrong answer. A field this door has never heard of is accepted and ignored like vLLM does, and
 named in one warning per field name for the life of the server (`UnknownFields`).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Iterable
 
+from tandem.guides import Guide, GuideKind
 from tandem.status import InvalidArgument
 
 log = logging.getLogger("tandem.http")
 MAX_ANSWERS = 64  # answers in one request (prompts x n): each reserves pages for its whole answer up front
+# structured output: vLLM's request fields, and the keys of its `structured_outputs` object, with their kinds
+_VLLM_FIELDS = {"guided_json": GuideKind.JSON_SCHEMA, "guided_regex": GuideKind.REGEX,
+                "guided_choice": GuideKind.CHOICE, "guided_grammar": GuideKind.EBNF_GRAMMAR}
+_STRUCTURED_KEYS = {"json": GuideKind.JSON_SCHEMA, "regex": GuideKind.REGEX, "choice": GuideKind.CHOICE,
+                    "grammar": GuideKind.EBNF_GRAMMAR, "json_object": GuideKind.JSON_SCHEMA}
+GUIDE_FIELDS = {"response_format", "structured_outputs", *_VLLM_FIELDS}
+_OBJECT = json.dumps({"type": "object"})
 
 _SAMPLING = {"model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "stream",
              "stream_options", "stop", "stop_token_ids", "ignore_eos", "seed", "n", "min_tokens",
              "presence_penalty", "frequency_penalty", "logprobs", "logit_bias", "best_of", "skip_special_tokens",
-             "include_stop_str_in_output"}
+             "include_stop_str_in_output", *GUIDE_FIELDS}
 _BOOKKEEPING = {"user", "metadata", "store", "service_tier"}  # accepted, ignored: they change no token
 COMPLETION_FIELDS = _SAMPLING | _BOOKKEEPING | {"prompt", "echo", "suffix"}
-CHAT_FIELDS = _SAMPLING | _BOOKKEEPING | {"messages", "max_completion_tokens", "top_logprobs", "response_format",
+CHAT_FIELDS = _SAMPLING | _BOOKKEEPING | {"messages", "max_completion_tokens", "top_logprobs",
                                           "tools", "tool_choice", "parallel_tool_calls", "functions",
                                           "function_call", "modalities", "add_generation_prompt",
                                           "continue_final_message"}
@@ -62,10 +71,6 @@ def refuse_unsupported(body: dict) -> None:
     if body.get("function_call") not in (None, "none", "auto"):
         raise InvalidArgument("function_call must be \"none\" or \"auto\" (there are no functions here)",
                               "function_call")
-    fmt = body.get("response_format")
-    if fmt is not None and fmt != {"type": "text"}:
-        raise InvalidArgument("response_format: only {\"type\": \"text\"} is supported (no JSON mode or "
-                              "structured output)", "response_format")
     if body.get("modalities") not in (None, ["text"]):
         raise InvalidArgument("modalities: only [\"text\"] is supported", "modalities")
 
@@ -130,3 +135,75 @@ def token_ids(body: dict, key: str) -> tuple[int, ...]:
     if not isinstance(v, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in v):
         raise InvalidArgument(f"'{key}' must be a list of token ids (integers), got {v!r}", key)
     return tuple(v)
+
+
+# -- structured output: OpenAI's `response_format` and vLLM's guided fields, as one Guide (tandem/guides.py);
+# whether it compiles is checked where the request is prepared (control/requests.py), for every door alike
+
+def guide(body: dict) -> Guide | None:
+    """The request's guide, or None for free text. Refused (400 naming the field): a malformed value,
+    or more than one way of asking."""
+    found = [g for g in (_response_format(body.get("response_format")), _structured(body.get("structured_outputs")),
+                         *(_vllm(name, body.get(name)) for name in _VLLM_FIELDS)) if g is not None]
+    if len(found) > 1:
+        raise InvalidArgument(f"send one structured-output request, not {len(found)}: response_format, "
+                              f"structured_outputs or one guided_* field", "response_format")
+    return found[0] if found else None
+
+
+def _response_format(v) -> Guide | None:
+    """OpenAI's {"type": "text" | "json_object" | "json_schema", "json_schema": {"name", "schema", "strict"}}."""
+    if v is None or v == {"type": "text"}:
+        return None
+    kind = v.get("type") if isinstance(v, dict) else None
+    if kind == "json_object":
+        return Guide(GuideKind.JSON_SCHEMA, _OBJECT)
+    if kind == "json_schema":
+        spec = v.get("json_schema")
+        schema = spec.get("schema") if isinstance(spec, dict) else None
+        if not isinstance(schema, dict):
+            raise InvalidArgument("response_format json_schema needs \"json_schema\": {\"name\": ..., \"schema\": "
+                                  "{a JSON schema object}}", "response_format")
+        return _made(GuideKind.JSON_SCHEMA, json.dumps(schema), "response_format")
+    raise InvalidArgument("response_format must be {\"type\": \"text\"}, {\"type\": \"json_object\"} or "
+                          "{\"type\": \"json_schema\", \"json_schema\": {\"name\": ..., \"schema\": {...}}}, "
+                          f"got {v!r}"[:300], "response_format")
+
+
+def _structured(v) -> Guide | None:
+    """vLLM's `structured_outputs` object: exactly one of json, regex, choice, grammar, json_object."""
+    if v is None:
+        return None
+    keys = [k for k in _STRUCTURED_KEYS if isinstance(v, dict) and v.get(k) not in (None, False)]
+    if len(keys) != 1:
+        raise InvalidArgument(f"structured_outputs must set exactly one of {', '.join(_STRUCTURED_KEYS)}",
+                              "structured_outputs")
+    if keys[0] == "json_object":
+        return Guide(GuideKind.JSON_SCHEMA, _OBJECT)
+    return _vllm(f"structured_outputs.{keys[0]}", v[keys[0]], _STRUCTURED_KEYS[keys[0]])
+
+
+def _vllm(name: str, v, kind: GuideKind | None = None) -> Guide | None:
+    """One of vLLM's guided fields: a schema (an object, or its JSON text), a regex, a list of choices
+    or a GBNF grammar."""
+    if v is None:
+        return None
+    kind = kind or _VLLM_FIELDS[name]
+    if kind is GuideKind.JSON_SCHEMA and isinstance(v, dict):
+        v = json.dumps(v)
+    elif kind is GuideKind.CHOICE:
+        if not isinstance(v, list) or not all(isinstance(s, str) for s in v):
+            raise InvalidArgument(f"'{name}' must be a list of strings", name)
+        v = json.dumps(v)
+    elif not isinstance(v, str):
+        wanted = "a JSON schema (an object)" if kind is GuideKind.JSON_SCHEMA else "a string"
+        raise InvalidArgument(f"'{name}' must be {wanted}, got {type(v).__name__}", name)
+    return _made(kind, v, name)
+
+
+def _made(kind: GuideKind, text: str, name: str) -> Guide:
+    """Guide(kind, text), its refusal naming the request's field `name`."""
+    try:
+        return Guide(kind, text)
+    except InvalidArgument as e:
+        raise InvalidArgument(str(e), name.split(".")[0]) from None

@@ -10,6 +10,7 @@ import math
 import secrets
 from dataclasses import dataclass, replace
 
+from tandem.guides import Guide
 from tandem.status import InvalidArgument
 
 MAX_STOP_STRINGS = 16
@@ -44,6 +45,7 @@ class SamplingParams:
     frequency_penalty: float = 0.0  # ... times how often it is there
     extra_eos: tuple[int, ...] = ()  # e.g. a client's end_id, on top of the model's EOS
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit), by id, each id once
+    guide: Guide | None = None  # the grammar the output follows (tandem/guides.py); None: free text
 
     def __post_init__(self) -> None:
         if not _is_int(self.max_tokens) or self.max_tokens < 1:
@@ -80,6 +82,8 @@ class SamplingParams:
             if any(not _is_int(t) or t < 0 for t in getattr(self, name)):
                 raise InvalidArgument(f"{name} must be non-negative token ids", name)
         _check_logit_bias(self.logit_bias)
+        if self.guide is not None and not isinstance(self.guide, Guide):
+            raise InvalidArgument(f"guide must be a Guide or None, got {type(self.guide).__name__}", "guide")
 
     @property
     def greedy(self) -> bool:
@@ -87,8 +91,8 @@ class SamplingParams:
 
     @property
     def edits_logits(self) -> bool:
-        """True when sampling changes the model's logits before choosing (penalties, a logit bias)."""
-        return self.penalized or bool(self.logit_bias)
+        """True when sampling changes the model's logits before choosing (penalties, a logit bias, a guide)."""
+        return self.penalized or bool(self.logit_bias) or self.guide is not None
 
     @property
     def penalized(self) -> bool:

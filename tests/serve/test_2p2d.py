@@ -4,12 +4,14 @@ dies mid-answer loses nothing: the stream resumes on the other one without repea
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import re
 import urllib.request
 
 import pytest
 
 from engine.generate import run_generation
+from tandem.guides import Guide, GuideKind
 from tandem.sampling_params import SamplingParams
 from tests.serve.clients import grpc_stream, post
 from tests.serve.kill import KillServing, worker_requests
@@ -92,6 +94,25 @@ def test_n_sampled_answers_each_resume_with_exactly_their_own_tokens(served_2p2d
         for c in e["choices"]:
             got[c["index"]] += c["text"]
     assert got == want and recoveries(served_2p2d) > before
+
+
+def test_a_guided_sampled_request_resumes_exactly_inside_its_grammar(served_2p2d, default_engine):
+    """Structured output survives a decode worker's death: the worker that takes over rebuilds the
+    grammar's state from the tokens already streamed, so the answer is exactly the uninterrupted one."""
+    prompt = "Tell me a story about a fox and a crow, as JSON."
+    schema = {"type": "object", "properties": {"title": {"type": "string", "maxLength": 40},
+                                               "story": {"type": "string", "minLength": 150, "maxLength": 300}},
+              "required": ["title", "story"], "additionalProperties": False}
+    want = run_generation(default_engine, default_engine.tokenizer.encode(prompt), SamplingParams(
+        max_tokens=160, temperature=0.8, top_p=0.95, seed=99, guide=Guide(GuideKind.JSON_SCHEMA, json.dumps(schema))))
+    assert set(json.loads(want.text)) == {"title", "story"} and len(want.token_ids) > 30
+    before, kill = recoveries(served_2p2d), KillServing(served_2p2d, "decode", at=12)
+    status, events = post(served_2p2d.http, "/v1/completions",
+                          {"prompt": prompt, "stream": True, "temperature": 0.8, "top_p": 0.95, "seed": 99,
+                           "max_tokens": 160, "guided_json": schema}, on_event=kill)
+    assert status == 200 and kill.killed
+    assert "".join(e["choices"][0]["text"] for e in events) == want.text
+    assert recoveries(served_2p2d) > before
 
 
 def recoveries(serve) -> float:

@@ -73,7 +73,7 @@ def test_openai_values_we_cannot_honour_are_refused_never_ignored(served):
         assert reply["error"]["type"] == "invalid_request_error" and reply["error"]["message"]
     chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
     tool = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
-    for extra, field in [({"response_format": {"type": "json_object"}}, "response_format"),
+    for extra, field in [({"response_format": {"type": "json_schema"}}, "response_format"),
                          ({"top_logprobs": 2}, "top_logprobs"), ({"logprobs": True, "top_logprobs": 99}, "top_logprobs"),
                          ({"logprobs": 1}, "logprobs"), ({"tools": [tool]}, "tools"),
                          ({"tool_choice": "required"}, "tool_choice"), ({"n": 65}, "n"),

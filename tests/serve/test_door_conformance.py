@@ -219,6 +219,15 @@ BAD = [
         grpc_raw={"text_input": b"\x02\x00\x00\x00\xff\xfe"}),
     Bad("a batch past the model's", 400, "INVALID_ARGUMENT", "batch size must be 1..64",
         kserve={"text_input": (["hi"] * 65, "BYTES", [65, 1]), "max_tokens": ([4] * 65, "INT32", [65, 1])}),
+    Bad("a guide that does not compile", 400, "INVALID_ARGUMENT", "regex guide does not compile",
+        {"guided_regex": "(ab"}, {"guided_decoding_guide_type": (["regex"], "BYTES"),
+                                  "guided_decoding_guide": (["(ab"], "BYTES")}),
+    Bad("a guide of an unknown type", 400, "INVALID_ARGUMENT",
+        ("response_format must be", "guided_decoding_guide_type must be one of"), {"response_format": {"type": "xml"}},
+        {"guided_decoding_guide_type": (["xml"], "BYTES"), "guided_decoding_guide": (["<a/>"], "BYTES")}),
+    Bad("a schema that is not an object", 400, "INVALID_ARGUMENT", "json_schema guide must be a JSON object",
+        {"guided_json": "[1]"}, {"guided_decoding_guide_type": (["json_schema"], "BYTES"),
+                                 "guided_decoding_guide": (["[1]"], "BYTES")}),
 ]
 
 

@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from tandem.guides import Guide, GuideKind
 from tandem.logprobs import Logprob
 from tandem.sampling_params import SamplingParams
 from tandem.status import InvalidArgument, Status, status_of
@@ -38,6 +39,18 @@ def test_logprob_reports_round_trip():
     raw["body"]["top"]["top_ids"] = ["x"]
     with pytest.raises(WireError, match="top_ids"):
         decode_reply(json.dumps(raw))
+
+
+def test_a_guide_travels_with_its_params_and_a_bad_one_is_refused():
+    params = SamplingParams(max_tokens=4, guide=Guide(GuideKind.JSON_SCHEMA, '{"type": "object"}'))
+    assert decode_request(encode_request(Open("r", [1, 2], params))).sampling == params
+    raw = json.loads(encode_request(Open("r", [1, 2], params)))
+    assert raw["body"]["sampling"]["guide"] == {"kind": "json_schema", "text": '{"type": "object"}'}
+    for bad, why in [({"kind": "xml", "text": "x"}, "not one of"), ({"kind": "json_schema", "text": "[1]"}, "object"),
+                     ({"kind": "regex"}, "needs its text")]:
+        raw["body"]["sampling"]["guide"] = bad
+        with pytest.raises(InvalidArgument, match=why):
+            decode_request(json.dumps(raw))
 
 
 def _start(**body) -> bytes:

@@ -24,6 +24,7 @@ from frontdoor.core import FrontDoor
 from frontdoor.http_body import read_object, request_timeout
 from frontdoor.openai_fields import UnknownFields
 from frontdoor.openai_logprobs import LogprobTrail
+from frontdoor.openai_tools import ToolCallShape
 from tandem.status import Internal, TandemError, status_of
 
 log = logging.getLogger("tandem.http")
@@ -63,34 +64,36 @@ class OpenAIRoutes:
         body = await read_object(request)
         rid = oa.new_id("cmpl")
         return await self._answer(request, oa.completion_request(body, self.names, rid, self.unknown), rid,
-                                  oa.completion_body, body)
+                                  oa.completion_body, body, chat=False)
 
     async def chat(self, request):
         self.service.refuse_if_closed()
         body = await read_object(request)
         rid = oa.new_id("chatcmpl")
-        return await self._answer(request, oa.chat_request(body, self.names, rid, self.unknown), rid,
-                                  oa.chat_body, body)
+        parsed = oa.chat_request(body, self.names, rid, self.unknown)
+        shape = oa.chat_body if parsed.tools is None else ToolCallShape(parsed.tools, oa.chat_body)
+        return await self._answer(request, parsed, rid, shape, body, chat=True)
 
-    def _trail(self, req, shape) -> LogprobTrail | None:
+    def _trail(self, req, chat: bool) -> LogprobTrail | None:
         """The request's logprobs reports, when it asked for them."""
         if not req.logprobs:
             return None
         tok = self.service.tokenizer
-        return LogprobTrail(shape is oa.chat_body, lambda t: tok.decode([t], skip_special_tokens=False))
+        return LogprobTrail(chat, lambda t: tok.decode([t], skip_special_tokens=False))
 
-    async def _answer(self, request, parsed: oa.Parsed, rid: str, shape, body: dict):
-        """Every answer the request asks for (its choices), collected into one reply or streamed."""
+    async def _answer(self, request, parsed: oa.Parsed, rid: str, shape, body: dict, chat: bool):
+        """Every answer the request asks for (its choices), collected into one reply or streamed. `shape`
+        makes a reply or an SSE event (None: nothing to send yet)."""
         timeout = request_timeout(request)
         reqs = [dataclasses.replace(r, timeout_s=timeout) for r in parsed.answers]
-        trails = [self._trail(r, shape) for r in reqs]
+        trails = [self._trail(r, chat) for r in reqs]
         model = self.served.served_name
         if not parsed.stream:
             answers = await self.door.collect_all(reqs, [t.add if t else None for t in trails])
             choices = [(a.text, a.finish_reason, t.take() if t else None) for a, t in zip(answers, trails)]
             usage = parsed.usage([(a.prompt_tokens, a.tokens, a.cached_tokens) for a in answers])
             return web.json_response(oa.whole_body(shape, rid, model, choices, usage))
-        events = _Events(request, rid, model, shape, body, trails, parsed)
+        events = _Events(request, rid, model, shape, body, trails, parsed, chat)
         async with contextlib.aclosing(self.door.answer_all(reqs)) as deltas:
             done = await events.send(deltas)
         if events.resp is None:  # the core yields at least the delta with the finish reason
@@ -109,9 +112,9 @@ class _Events:
     logprobs sent with the next event of its choice that carries text."""
 
     def __init__(self, request, rid: str, model: str, shape, body: dict, trails: list[LogprobTrail | None],
-                 parsed: oa.Parsed):
+                 parsed: oa.Parsed, chat: bool):
         self.request, self.rid, self.model, self.shape, self.trails = request, rid, model, shape, trails
-        self.parsed = parsed
+        self.parsed, self.chat = parsed, chat
         opts = body.get("stream_options") or {}
         self.include_usage = bool(opts.get("include_usage"))
         # vLLM's continuous_usage_stats: every chunk carries its choice's usage so far
@@ -134,10 +137,14 @@ class _Events:
                     trail.add(d)
                 if not d.text and not d.finish_reason:
                     continue
-                extra = {"first": not started[d.index]} if self.shape is oa.chat_body else {}
-                await self._sse(self.shape(self.rid, self.model, d.text, d.finish_reason,
-                                           oa.usage(*seen) if self.continuous else None, chunk=True,
-                                           logprobs=trail.take() if trail else None, index=d.index, **extra))
+                extra = {"first": not started[d.index]} if self.chat else {}
+                event = self.shape(self.rid, self.model, d.text, d.finish_reason,
+                                   oa.usage(*seen) if self.continuous else None, chunk=True, index=d.index, **extra)
+                if event is None:  # held (a tool-call list shaped whole at its end): its logprobs wait too
+                    continue
+                if trail:
+                    event["choices"][0]["logprobs"] = trail.take()
+                await self._sse(event)
                 started[d.index] = True
             if self.include_usage:
                 chunk = self.shape(self.rid, self.model, "", None, self.parsed.usage(counts), chunk=True)

@@ -8,6 +8,7 @@ import time
 from dataclasses import dataclass
 
 from engine.tokenizer import CHAT_ROLES, ChatMessage
+from frontdoor.openai_tools import ToolChoice, tool_choice
 from frontdoor.openai_fields import (CHAT_FIELDS, COMPLETION_FIELDS, MAX_ANSWERS, UnknownFields,
                                      answers_per_prompt, boolean, guide, logit_bias, number, refuse_unsupported,
                                      token_ids, tools, unknown_fields)
@@ -92,6 +93,7 @@ class Parsed:
     answers: tuple[GenerationRequest, ...]
     n: int
     stream: bool
+    tools: ToolChoice | None = None  # the answers are calls of these tools (chat: openai_tools.py)
 
     def usage(self, counts: list[tuple[int, int, int]]) -> dict:
         """The reply's usage from (prompt, completion, cached) tokens per choice: each prompt counts
@@ -100,7 +102,7 @@ class Parsed:
         return usage(sum(c[0] for c in firsts), sum(c[1] for c in counts), sum(c[2] for c in firsts))
 
 
-def _parsed(reqs: list[GenerationRequest], n: int, stream: bool) -> Parsed:
+def _parsed(reqs: list[GenerationRequest], n: int, stream: bool, tools: ToolChoice | None = None) -> Parsed:
     """`n` answers of each request. Answer j samples with the request's seed + j (mod 2**64) when it
     has one, so each choice is the answer a single request with that seed gets; without a seed each
     draws its own."""
@@ -110,7 +112,7 @@ def _parsed(reqs: list[GenerationRequest], n: int, stream: bool) -> Parsed:
     if len(reqs) * n > 1:
         reqs = [dataclasses.replace(r, request_id=f"{r.request_id}-{i * n + j}", seed=_nth_seed(r.seed, j))
                 for i, r in enumerate(reqs) for j in range(n)]
-    return Parsed(tuple(reqs), n, stream)
+    return Parsed(tuple(reqs), n, stream, tools)
 
 
 def _nth_seed(seed: int | None, j: int) -> int | None:
@@ -132,10 +134,17 @@ def chat_request(body: dict, models: tuple[str, ...], request_id: str,
                               "top_logprobs")
     if top and not want:
         raise InvalidArgument("'top_logprobs' needs \"logprobs\": true", "top_logprobs")
-    req = GenerationRequest(request_id=request_id, messages=messages_of(body), tools=tools(body), logprobs=want,
+    shown = tools(body)
+    calls = tool_choice(body, shown)
+    if calls is not None:
+        if common["guide"] is not None:
+            raise InvalidArgument("a tool call is already structured output: send tool_choice or response_format "
+                                  "(or a guided_* field), not both", "tool_choice")
+        common["guide"] = calls.guide
+    req = GenerationRequest(request_id=request_id, messages=messages_of(body), tools=shown, logprobs=want,
                             top_logprobs=top, add_generation_prompt=boolean(body, "add_generation_prompt", True),
                             continue_final_message=boolean(body, "continue_final_message"), **common)
-    return _parsed([req], answers_per_prompt(body), boolean(body, "stream"))
+    return _parsed([req], answers_per_prompt(body), boolean(body, "stream"), calls)
 
 
 def messages_of(body: dict) -> tuple[ChatMessage, ...]:

@@ -2,8 +2,8 @@
 
 Three kinds, as vLLM treats them: *honoured* fields change the answer; *accepted* fields are read and
 ignored (bookkeeping such as `user` or `store`, which change nothing about the tokens); *refused* values
-are ones we cannot honour (e.g. tool calls): a 400 naming the field and what is allowed, never a
-silent wrong answer. A field this door has never heard of is accepted and ignored like vLLM does, and
+are ones we cannot honour (e.g. `suffix`, or tool_choice "auto": openai_tools.py): a 400 naming the field
+and what is allowed, never a silent wrong answer. A field this door has never heard of is accepted and ignored like vLLM does, and
 named in one warning per field name for the life of the server (`UnknownFields`).
 """
 
@@ -61,13 +61,9 @@ def refuse_unsupported(body: dict) -> None:
     if body.get("suffix") not in (None, ""):
         raise InvalidArgument("suffix (insertion) is not supported; send the text to complete as the prompt",
                               "suffix")
-    if body.get("tools") not in (None, []) and body.get("tool_choice") != "none":
-        raise InvalidArgument("tool calling is not supported by this server: send tools only with "
-                              "tool_choice \"none\" (the chat template sees them; the answer is text)", "tools")
     if body.get("functions") not in (None, []):
-        raise InvalidArgument("functions (tool calling) is not supported; send the request without them", "functions")
-    if body.get("tool_choice") not in (None, "none", "auto"):
-        raise InvalidArgument("tool_choice must be \"none\" or \"auto\" (there are no tools here)", "tool_choice")
+        raise InvalidArgument("functions (the deprecated tool calling) is not supported; send 'tools' with "
+                              "tool_choice \"required\" or a named function", "functions")
     if body.get("function_call") not in (None, "none", "auto"):
         raise InvalidArgument("function_call must be \"none\" or \"auto\" (there are no functions here)",
                               "function_call")
@@ -109,7 +105,7 @@ def number(body: dict, key: str, default, kind=float):
 
 
 def tools(body: dict) -> tuple[dict, ...]:
-    """The tool definitions to show the chat template (refuse_unsupported allowed them: tool_choice none)."""
+    """The tool definitions, shown to the chat template (openai_tools.py reads what they may be called with)."""
     v = body.get("tools") or []
     if not isinstance(v, list) or not all(isinstance(t, dict) for t in v):
         raise InvalidArgument("'tools' must be a list of tool objects", "tools")

@@ -75,7 +75,7 @@ def test_openai_values_we_cannot_honour_are_refused_never_ignored(served):
     tool = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
     for extra, field in [({"response_format": {"type": "json_schema"}}, "response_format"),
                          ({"top_logprobs": 2}, "top_logprobs"), ({"logprobs": True, "top_logprobs": 99}, "top_logprobs"),
-                         ({"logprobs": 1}, "logprobs"), ({"tools": [tool]}, "tools"),
+                         ({"logprobs": 1}, "logprobs"), ({"tools": [tool]}, "tool_choice"),
                          ({"tool_choice": "required"}, "tool_choice"), ({"n": 65}, "n"),
                          ({"n": 2, "best_of": 3}, "best_of")]:
         status, reply = post(served.http, "/v1/chat/completions", chat | extra)

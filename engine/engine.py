@@ -29,7 +29,7 @@ from engine.config import ModelConfig
 from engine.cpu_kernels import attention as cpu_attention
 from engine.cuda_graphs import DecodeGraphs
 from engine.errors import InvalidRequest
-from engine.guided import guides_for
+from engine.guided import guides_for, masks
 from engine.kv_pool import TORCH_DTYPES, KVCache
 from engine.page_allocator import PageAllocator
 from engine.model import LlamaModel
@@ -267,9 +267,10 @@ class Engine:
         """logits: [B, V] -> each sequence's next token, appended; the logprob when asked (the report
         with alternatives stays on the sequence: Sequence.last_logprob)."""
         history = [s.all_ids if s.params.penalized else [] for s in seqs]
-        allowed = [s.guide.allowed() if s.guide is not None else None for s in seqs]
+        rows = [i for i, s in enumerate(seqs) if s.guide is not None]
+        guided = (rows, torch.from_numpy(masks([seqs[i].guide for i in rows], self.cfg.vocab_size))) if rows else None
         tokens, reports = sample(logits, [s.params for s in seqs], [len(s.output_ids) for s in seqs],
-                                 [s.banned_ids() for s in seqs], history, allowed)
+                                 [s.banned_ids() for s in seqs], history, guided)
         outs = []
         for s, t, r in zip(seqs, tokens, reports):
             s.append(t, r)

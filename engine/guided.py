@@ -4,7 +4,7 @@ says which tokens may come next (llguidance's grammar matcher over the tokenizer
 The state is a pure function of the guide and the tokens generated so far, so it is never sent
 anywhere: the prefill worker builds it to sample the first token, the decode worker builds it again
 and replays that token, and a worker that resumes a request replays every token already streamed.
-Torch-free: the orchestrator checks guides with it; the sampler turns `GuideState.allowed` into a mask.
+Torch-free: the orchestrator checks guides with it; `masks` says, for a batch, which tokens may come next.
 llguidance is imported on the first guide, so an engine without it (the device check's) serves the rest.
 """
 
@@ -13,6 +13,8 @@ from __future__ import annotations
 import functools
 import json
 import threading
+
+import numpy as np
 
 from engine.errors import EngineError, InvalidRequest
 from tandem.guides import Guide, GuideKind
@@ -30,10 +32,6 @@ class GuideState:
         """`matcher`: an llguidance.LLMatcher."""
         self._m = matcher
 
-    def allowed(self) -> bytes:
-        """One byte per vocabulary token: 0 where the token may not come next, non-zero where it may."""
-        return self._m.compute_logit_bias()
-
     def advance(self, token: int) -> None:
         """Record a generated token; one the grammar does not allow is the caller's bug (EngineError)."""
         if not self._m.consume_token(token):
@@ -43,6 +41,21 @@ class GuideState:
     def finished(self) -> bool:
         """The grammar is complete: nothing but an end token may follow."""
         return self._m.is_stopped()
+
+
+def masks(states: list[GuideState], vocab_size: int) -> np.ndarray:
+    """[G, vocab_size] uint8: 1 where state g allows token t next, 0 where it does not. The states'
+    masks are computed in one call on llguidance's threads (the GIL released), not one by one."""
+    from llguidance.numpy import fill_next_token_bitmask_par
+    bits = np.full((len(states), (vocab_size + 31) // 32), -1, dtype=np.int32)  # [G, W]: bit t of word t // 32
+    fill_next_token_bitmask_par(_executor(), [(s._m, g) for g, s in enumerate(states)], bits)
+    return np.unpackbits(bits.view(np.uint8), axis=1, count=vocab_size, bitorder="little")
+
+
+@functools.cache
+def _executor():
+    import llguidance
+    return llguidance.LLExecutor()
 
 
 class Guides:

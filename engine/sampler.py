@@ -30,15 +30,15 @@ def _generator(seed: int, step: int, device: torch.device) -> torch.Generator:
 @torch.inference_mode()
 def sample(logits: torch.Tensor, params: list[SamplingParams], steps: list[int],
            banned: list[tuple[int, ...]], history: list[list[int]] | None = None,
-           allowed: list[bytes | None] | None = None) -> tuple[list[int], list[Logprob | None]]:
+           guided: tuple[list[int], torch.Tensor] | None = None) -> tuple[list[int], list[Logprob | None]]:
     """logits: [B, V] -> one token id per row, and a Logprob for each row whose params ask for them.
 
     `steps[i]` is how many tokens row i has generated so far (the counter for its random draw);
     `banned[i]` are token ids row i may not produce yet (EOS before min_tokens); `history[i]` are row
     i's tokens so far (prompt + output; its last steps[i] are the output), needed only by rows with a
-    repetition, presence or frequency penalty; `allowed[i]`, for a row with a guide, has one byte per
-    vocabulary token, 0 where the guide forbids it (a ban that would leave the row nothing is dropped:
-    the guide wins over min_tokens).
+    repetition, presence or frequency penalty; `guided` = (rows, masks [G, V] uint8): row rows[g] may
+    produce only the tokens where masks[g] is 1 (its guide's grammar: engine/guided.py; a ban that
+    would leave the row nothing is dropped there: the guide wins over min_tokens).
     """
     raw = logits.float()  # [B, V]
     edited = any(p.edits_logits for p in params)
@@ -51,10 +51,11 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], steps: list[int],
             _subtract(logits[i], output, p.presence_penalty, p.frequency_penalty)
         if p.logit_bias:
             _bias(logits[i], p.logit_bias)
+    rows = guided[0] if guided is not None else []
+    if rows:
+        _follow(logits, rows, guided[1].to(logits.device, torch.bool), banned)
     for i, ban in enumerate(banned):
-        if allowed is not None and allowed[i] is not None:
-            _follow(logits[i], allowed[i], ban)
-        elif ban:
+        if ban and i not in rows:
             logits[i, list(ban)] = float("-inf")
     # the first maximum of each row, as argmax; max's indices are 2.5-3x faster on CPU (32 x 49152 fp32,
     # 2 threads: 0.41 against 1.09 ms)
@@ -103,16 +104,16 @@ def _bias(row: torch.Tensor, bias: tuple[tuple[int, float], ...]) -> None:
     row[ids] += torch.tensor([b for _, b in bias], dtype=row.dtype, device=row.device)  # [K]
 
 
-def _follow(row: torch.Tensor, allowed: bytes, ban: tuple[int, ...]) -> None:
-    """row: [V] logits, changed in place: -inf wherever `allowed` (one byte per token) is 0 or `ban`
-    names the token, unless that would leave no token at all (then only the guide's mask applies)."""
-    ok = torch.frombuffer(bytearray(allowed), dtype=torch.uint8).to(row.device, torch.bool)  # [V]
-    if ban:
-        keep = ok.clone()
-        keep[list(ban)] = False
-        if keep.any():
-            ok = keep
-    row.masked_fill_(~ok, float("-inf"))
+def _follow(logits: torch.Tensor, rows: list[int], ok: torch.Tensor, banned: list[tuple[int, ...]]) -> None:
+    """logits: [B, V], changed in place: -inf in row rows[g] wherever ok[g] ([G, V] bool) is False or
+    the row's ban names the token, unless that would leave the row no token (then only ok[g] applies)."""
+    for g, i in enumerate(rows):
+        if banned[i]:
+            keep = ok[g].clone()
+            keep[list(banned[i])] = False
+            if keep.any():
+                ok[g] = keep
+    logits[rows] = logits[rows].masked_fill(~ok, float("-inf"))
 
 
 def _sample_row(row: torch.Tensor, p: SamplingParams, step: int) -> int:

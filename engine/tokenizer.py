@@ -24,6 +24,17 @@ CHAT_ROLES = ("system", "user", "assistant", "tool")
 class ChatMessage:
     role: str
     content: str
+    tool_calls: tuple[dict, ...] = ()  # an assistant's calls, OpenAI's shape: {"id", "type", "function": {...}}
+    tool_call_id: str | None = None  # a tool message: the call it answers
+
+    def for_template(self) -> dict:
+        """The message as chat templates read it (Hugging Face's keys; tool fields only when set)."""
+        out = {"role": self.role, "content": self.content}
+        if self.tool_calls:
+            out["tool_calls"] = [dict(c) for c in self.tool_calls]
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        return out
 
 
 class Tokenizer:
@@ -84,7 +95,7 @@ class Tokenizer:
                 raise InvalidRequest(f"unknown chat role {m.role!r}; allowed: {', '.join(CHAT_ROLES)}")
         template = self._env.from_string(self.chat_template)
         text = template.render(
-            messages=[{"role": m.role, "content": m.content} for m in messages],
+            messages=[m.for_template() for m in messages],
             add_generation_prompt=add_generation_prompt, tools=tools or None,
             bos_token=self.bos_token or "", eos_token=self.eos_token or "")
         if not continue_final:

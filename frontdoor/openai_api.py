@@ -165,7 +165,19 @@ def _message(i: int, m) -> ChatMessage:
         content = "".join(p.get("text", "") for p in content)
     if not isinstance(content, str):
         raise InvalidArgument(f"messages[{i}].content must be a string", "messages")
-    return ChatMessage(m["role"], content)
+    calls = m.get("tool_calls") or []
+    if not isinstance(calls, list) or not all(_is_call(c) for c in calls) or (calls and m["role"] != "assistant"):
+        raise InvalidArgument(f"messages[{i}].tool_calls must be an assistant's list of {{\"id\", \"type\": "
+                              f"\"function\", \"function\": {{\"name\", \"arguments\": a JSON string}}}}", "messages")
+    call_id = m.get("tool_call_id")
+    if call_id is not None and not isinstance(call_id, str):
+        raise InvalidArgument(f"messages[{i}].tool_call_id must be a string", "messages")
+    return ChatMessage(m["role"], content, tuple(calls), call_id)
+
+
+def _is_call(c) -> bool:
+    fn = c.get("function") if isinstance(c, dict) else None
+    return isinstance(fn, dict) and isinstance(fn.get("name"), str) and isinstance(fn.get("arguments"), str)
 
 
 def unknown_model(name, served_name: str) -> NotFound:

@@ -77,3 +77,17 @@ def test_serve_stops_on_an_unknown_template_with_one_clear_error(tmp_path, token
         front_door_tokenizer(str(tmp_path), dep)
     named = load_deployment(None, {"front_door.chat_template": "default"})
     assert front_door_tokenizer(str(tmp_path), named).render_chat(HELLO) == "D"
+
+
+def test_a_tool_calling_conversation_reaches_the_template_with_its_calls(tmp_path, tokenizer_json):
+    """An assistant's tool_calls and a tool message's tool_call_id are given to the template under
+    Hugging Face's keys, and only when the message has them."""
+    tok = Tokenizer(folder(tmp_path, tokenizer_json, jinja=(
+        "{% for m in messages %}[{{ m.role }}]{{ m.content }}"
+        "{% for c in m.tool_calls or [] %}<{{ c.id }} {{ c.function.name }}{{ c.function.arguments }}>{% endfor %}"
+        "{% if m.tool_call_id is defined %}<for {{ m.tool_call_id }}>{% endif %}{% endfor %}")))
+    call = {"id": "call_1", "type": "function", "function": {"name": "get_time", "arguments": '{"zone": "CET"}'}}
+    chat = [ChatMessage("user", "time?"), ChatMessage("assistant", "", (call,)),
+            ChatMessage("tool", "12:00", tool_call_id="call_1")]
+    assert tok.render_chat(chat, add_generation_prompt=False) == \
+        '[user]time?[assistant]<call_1 get_time{"zone": "CET"}>[tool]12:00<for call_1>'

@@ -102,3 +102,18 @@ def test_tool_choice_none_answers_text_with_the_tools_shown(openai_client):
     got = openai_client.chat.completions.create(model=MODEL, messages=ASK, tools=[WEATHER], tool_choice="none",
                                                 max_tokens=8, temperature=0)
     assert got.choices[0].message.content and not got.choices[0].message.tool_calls
+
+
+def test_a_conversation_that_used_a_tool_is_accepted_and_a_malformed_call_is_a_400(served):
+    call = {"id": "call_1", "type": "function", "function": {"name": "get_weather",
+                                                             "arguments": '{"city": "Paris", "unit": "celsius"}'}}
+    history = ASK + [{"role": "assistant", "content": None, "tool_calls": [call]},
+                     {"role": "tool", "tool_call_id": "call_1", "content": "18 degrees, sunny"}]
+    status, body, _ = http(served.http, "/v1/chat/completions", {"messages": history, "max_tokens": 8,
+                                                                 "tools": [WEATHER], "tool_choice": "none"})
+    assert status == 200 and body["choices"][0]["message"]["content"], body
+    for bad in ([{"role": "assistant", "content": None, "tool_calls": [{"id": "c", "function": {"name": "f"}}]}],
+                [{"role": "user", "content": "x", "tool_calls": [call]}],
+                [{"role": "tool", "content": "x", "tool_call_id": 5}]):
+        status, body, _ = http(served.http, "/v1/chat/completions", {"messages": ASK + bad, "max_tokens": 4})
+        assert status == 400 and body["error"]["param"] == "messages", body

@@ -49,6 +49,7 @@ class GenerationRequest:
     stop_token_ids: tuple[int, ...] = ()
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias): SamplingParams.logit_bias
     guide: Guide | None = None  # structured output: the grammar the answer follows (tandem/guides.py)
+    bad_words: tuple[str, ...] = ()  # texts the answer never contains, each tokenized as it is given
     exclude_input: bool = True  # False: non-streamed text also repeats the prompt (Triton ensemble default)
     skip_special_tokens: bool = True  # False: the answer's text keeps special tokens (vLLM's field)
     include_stop_str_in_output: bool = False  # True: the text ends with the stop string that ended it (vLLM's)
@@ -115,12 +116,20 @@ def prepare(req: GenerationRequest, tokenizer: Tokenizer, limits: Limits) -> Pre
                             presence_penalty=float(req.presence_penalty),
                             frequency_penalty=float(req.frequency_penalty),
                             stop_token_ids=tuple(req.stop_token_ids), logit_bias=tuple(req.logit_bias), guide=req.guide,
+                            bad_words=_bad_words(req.bad_words, tokenizer),
                             extra_eos=(req.end_id,) if req.end_id is not None else ()).with_seed()
     limits.check_ids([t for t, _ in params.logit_bias], "logit_bias")
     if params.guide is not None:  # compiled here once, so a bad schema is the client's 400, never a worker's fault
         guides_for(tokenizer.file, limits.vocab_size, tuple(sorted(limits.end_ids))).check(params.guide)
     ends = () if params.ignore_eos else (*limits.end_ids, *params.extra_eos)
     return Prepared(req, ids, params, frozenset((*ends, *params.stop_token_ids)))
+
+
+def _bad_words(words: tuple[str, ...], tokenizer: Tokenizer) -> tuple[tuple[int, ...], ...]:
+    """Each bad word's token ids, as the tokenizer writes the text alone (no special tokens), once each."""
+    if not all(isinstance(w, str) and w for w in words):
+        raise InvalidArgument("bad_words must be non-empty strings", "bad_words")
+    return tuple(dict.fromkeys(tuple(tokenizer.encode(w, add_special_tokens=False)) for w in words))
 
 
 def _prompt_ids(req: GenerationRequest, tokenizer: Tokenizer, limits: Limits) -> list[int]:

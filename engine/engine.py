@@ -113,7 +113,8 @@ class Engine:
                 f"{self.max_context}; ask for at most {self.max_context - len(prompt_ids)} tokens")
         if len(output_ids) >= params.max_tokens:
             raise InvalidRequest(f"{len(output_ids)} tokens already generated; max_tokens is {params.max_tokens}")
-        bad = [t for t in list(prompt_ids) + list(output_ids) if not 0 <= t < self.cfg.vocab_size]
+        bad = [t for t in [*prompt_ids, *output_ids, *(t for w in params.bad_words for t in w)]
+               if not 0 <= t < self.cfg.vocab_size]
         if bad:
             raise InvalidRequest(f"token ids must be in [0, {self.cfg.vocab_size}); got {bad[:5]}")
         seq = Sequence(request_id, list(prompt_ids), params.with_seed(), self.eos_ids | set(params.extra_eos),

@@ -6,9 +6,10 @@ request can move between processes (prefill samples token 0, decode the rest) wi
 but its seed and its tokens so far (the repetition penalty reads them; both roles hold them).
 
 The logits are edited in this order: repetition penalty, presence and frequency penalties, logit
-bias, the guide's mask (structured output: engine/guided.py), bans; greedy rows then take the first maximum, others sample after temperature, min-p, top-k
-and top-p. Reported logprobs are the model's own distribution (log-softmax of the raw logits, before
-penalties, bias, bans, temperature or truncation), as vLLM reports them by default.
+bias, the guide's mask (structured output: engine/guided.py), bans; greedy rows then take the first
+maximum, others sample after temperature, min-p, top-k and top-p. Reported logprobs are the model's
+own distribution (log-softmax of the raw logits, before penalties, bias, mask, bans, temperature or
+truncation), as vLLM reports them by default.
 """
 
 from __future__ import annotations

@@ -70,10 +70,14 @@ class Sequence:
         return self.last_logprob if self.last_logprob is not None and self.last_logprob.top_ids else None
 
     def banned_ids(self) -> tuple[int, ...]:
-        """Tokens that may not be sampled now: stop tokens before min_tokens outputs exist."""
-        if len(self.output_ids) >= self.params.min_tokens:
-            return ()
-        return tuple(sorted(self.eos_ids | set(self.params.stop_token_ids)))
+        """Tokens that may not be sampled now: stop tokens before min_tokens outputs exist, and the last
+        token of each bad word whose other tokens the output ends with (a one-token word: always)."""
+        out = self.output_ids
+        ban = {w[-1] for w in self.params.bad_words if len(w) == 1 or (len(w) - 1 <= len(out) and
+                                                                        tuple(out[len(out) - len(w) + 1:]) == w[:-1])}
+        if len(out) < self.params.min_tokens:
+            ban |= self.eos_ids | set(self.params.stop_token_ids)
+        return tuple(sorted(ban))
 
     def append(self, token: int, logprob: float | Logprob | None) -> None:
         """Record one generated token and decide whether the request is finished."""

@@ -4,7 +4,8 @@ Existing Triton LLM clients (and genai-perf / perf_analyzer) send `text_input` a
 optional sampling inputs, shaped [batch, 1] because the model has a batch dimension. Streamed
 responses carry only the new text in `text_output`. Inputs we accept only at their neutral value
 (e.g. beam_width 1, length_penalty 1) are refused otherwise, with the reason; the repetition, presence
-and frequency penalties are honoured (the same rules as the OpenAI door's).
+and frequency penalties, `bad_words` and guided decoding are honoured (the same rules as the OpenAI
+door's; a bad word is tokenized as it is sent, as TensorRT-LLM's preprocessing does).
 """
 
 from __future__ import annotations
@@ -108,8 +109,6 @@ def parse_requests(inputs: dict[str, tuple[str, np.ndarray]], request_id: str) -
         for name, neutral in _NEUTRAL.items():
             if name in row and row[name] != neutral:
                 raise InvalidArgument(f"{name}={row[name]!r} is not supported; only {neutral!r}")
-        if row.get("bad_words") and any(w for w in row["bad_words"]):
-            raise InvalidArgument("bad_words is not supported; send an empty list")
         prompt = _text(row, "text_input")
         seed = row.get("seed", row.get("random_seed"))
         out.append(GenerationRequest(
@@ -117,13 +116,17 @@ def parse_requests(inputs: dict[str, tuple[str, np.ndarray]], request_id: str) -
             max_tokens=row["max_tokens"], temperature=row.get("temperature", 0.0), top_k=row.get("top_k", 0),
             top_p=row.get("top_p", 1.0), seed=int(seed) if seed is not None else None,
             min_tokens=row.get("min_tokens", row.get("min_length", 0)),
-            stop=tuple(w.decode("utf-8", "replace") if isinstance(w, bytes) else str(w)
-                       for w in row.get("stop_words", []) if w),
+            stop=_words(row, "stop_words"), bad_words=_words(row, "bad_words"),
             end_id=row.get("end_id"), logprobs=bool(row.get("return_log_probs", False)),
             repetition_penalty=row.get("repetition_penalty", 1.0),
             presence_penalty=row.get("presence_penalty", 0.0), frequency_penalty=row.get("frequency_penalty", 0.0),
             exclude_input=bool(row.get("exclude_input_in_output", False)) or stream, guide=_guide(row)))
     return out, stream
+
+
+def _words(row: dict, name: str) -> tuple[str, ...]:
+    """A [-1] BYTES input of words (stop_words, bad_words), empty entries left out."""
+    return tuple(w.decode("utf-8", "replace") if isinstance(w, bytes) else str(w) for w in row.get(name, []) if w)
 
 
 def _text(row: dict, name: str) -> str:

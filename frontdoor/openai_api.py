@@ -8,10 +8,10 @@ import time
 from dataclasses import dataclass
 
 from engine.tokenizer import CHAT_ROLES, ChatMessage
-from frontdoor.openai_tools import ToolChoice, tool_choice
 from frontdoor.openai_fields import (CHAT_FIELDS, COMPLETION_FIELDS, MAX_ANSWERS, UnknownFields,
-                                     answers_per_prompt, boolean, guide, logit_bias, number, refuse_unsupported,
-                                     token_ids, tools, unknown_fields)
+                                     answers_per_prompt, bad_words, boolean, guide, logit_bias, number,
+                                     refuse_unsupported, token_ids, tools, unknown_fields)
+from frontdoor.openai_tools import ToolChoice, tool_choice
 from control.requests import GenerationRequest
 from tandem.request_context import current_id
 from tandem.sampling_params import MAX_SEED, MAX_TOP_LOGPROBS
@@ -47,7 +47,8 @@ def _common(body: dict, allowed: set[str], models: tuple[str, ...], max_tokens_d
                 min_tokens=number(body, "min_tokens", 0, int), stop=tuple(stop), seed=number(body, "seed", None, int),
                 stop_token_ids=token_ids(body, "stop_token_ids"), ignore_eos=boolean(body, "ignore_eos"),
                 logit_bias=logit_bias(body), skip_special_tokens=boolean(body, "skip_special_tokens", True),
-                include_stop_str_in_output=boolean(body, "include_stop_str_in_output"), guide=guide(body))
+                include_stop_str_in_output=boolean(body, "include_stop_str_in_output"), guide=guide(body),
+                bad_words=bad_words(body))
 
 
 def completion_request(body: dict, models: tuple[str, ...], request_id: str,

@@ -3,8 +3,9 @@
 Three kinds, as vLLM treats them: *honoured* fields change the answer; *accepted* fields are read and
 ignored (bookkeeping such as `user` or `store`, which change nothing about the tokens); *refused* values
 are ones we cannot honour (e.g. `suffix`, or tool_choice "auto": openai_tools.py): a 400 naming the field
-and what is allowed, never a silent wrong answer. A field this door has never heard of is accepted and ignored like vLLM does, and
-named in one warning per field name for the life of the server (`UnknownFields`).
+and what is allowed, never a silent wrong answer. A field this door has never heard of is accepted and
+ignored like vLLM does, and named in one warning per field name for the life of the server
+(`UnknownFields`).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ _OBJECT = json.dumps({"type": "object"})
 _SAMPLING = {"model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "stream",
              "stream_options", "stop", "stop_token_ids", "ignore_eos", "seed", "n", "min_tokens",
              "presence_penalty", "frequency_penalty", "logprobs", "logit_bias", "best_of", "skip_special_tokens",
-             "include_stop_str_in_output", *GUIDE_FIELDS}
+             "include_stop_str_in_output", "bad_words", *GUIDE_FIELDS}
 _BOOKKEEPING = {"user", "metadata", "store", "service_tier"}  # accepted, ignored: they change no token
 COMPLETION_FIELDS = _SAMPLING | _BOOKKEEPING | {"prompt", "echo", "suffix"}
 CHAT_FIELDS = _SAMPLING | _BOOKKEEPING | {"messages", "max_completion_tokens", "top_logprobs",
@@ -122,6 +123,17 @@ def logit_bias(body: dict) -> tuple[tuple[int, float], ...]:
         raise InvalidArgument(f"'logit_bias' must map token ids (as strings, e.g. \"50256\") to numbers in "
                               f"[-100, 100], got {v!r}"[:300], "logit_bias")
     return tuple(sorted((int(k), b) for k, b in v.items()))
+
+
+def bad_words(body: dict) -> tuple[str, ...]:
+    """vLLM's `bad_words`: texts the answer never contains, each banned as written alone and after a
+    space (its token ids differ at the start of a text and inside one)."""
+    v = body.get("bad_words")
+    if v is None:
+        return ()
+    if not isinstance(v, list) or not all(isinstance(w, str) and w.strip() for w in v):
+        raise InvalidArgument(f"'bad_words' must be a list of non-empty strings, got {v!r}"[:300], "bad_words")
+    return tuple(dict.fromkeys(form for w in v for form in (w.lstrip(), " " + w.lstrip())))
 
 
 def token_ids(body: dict, key: str) -> tuple[int, ...]:

@@ -17,6 +17,8 @@ MAX_STOP_STRINGS = 16
 MAX_SEED = 2**64
 MAX_TOP_LOGPROBS = 20  # alternatives per position, as OpenAI allows
 MAX_LOGIT_BIAS = 1024  # tokens one request may bias: the sampler adds each to its logit at every step
+MAX_BAD_WORDS = 64  # token sequences one request may ban (engine/sequence.py checks each at every step)
+MAX_BAD_WORD_TOKENS = 16
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,8 @@ class SamplingParams:
     extra_eos: tuple[int, ...] = ()  # e.g. a client's end_id, on top of the model's EOS
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit), by id, each id once
     guide: Guide | None = None  # the grammar the output follows (tandem/guides.py); None: free text
+    bad_words: tuple[tuple[int, ...], ...] = ()  # token sequences the output never contains (their last token
+    # is banned where the output ends with the rest)
 
     def __post_init__(self) -> None:
         if not _is_int(self.max_tokens) or self.max_tokens < 1:
@@ -82,6 +86,7 @@ class SamplingParams:
             if any(not _is_int(t) or t < 0 for t in getattr(self, name)):
                 raise InvalidArgument(f"{name} must be non-negative token ids", name)
         _check_logit_bias(self.logit_bias)
+        _check_bad_words(self.bad_words)
         if self.guide is not None and not isinstance(self.guide, Guide):
             raise InvalidArgument(f"guide must be a Guide or None, got {type(self.guide).__name__}", "guide")
 
@@ -116,6 +121,15 @@ def _check_logit_bias(bias) -> None:
             raise InvalidArgument(f"logit_bias for token {pair[0]} must be a number in [-100, 100], got {pair[1]!r}",
                                   "logit_bias")
         last = pair[0]
+
+
+def _check_bad_words(words) -> None:
+    """At most MAX_BAD_WORDS token sequences of 1..MAX_BAD_WORD_TOKENS non-negative ids."""
+    ok = len(words) <= MAX_BAD_WORDS and all(1 <= len(w) <= MAX_BAD_WORD_TOKENS and all(_is_int(t) and t >= 0 for t in w)
+                                             for w in words)
+    if not ok:
+        raise InvalidArgument(f"bad_words takes at most {MAX_BAD_WORDS} words of 1..{MAX_BAD_WORD_TOKENS} tokens each",
+                              "bad_words")
 
 
 def _is_int(v) -> bool:

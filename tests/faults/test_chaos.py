@@ -86,6 +86,7 @@ def test_1p1d_kill_of_either_worker_hangs_nothing_and_heals(one_by_one, referenc
         assert scenario["wrong"] == 0 and scenario["recovered"], scenario
         assert scenario["longest_s"] < 120  # no hang: the deadline bounds every request
     assert doc["pages_in_use_at_end"] == 0
+    assert doc["overall"]["checked_structured"] > 0  # sampled JSON-schema answers were checked exactly too
     restarted = [m[1] for e in worker_events(one_by_one) if (m := re.search(r"worker (\S+) is back at", e))]
     assert sorted(restarted) == ["decode-0", "prefill-0"], worker_events(one_by_one)  # one restart per kill
 

@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from engine.tokenizer import Tokenizer
 from control.admission import Admission
 from control.serving_path import ServingPath
-from control.requests import GenerationRequest, Limits, Prepared, prepare
+from control.requests import GenerationRequest, Limits, Prepared, guides, prepare
 from tandem.modes import Mode
 from tandem.status import TandemError, Unavailable, status_of
 from tandem.tracing import NO_SPAN, NOOP, Span, Tracer
@@ -30,6 +30,7 @@ class Orchestrator:
         `tracer`: where the requests' spans go (tandem/tracing.py; NOOP: tracing off)."""
         self.tracer = tracer
         self.path, self.tokenizer, self.limits, self.metrics = path, tokenizer, limits, metrics
+        guides(tokenizer, limits).warm()  # here, not on the first guided request's preparation
         self.admission = admission or Admission()
         self.timeout_s, self.mode = timeout_s, mode
         self.draining = False

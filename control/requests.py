@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine.guided import guides_for
+from engine.guided import Guides, guides_for
 from engine.tokenizer import ChatMessage, Tokenizer
 from tandem.guides import Guide
 from tandem.sampling_params import SamplingParams
@@ -120,9 +120,14 @@ def prepare(req: GenerationRequest, tokenizer: Tokenizer, limits: Limits) -> Pre
                             extra_eos=(req.end_id,) if req.end_id is not None else ()).with_seed()
     limits.check_ids([t for t, _ in params.logit_bias], "logit_bias")
     if params.guide is not None:  # compiled here once, so a bad schema is the client's 400, never a worker's fault
-        guides_for(tokenizer.file, limits.vocab_size, tuple(sorted(limits.end_ids))).check(params.guide)
+        guides(tokenizer, limits).check(params.guide)
     ends = () if params.ignore_eos else (*limits.end_ids, *params.extra_eos)
     return Prepared(req, ids, params, frozenset((*ends, *params.stop_token_ids)))
+
+
+def guides(tokenizer: Tokenizer, limits: Limits) -> Guides:
+    """The guide compiler of this model's tokenizer and vocabulary (engine/guided.py), one per process."""
+    return guides_for(tokenizer.file, limits.vocab_size, tuple(sorted(limits.end_ids)))
 
 
 def _bad_words(words: tuple[str, ...], tokenizer: Tokenizer) -> tuple[tuple[int, ...], ...]:

@@ -64,6 +64,8 @@ class Engine:
         if cache is not None:
             self._use_pool(cache, prefix_cache)
         self.eos_ids = tokenizer.end_ids(self.cfg.eos_token_ids)
+        self.guides = guides_for(tokenizer.file, self.cfg.vocab_size, tuple(sorted(self.eos_ids)))
+        self.guides.warm()
 
     def attach_pool(self, num_pages: int, prefix_cache: bool = True, shared: bool = False) -> None:
         """Give an engine loaded without a KV pool (a prefill worker) a local one of num_pages pages;
@@ -120,7 +122,7 @@ class Engine:
         seq = Sequence(request_id, list(prompt_ids), params.with_seed(), self.eos_ids | set(params.extra_eos),
                        self.max_context, output_ids=list(output_ids))
         seq.attach_text(self.tokenizer)
-        seq.attach_guide(guides_for(self.tokenizer.file, self.cfg.vocab_size, tuple(sorted(self.eos_ids))))
+        seq.attach_guide(self.guides)
         return seq
 
     def can_admit(self, seq: Sequence) -> bool:

@@ -67,6 +67,14 @@ class Guides:
         self._lock = threading.Lock()
         self._tok = None  # llguidance.LLTokenizer, built on the first guide
 
+    def warm(self) -> None:
+        """Build the grammar tokenizer now, where a process starts: the build holds the GIL (~0.3 s), and
+        on the first guided request it would stall a serving loop. Nothing without llguidance installed."""
+        try:
+            self._tokenizer()
+        except ImportError:
+            pass
+
     def check(self, guide: Guide) -> None:
         """InvalidRequest (naming `guide`) when the schema, regex, grammar or choices do not compile."""
         import llguidance

@@ -65,14 +65,16 @@ class Guides:
     def __init__(self, tokenizer_file: str, vocab_size: int, end_ids):
         self._file, self.vocab_size, self._ends = tokenizer_file, vocab_size, sorted(end_ids)
         self._lock = threading.Lock()
-        self._tok = None  # llguidance.LLTokenizer, built on the first guide
+        self._tok = None  # llguidance.LLTokenizer, built by warm() or on the first guide
+        self._error: str | None = None  # why it cannot be built, once tried
 
     def warm(self) -> None:
         """Build the grammar tokenizer now, where a process starts: the build holds the GIL (~0.3 s), and
-        on the first guided request it would stall a serving loop. Nothing without llguidance installed."""
+        on the first guided request it would stall a serving loop. Nothing without llguidance installed
+        or with a tokenizer it cannot read (guided requests then say why)."""
         try:
             self._tokenizer()
-        except ImportError:
+        except (ImportError, InvalidRequest):
             pass
 
     def check(self, guide: Guide) -> None:
@@ -94,10 +96,17 @@ class Guides:
         return state
 
     def _tokenizer(self):
+        """llguidance's view of the tokenizer, built once; InvalidRequest (once known, at once) when it
+        cannot read this tokenizer (e.g. a vocabulary larger than the model's)."""
         import llguidance
         with self._lock:
-            if self._tok is None:
-                self._tok = llguidance.LLTokenizer(self._file, n_vocab=self.vocab_size, eos_token=self._ends)
+            if self._tok is None and self._error is None:
+                try:
+                    self._tok = llguidance.LLTokenizer(self._file, n_vocab=self.vocab_size, eos_token=self._ends)
+                except (ValueError, RuntimeError) as e:
+                    self._error = f"structured output is not available with this model's tokenizer: {e}"
+            if self._error is not None:
+                raise InvalidRequest(self._error[:MAX_ERROR_CHARS])
             return self._tok
 
 

@@ -125,3 +125,12 @@ def test_a_guide_that_does_not_compile_is_refused_naming_why(default_engine, kin
 def test_a_malformed_guide_is_refused_where_it_is_made(kind, text, why):
     with pytest.raises(InvalidArgument, match=why):
         Guide(kind, text)
+
+
+def test_a_tokenizer_llguidance_cannot_read_leaves_the_engine_up_and_guides_refused(default_engine):
+    from engine.guided import Guides
+    guides = Guides(default_engine.tokenizer.file, 1000, (2,))  # a vocabulary smaller than the tokenizer's
+    guides.warm()  # where an engine starts: no error, unguided requests are served as ever
+    for _ in range(2):  # the reason is kept, not rebuilt each time
+        with pytest.raises(InvalidRequest, match="structured output is not available.*vocab size too small"):
+            guides.check(Guide(GuideKind.REGEX, "[0-9]+"))

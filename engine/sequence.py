@@ -73,6 +73,8 @@ class Sequence:
         """Tokens that may not be sampled now: stop tokens before min_tokens outputs exist, and the last
         token of each bad word whose other tokens the output ends with (a one-token word: always)."""
         out = self.output_ids
+        if not self.params.bad_words and len(out) >= self.params.min_tokens:
+            return ()  # the common case, every step of every sequence: nothing to build
         ban = {w[-1] for w in self.params.bad_words if len(w) == 1 or (len(w) - 1 <= len(out) and
                                                                         tuple(out[len(out) - len(w) + 1:]) == w[:-1])}
         if len(out) < self.params.min_tokens:

@@ -30,7 +30,8 @@ The fence the other way round: a held page is reused only when no reader can sti
   that. Ending a hold still revokes the slot (a read that starts after it fails LEASE_LOST), and the
   pages come back only once no reader can still read them: the Unhold says `reader_closed` (sent after
   Pulled, the read having ended before it; or when the decode worker was never opened, or refused the
-  Open with OUT_OF_PAGES, which it does before reserving), or the reader's `closed` notice arrived, or
+  Open with OUT_OF_PAGES, which it does before reserving), or the reader's `closed` notice arrived
+  (sent after every read, and for an Open the decode worker refused or ended before reading it), or
   the fence timeout (`handoff.fence_timeout_s`, 60 s) passed without either: the one bounded
   assumption, the same as push's NIXL writers (control/handoff.py; engine/workers/holds.py).
 The prefix cache works on both sides as in push: the decode worker reads only what its cache lacks;

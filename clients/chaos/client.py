@@ -111,13 +111,26 @@ async def tokens_per_page(session: aiohttp.ClientSession, url: str) -> int | Non
     return int(n) if n else None
 
 
+async def page_gauges(session: aiohttp.ClientSession, url: str) -> dict[str, float]:
+    """Every worker's page gauges (used, held for a reader, cached) by series: where pages stayed."""
+    text = await _metrics(session, url) or ""
+    names = ("tandem_kv_pages_used{", "tandem_kv_pages_held{", "tandem_prefix_cache_pages{")
+    return {line.rsplit(" ", 1)[0]: float(line.split()[-1]) for line in text.splitlines() if line.startswith(names)}
+
+
 async def _metric_sum(session: aiohttp.ClientSession, url: str, prefix: str) -> float | None:
-    try:
-        async with session.get(f"{url}/metrics", timeout=aiohttp.ClientTimeout(total=5)) as r:
-            text = await r.text()
-    except (aiohttp.ClientError, asyncio.TimeoutError):
+    text = await _metrics(session, url)
+    if text is None:
         return None
     return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(prefix))
+
+
+async def _metrics(session: aiohttp.ClientSession, url: str) -> str | None:
+    try:
+        async with session.get(f"{url}/metrics", timeout=aiohttp.ClientTimeout(total=5)) as r:
+            return await r.text()
+    except (aiohttp.ClientError, asyncio.TimeoutError):
+        return None
 
 
 def pages_bound(prompt: str, max_tokens: int, tokens_per_page: int) -> int:

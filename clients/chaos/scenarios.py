@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import psutil
 
 from clients.chaos.burst import in_own_process
-from clients.chaos.client import health, pages_in_use
+from clients.chaos.client import health, page_gauges, pages_in_use
 
 LONG_PROMPT = "Summarize the following records in one line. " + " ".join(
     f"Record {i}: the valve at site {i % 9} read {200 + i} kPa at {i % 24}:00." for i in range(60))
@@ -110,7 +110,8 @@ class CancelStorm:
         last_gone = max(o.end for o in outs)
         back, pages, allowed = await _pages_back(h, max(0.0, (idle or 0) - (held or 0)), last_gone)
         return {"streams": n, "pages_idle_before": idle, "pages_back_to_idle_s": back, "pages_then": pages,
-                "background_pages_bound_then": allowed, "cancelled": sum(o.status == "CLIENT_CANCELLED" for o in outs)}
+                "background_pages_bound_then": allowed, "cancelled": sum(o.status == "CLIENT_CANCELLED" for o in outs),
+                "pages_by_worker_then": None if back is not None else await page_gauges(h.session, h.cfg.url)}
 
 
 async def _pages_back(h, idle: float, since: float, timeout_s: float = 30.0):

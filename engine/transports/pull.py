@@ -82,6 +82,12 @@ class KVReader(ABC):
               stopped: Callable[[], bool]) -> None:
         """Copy whole pages src_pages of the source pool into dst_pages of `cache`, every layer, K and V."""
 
+    def say_closed(self, source: PullSource) -> None:
+        """Tell the source's pool that nothing of this reader is in flight for the source (its hold may
+        end without waiting for a read): after every read, and for an Open refused before any. Nothing
+        for readers whose every read the source's fence checks (shm, cuda_ipc, inproc); never raises."""
+        return None
+
     def progress_due(self) -> float | None:
         """When (monotonic) `progress` should next be called; None: nothing is pending (see KVSender)."""
         return None

@@ -9,8 +9,8 @@ registered. A read:
    a hold that already ended fails LeaseLost here, having read no page;
 2. READs every page it lacks, all layers, K and V, straight into the pages it reserved, in one
    transfer, and waits for it to complete (a bounded wait: `READ_BUDGET_S`);
-3. whatever happened after it reached the agent, sends the pool a `closed` notice for (slot, epoch):
-   from then on nothing of this reader is in flight. Over UCX's TCP a notice leaves only while the
+3. however the read ended (stopped or refused before any READ too), sends the pool a `closed` notice
+   for (slot, epoch): from then on nothing of this reader is in flight. Over UCX's TCP a notice leaves only while the
    agent is progressed: the caller keeps calling `progress` while `progress_due` says so (puller.py).
 
 The fence, the other way round and bounded. A one-sided READ cannot be checked on the prefill side, and
@@ -113,25 +113,35 @@ class NixlReader(KVReader):
             raise TransferFailed(f"request {source.request_id}: fence slot {source.slot} is outside the source's "
                                  f"{source.pool.num_slots} slots")
         src, local = self._source(source), self._local(cache)
+        if stopped():
+            raise Cancelled(f"request {source.request_id}: the read was stopped")
+        self.word.zero_()
+        self._transfer(source, self.word_prep, [0], src.fence, [source.slot])
+        if int(self.word[0]) != source.epoch:
+            raise LeaseLost(f"request {source.request_id}: the hold on the source pages ended (fence slot "
+                            f"{source.slot} no longer holds epoch {source.epoch}); nothing was read")
+        n_src, n_dst = source.pool.num_pages, cache.num_pages
+        blocks = [layer * 2 + kv for layer in range(self.layout.num_layers) for kv in (0, 1)]
+        remote = [b * n_src + p for b in blocks for p in src_pages]
+        mine = [b * n_dst + p for b in blocks for p in dst_pages]
+        self._transfer(source, local.pages, mine, src.pages, remote)
+
+    def read(self, source: PullSource, cache: KVCache, page_ids: list[int], start: int = 0,
+             stopped: Callable[[], bool] = lambda: False) -> int:
+        """KVReader.read, then the source's `closed` notice however the read ended: one stopped or
+        refused before any READ too, so a hold whose reader read nothing comes back at once."""
         try:
-            if stopped():
-                raise Cancelled(f"request {source.request_id}: the read was stopped")
-            self.word.zero_()
-            self._transfer(source, self.word_prep, [0], src.fence, [source.slot])
-            if int(self.word[0]) != source.epoch:
-                raise LeaseLost(f"request {source.request_id}: the hold on the source pages ended (fence slot "
-                                f"{source.slot} no longer holds epoch {source.epoch}); nothing was read")
-            n_src, n_dst = source.pool.num_pages, cache.num_pages
-            blocks = [layer * 2 + kv for layer in range(self.layout.num_layers) for kv in (0, 1)]
-            remote = [b * n_src + p for b in blocks for p in src_pages]
-            mine = [b * n_dst + p for b in blocks for p in dst_pages]
-            self._transfer(source, local.pages, mine, src.pages, remote)
+            return super().read(source, cache, page_ids, start, stopped)
         finally:
-            try:
-                self.agent.send_notif(src.name, notice("closed", source, source.request_id))
-                self._progress_until = time.monotonic() + PROGRESS_FOR_S  # over TCP it leaves only so
-            except Exception:  # noqa: BLE001 the prefill agent is gone: nobody is left to tell
-                pass
+            self.say_closed(source)
+
+    def say_closed(self, source: PullSource) -> None:
+        """The `closed` notice for (slot, epoch), to the source pool's agent."""
+        try:
+            self.agent.send_notif(self._source(source).name, notice("closed", source, source.request_id))
+            self._progress_until = time.monotonic() + PROGRESS_FOR_S  # over TCP it leaves only so
+        except Exception:  # noqa: BLE001 a source gone or unreachable: nobody is left to tell
+            pass
 
     def progress_due(self) -> float | None:
         now = time.monotonic()

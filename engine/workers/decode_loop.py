@@ -212,8 +212,12 @@ class DecodeLoop:
         self._traced(lease, error)
         if error is not None and not lease.sink.done:
             lease.sink.fail(error)
-        if lease.pulling:
+        never_read = lease.state is LeaseState.PULLING and not lease.scheduled
+        if lease.pulling or never_read:
             lease.end_status = lease.end_status or error or Cancelled(f"request {lease.request_id} ended")
+            if never_read:  # the reader stops at once, reading nothing, and still tells the source it is
+                lease.scheduled = True  # done (a NIXL hold's pages need not wait for the fence timeout)
+                self.puller.submit(lease)
             return  # a read is copying into its pages: they are freed when it returns (_pulled)
         if not lease.handed_out:
             self._free(lease)

@@ -40,7 +40,7 @@ from engine.workers.sink import Responder
 from engine.workers.watchers import Watchers
 from tandem.pool import host_identity
 from tandem.roles import Role
-from tandem.status import Cancelled, LeaseLost
+from tandem.status import Cancelled, LeaseLost, OutOfPages
 from tandem.tracing import NOOP, Tracer
 from tandem.wire import Ack, Open, Release, Reserved, Start, WorkerStats
 
@@ -93,7 +93,12 @@ class DecodeWorker(DecodeLoop):
         with self.lock:
             if msg.request_id in self.leases:
                 raise InvalidRequest(f"request {msg.request_id!r} is already open here")
-            cached = self.engine.prefix.reserve(seq, self.engine.cache.layout.pages_for(seq.budget))  # OutOfPages
+            try:
+                cached = self.engine.prefix.reserve(seq, self.engine.cache.layout.pages_for(seq.budget))
+            except OutOfPages:
+                if msg.source is not None:  # refused before reading: the source need not wait for a read
+                    self.puller.say_closed(msg.source)
+                raise
             pages = seq.page_table
             lease = Lease(msg.request_id, secrets.token_hex(8), seq, pages, sink, LeaseState.PREFILLING,
                           cached_tokens=cached, source=msg.source, traceparent=msg.traceparent)

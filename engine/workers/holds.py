@@ -21,7 +21,8 @@ read it. Ending a hold revokes its slot in this pool's fence table first (engine
   until no reader can still read them: the hold was ended with `reader_closed` (the orchestrator's
   Unhold after Pulled: the read ended before Pulled was sent; or nobody was ever handed the source:
   an Abort, which the orchestrator sends only before it saw the source, or an Unhold saying so),
-  or the reader's `closed` notice arrived (sent once its READs ended), or its decode worker is known
+  or the reader's `closed` notice arrived (sent once its READs ended, and for an Open its decode worker
+  refused or ended before any READ: engine/workers/puller.py), or its decode worker is known
   dead (ReaderGone, from `tandem serve`'s supervisor), or `fence_timeout_s` passed without any of
   these: a reader neither heard from nor done by then is presumed gone, the one bounded assumption
   (push's NIXL writers make the same one, control/handoff.py).

@@ -4,6 +4,8 @@ model): outputs are exact, and the bounded fence of a one-sided reader holds det
   `closed` notice gives the pages back;
 - a reader already past its epoch check when the hold ends keeps the pages out of use, reads the K/V
   of its own request (never another's), and its notice gives them back;
+- a decode lease that ends before its read starts (a cancel racing the Open), and an Open refused for
+  want of pages, still send the notice;
 - an ended hold nobody reports on comes back after the fence timeout; one ended with `reader_closed`
   comes back at once."""
 
@@ -21,7 +23,7 @@ from engine.workers.decode_worker import DecodeWorker
 from engine.workers.prefill_worker import PrefillWorker
 from tandem.pool import host_identity
 from tandem.sampling_params import SamplingParams
-from tandem.status import LeaseLost
+from tandem.status import LeaseLost, OutOfPages
 from tandem.wire import Open, Prefill, Prefilled, Pulled
 from tests.conftest import complete
 from tests.workers.test_handoff import ListSink, wait_until
@@ -136,6 +138,34 @@ def test_a_reader_past_its_epoch_check_reads_its_own_request_and_holds_the_pages
     assert torch.equal(local.data[:, :, :len(src.page_ids)], want)  # what it read is its own request's K/V
     assert wait_until(lambda: pair.pages_held() == 0, 10)  # and its notice gave them back
     assert pair.prefill.holds.fence_timeouts == 0 and pair.p_engine.allocator.num_used == 0
+
+
+def test_a_lease_ended_before_its_read_started_still_tells_the_source(default_engine, pair):
+    """The orchestrator opened the decode worker, then the client left: the lease ends before the loop
+    hands it to the reader, and the Unhold cannot say `reader_closed` (a read might be in flight). The
+    reader still sends its `closed` notice, having read nothing: the pages need not wait for the fence
+    timeout (600 s here)."""
+    src = pair.held(chat(default_engine.tokenizer, "Name a color."), "left").source
+    sink = ListSink()
+    sink.gone = True  # the Open's caller is gone before the loop sees the lease
+    pair.decode.open(Open("left", chat(default_engine.tokenizer, "Name a color."), PARAMS, source=src), sink)
+    assert pair.prefill.unhold("left", src.hold).found  # not reader_closed: the orchestrator cannot know
+    assert wait_until(lambda: pair.pages_held() == 0, 10)  # the notice arrived
+    assert not sink.replies and pair.prefill.holds.fence_timeouts == 0
+    assert wait_until(lambda: pair.d_engine.allocator.num_used == 0, 10)  # the decode pages came back too
+
+
+def test_an_open_refused_for_want_of_pages_still_tells_the_source(default_engine, pair):
+    """The decode worker has no room (OUT_OF_PAGES, refused before any lease exists) and the orchestrator,
+    gone before that answer came, cannot say `reader_closed`: the decode worker says it instead."""
+    ids = chat(default_engine.tokenizer, "Name a color.")
+    src = pair.held(ids, "full").source
+    big = SamplingParams(max_tokens=pair.layout.tokens_per_page * 128)  # more pages than the decode pool has
+    with pytest.raises(OutOfPages):
+        pair.decode.open(Open("full", ids, big, source=src), ListSink())
+    assert pair.prefill.unhold("full", src.hold).found  # not reader_closed
+    assert wait_until(lambda: pair.pages_held() == 0, 10)  # the notice arrived
+    assert pair.prefill.holds.fence_timeouts == 0 and pair.d_engine.allocator.num_used == 0
 
 
 def test_an_ended_hold_nobody_reports_on_comes_back_after_the_fence_timeout(default_engine):

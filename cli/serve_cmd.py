@@ -61,6 +61,9 @@ def _env(name: str) -> dict:
               help="The OpenAI model id (default: the model's own name, e.g. smollm2-135m).")
 @click.option("--chat-template", default=None, **_env("CHAT_TEMPLATE"),
               help="A Jinja chat template file, or the name of one of the model's named templates.")
+@click.option("--tool-call-parser", type=click.Choice(["hermes"]), default=None, **_env("TOOL_CALL_PARSER"),
+              help="How the model writes tool calls in its text (hermes: <tool_call> blocks); lets tool_choice "
+                   "\"auto\" (the default with tools) be served. Default: none, \"auto\" refused.")
 @click.option("--kv-pool-bytes", type=click.IntRange(1 << 20), default=None, **_env("KV_POOL_BYTES"),
               help="Decode KV pool per worker.")
 @click.option("--chunk-tokens", type=click.IntRange(1), default=None, **_env("CHUNK_TOKENS"),
@@ -86,7 +89,8 @@ def _env(name: str) -> dict:
 @click.option("--workdir", default=None, **_env("WORKDIR"), help="Where worker logs and the model repository go.")
 def serve_command(model, dtype, config_path, mode, prefill, decode, replicas, transport, device, handoff, backend,
                   router, host,
-                  grpc_port, http_port, model_name, served_model_name, chat_template, kv_pool_bytes, chunk_tokens,
+                  grpc_port, http_port, model_name, served_model_name, chat_template, tool_call_parser, kv_pool_bytes,
+                  chunk_tokens,
                   api_key_file, no_api_key, tls_cert, tls_key, tls_client_ca, worker_tls_ca, worker_tls_server_name,
                   otlp_endpoint, log_format, workdir):
     """Serve a model: prefill and decode workers in Triton, behind Triton gRPC and OpenAI HTTP.
@@ -99,7 +103,7 @@ def serve_command(model, dtype, config_path, mode, prefill, decode, replicas, tr
         "mode": mode, "dtype": dtype, "device": device, "prefill.count": prefill, "decode.count": decode, "replicas": replicas,
         "transport": transport, "handoff.mode": handoff, "backend": backend,
         "router": router, "front_door.served_model_name": served_model_name,
-        "front_door.chat_template": chat_template,
+        "front_door.chat_template": chat_template, "front_door.tool_call_parser": tool_call_parser,
         "front_door.host": host, "front_door.grpc_port": grpc_port, "front_door.http_port": http_port,
         "front_door.model_name": model_name, "kv_pool_bytes": kv_pool_bytes, "chunk_tokens": chunk_tokens,
         "front_door.api_key_file": api_key_file, "front_door.no_api_key": no_api_key,

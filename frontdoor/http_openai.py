@@ -70,7 +70,7 @@ class OpenAIRoutes:
         self.service.refuse_if_closed()
         body = await read_object(request)
         rid = oa.new_id("chatcmpl")
-        parsed = oa.chat_request(body, self.names, rid, self.unknown)
+        parsed = oa.chat_request(body, self.names, rid, self.unknown, self.served.tool_call_parser)
         shape = oa.chat_body if parsed.tools is None else ToolCallShape(parsed.tools, oa.chat_body)
         return await self._answer(request, parsed, rid, shape, body, chat=True)
 

@@ -121,10 +121,10 @@ def _nth_seed(seed: int | None, j: int) -> int | None:
     return (seed + j) % MAX_SEED if seed is not None and 0 <= seed < MAX_SEED else seed
 
 
-def chat_request(body: dict, models: tuple[str, ...], request_id: str,
-                 unknown: UnknownFields | None = None) -> Parsed:
+def chat_request(body: dict, models: tuple[str, ...], request_id: str, unknown: UnknownFields | None = None,
+                 tool_parser: str | None = None) -> Parsed:
     """/v1/chat/completions: `n` requests, one per answer. `logprobs` is a boolean here, `top_logprobs`
-    (0..20) needs it true."""
+    (0..20) needs it true. `tool_parser`: the deployment's tool-call parser (tool_choice "auto")."""
     if body.get("max_completion_tokens") is not None and body.get("max_tokens") is None:
         body = dict(body, max_tokens=body["max_completion_tokens"])
     common = _common(body, CHAT_FIELDS, models, None, unknown, "/v1/chat/completions")
@@ -136,8 +136,8 @@ def chat_request(body: dict, models: tuple[str, ...], request_id: str,
     if top and not want:
         raise InvalidArgument("'top_logprobs' needs \"logprobs\": true", "top_logprobs")
     shown = tools(body)
-    calls = tool_choice(body, shown)
-    if calls is not None:
+    calls = tool_choice(body, shown, tool_parser)
+    if calls is not None and calls.guide is not None:
         if common["guide"] is not None:
             raise InvalidArgument("a tool call is already structured output: send tool_choice or response_format "
                                   "(or a guided_* field), not both", "tool_choice")

@@ -2,10 +2,10 @@
 
 Three kinds, as vLLM treats them: *honoured* fields change the answer; *accepted* fields are read and
 ignored (bookkeeping such as `user` or `store`, which change nothing about the tokens); *refused* values
-are ones we cannot honour (e.g. `suffix`, or tool_choice "auto": openai_tools.py): a 400 naming the field
-and what is allowed, never a silent wrong answer. A field this door has never heard of is accepted and
-ignored like vLLM does, and named in one warning per field name for the life of the server
-(`UnknownFields`).
+are ones we cannot honour (e.g. `suffix`, or tool_choice "auto" without a tool-call parser:
+openai_tools.py): a 400 naming the field and what is allowed, never a silent wrong answer. A field this
+door has never heard of is accepted and ignored like vLLM does, and named in one warning per field
+name for the life of the server (`UnknownFields`).
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
-"""Tool calls on the chat door, made as vLLM makes them without a tool-call parser: with `tool_choice`
-"required" or a named function, a guide (tandem/guides.py) forces the answer to be the call's JSON, and
-the reply shapes it as OpenAI `tool_calls`. "auto" with tools would need a parser of the model's own
-call format (which text is a call); this server has none, so it is refused, as vLLM refuses it unless
-started with one. "none" shows the tools to the chat template and answers text.
+"""Tool calls on the chat door, made as vLLM makes them. With `tool_choice` "required" or a named
+function, a guide (tandem/guides.py) forces the answer to be the call's JSON, and the reply shapes it as
+OpenAI `tool_calls`. With "auto" (the default with tools) the model decides: its text is read for calls
+in its own format by the parser the deployment names (tool_call_text.py); without one, "auto" is
+refused, as vLLM refuses it unless started with a parser. "none" shows the tools to the chat template
+and answers text.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import re
 import secrets
 from dataclasses import dataclass
 
+from frontdoor.tool_call_text import PARSERS, Call, CallReader
 from tandem.guides import Guide, GuideKind
 from tandem.status import InvalidArgument
 
@@ -21,15 +23,18 @@ _NO_ARGUMENTS = {"type": "object", "properties": {}}
 
 @dataclass(frozen=True)
 class ToolChoice:
-    """The answer is one call of `name` (the answer's JSON is its arguments) or, with `name` None, a
-    JSON list of {"name", "parameters"} calls, at least one (exactly one without parallel tool calls)."""
+    """The answer is one call of `name` (the answer's JSON is its arguments); with `name` None and a
+    guide, a JSON list of {"name", "parameters"} calls, at least one (exactly one without parallel tool
+    calls); with no guide ("auto"), text in which the parser finds calls of `names`, if any."""
 
     name: str | None
-    guide: Guide
+    guide: Guide | None
+    names: frozenset[str] = frozenset()
 
 
-def tool_choice(body: dict, tools: tuple[dict, ...]) -> ToolChoice | None:
-    """The request's forced tool call, or None for a text answer (no tools, or tool_choice "none")."""
+def tool_choice(body: dict, tools: tuple[dict, ...], parser: str | None = None) -> ToolChoice | None:
+    """The request's tool calls, or None for a text answer (no tools, or tool_choice "none"). `parser`:
+    the deployment's tool-call parser (tool_call_text.PARSERS), which "auto" needs."""
     choice = body.get("tool_choice")
     if not tools:
         if choice in (None, "none", "auto"):
@@ -42,10 +47,13 @@ def tool_choice(body: dict, tools: tuple[dict, ...]) -> ToolChoice | None:
     if choice == "none":
         return None
     if choice in (None, "auto"):
-        raise InvalidArgument("tool_choice \"auto\" (the default with tools) needs a parser of this model's own "
-                              "tool-call format, which this server does not have: send tool_choice \"required\", "
-                              "a named function ({\"type\": \"function\", \"function\": {\"name\": ...}}) or "
-                              "\"none\"", "tool_choice")
+        if parser is None:
+            raise InvalidArgument(f"tool_choice \"auto\" (the default with tools) needs a parser of this model's own "
+                                  f"tool-call format, and this server was started without one (tandem serve "
+                                  f"--tool-call-parser {' or '.join(PARSERS)}): send tool_choice \"required\", a "
+                                  f"named function ({{\"type\": \"function\", \"function\": {{\"name\": ...}}}}) or "
+                                  f"\"none\"", "tool_choice")
+        return ToolChoice(None, None, frozenset(functions))
     if choice == "required":
         calls = [{"type": "object", "properties": {"name": {"enum": [n]}, "parameters": p},
                   "required": ["name", "parameters"], "additionalProperties": False} for n, p in functions.items()]
@@ -77,18 +85,22 @@ def _functions(tools: tuple[dict, ...]) -> dict[str, dict]:
 
 
 class ToolCallShape:
-    """The chat shape (openai_api.chat_body, given as `chat`) for answers that are tool calls; one per
-    request (it names each choice's call and, for "required", holds a streamed choice's text until its
-    list is complete)."""
+    """The chat shape (openai_api.chat_body, given as `chat`) for answers that are, or may hold, tool
+    calls; one per request (it names each choice's calls, holds a streamed "required" choice's text until
+    its list is complete, and reads each "auto" choice's text as it comes)."""
 
     def __init__(self, choice: ToolChoice, chat):
         self.choice, self.chat = choice, chat
         self._ids: dict[int, str] = {}
         self._held: dict[int, str] = {}
+        self._readers: dict[int, CallReader] = {}  # "auto": each streamed choice's reader
 
     def __call__(self, rid: str, model: str, text: str, reason: str | None, usage_: dict | None, chunk: bool,
                  first: bool = False, logprobs: dict | None = None, index: int = 0) -> dict | None:
-        """A reply (chunk: an SSE event) like chat_body's; None while a "required" choice's list is incomplete."""
+        """A reply (chunk: an SSE event) like chat_body's; None while nothing of a choice can go out yet
+        (a "required" list incomplete, an "auto" text that may be a call)."""
+        if self.choice.guide is None:
+            return self._auto(rid, model, text, reason, usage_, chunk, first, logprobs, index)
         body = self.chat(rid, model, "", reason, usage_, chunk, first, logprobs, index)
         out = body["choices"][0]
         if not chunk:
@@ -111,6 +123,31 @@ class ToolCallShape:
             | ({"content": content} if content else {})
         return body
 
+    def _auto(self, rid, model, text, reason, usage_, chunk, first, logprobs, index) -> dict | None:
+        """tool_choice "auto": the calls the text holds (tool_call_text.py), the rest its content; a
+        choice that made calls and stopped ends with finish_reason "tool_calls", as OpenAI's do."""
+        if not chunk:
+            reader = CallReader(self.choice.names)
+            content, calls = reader.feed(text)
+            content += reader.finish()
+            body = self.chat(rid, model, "", _reason(reason, reader), usage_, chunk, first, logprobs, index)
+            body["choices"][0]["message"] = {"role": "assistant", "content": content if content or not calls
+                                             else None, "tool_calls": [_shaped(c) for c in calls]}
+            return body
+        reader = self._readers.setdefault(index, CallReader(self.choice.names))
+        made_before = reader.calls
+        content, calls = reader.feed(text)
+        if reason:
+            content += reader.finish()
+            del self._readers[index]
+        if text and not (content or calls or reason):
+            return None  # all of it may be (part of) a call: held
+        body = self.chat(rid, model, "", _reason(reason, reader), usage_, chunk, first, logprobs, index)
+        shaped = [{"index": made_before + i} | _shaped(c) for i, c in enumerate(calls)]
+        body["choices"][0]["delta"] = ({"role": "assistant"} if first else {}) \
+            | ({"content": content} if content else {}) | ({"tool_calls": shaped} if shaped else {})
+        return body
+
     def _named(self, text: str, index: int, streamed: bool = False) -> list[dict]:
         """The named function's call with `text` as its arguments; streamed, a piece of them (the call's
         id, type and name come with the choice's first piece)."""
@@ -131,6 +168,14 @@ class ToolCallShape:
                   "function": {"name": c["name"], "arguments": json.dumps(c["parameters"], ensure_ascii=False)}}
                  for c in made]
         return [{"index": i} | c for i, c in enumerate(calls)] if streamed else calls
+
+
+def _reason(reason: str | None, reader: CallReader) -> str | None:
+    return "tool_calls" if reason == "stop" and reader.calls else reason
+
+
+def _shaped(call: Call) -> dict:
+    return {"id": _call_id(), "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
 
 
 def _call_id() -> str:

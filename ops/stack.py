@@ -211,7 +211,7 @@ class Stack:
                                     timeout_s=lim.request_timeout_s, tracer=self.tracer)
         if self.workers.servers:  # remote-only: /health says 503 until the workers answer, the front door is up
             await self._until_ready()
-        served = ServedModel(self.service, dep.front_door.model_name, model_id)
+        served = ServedModel(self.service, dep.front_door.model_name, model_id, dep.front_door.tool_call_parser)
         door, fd = FrontDoor(served), dep.front_door
         try:
             self.grpc = await start_grpc(TritonProtocolServicer(door), fd.host, fd.grpc_port,

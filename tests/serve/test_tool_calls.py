@@ -1,6 +1,7 @@
 """Tool calls through the official SDK on a real 1P1D stack: tool_choice "required" or a named function
 forces the answer to be the call's JSON (a guide), shaped as OpenAI `tool_calls`, streamed and not, each
-exactly the engine's own guided answer; "auto" and malformed tools are 400s naming the field."""
+exactly the engine's own guided answer; "auto" on a server without a tool-call parser (test_tool_auto.py
+has one) and malformed tools are 400s naming the field."""
 
 from __future__ import annotations
 

@@ -1,0 +1,96 @@
+"""tool_choice "auto" on a real 1P1D stack started with `--tool-call-parser hermes`: the model's own
+text is read for `<tool_call>` blocks. An answer that calls nothing is the engine's text, unchanged; an
+answer that calls (made to, here, by a regex guide in the Hermes format: the small default model was
+not trained to call tools) comes back as OpenAI `tool_calls` with the engine's arguments, its words
+before the call as content, finish_reason "tool_calls", streamed and not. And the reader itself, piece
+by piece, on the texts a model may write."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from engine.tokenizer import ChatMessage
+from frontdoor.tool_call_text import CallReader
+from tandem.guides import Guide, GuideKind
+from tandem.sampling_params import SamplingParams
+from tests.conftest import complete, start_serve, stop_serve
+from tests.serve.test_tool_calls import ASK, MODEL, TIME, WEATHER, _streamed_calls
+
+openai = pytest.importorskip("openai")
+
+# a Hermes call of get_weather with a city the model picks: "Checking." then the block
+CALL_REGEX = (r'Checking\.\n<tool_call>\n\{"name": "get_weather", "arguments": \{"city": "[A-Z][a-z]{2,12}", '
+              r'"unit": "celsius"\}\}\n</tool_call>')
+
+
+@pytest.fixture(scope="module")
+def hermes(built_engines, tmp_path_factory):
+    s = start_serve(built_engines, tmp_path_factory.mktemp("serve-hermes"), "--tool-call-parser", "hermes")
+    c = openai.OpenAI(base_url=s.http + "/v1", api_key="unused", max_retries=0, timeout=120)
+    yield c
+    c.close()
+    stop_serve(s)
+
+
+def _engine_text(engine, guide: Guide | None, **params) -> str:
+    ids = engine.tokenizer.encode_chat([ChatMessage(m["role"], m["content"]) for m in ASK], [WEATHER, TIME])
+    return engine.tokenizer.decode(complete(engine, ids, SamplingParams(guide=guide, **params)).output_ids)
+
+
+def test_an_answer_without_a_call_is_the_engines_text(hermes, default_engine):
+    want = _engine_text(default_engine, None, max_tokens=24)
+    assert "<tool_call>" not in want
+    kw = dict(model=MODEL, messages=ASK, tools=[WEATHER, TIME], max_tokens=24, temperature=0)  # "auto": the default
+    got = hermes.chat.completions.create(**kw).choices[0]
+    assert got.message.content == want and not got.message.tool_calls and got.finish_reason == "length"
+    chunks = list(hermes.chat.completions.create(stream=True, **kw))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == want
+    assert not _streamed_calls(chunks) and chunks[-1].choices[0].finish_reason == "length"
+
+
+def test_a_call_in_the_text_is_a_tool_call_with_the_engines_arguments(hermes, default_engine):
+    text = _engine_text(default_engine, Guide(GuideKind.REGEX, CALL_REGEX), max_tokens=60, temperature=0.8, seed=4)
+    block = json.loads(text[text.index("<tool_call>") + len("<tool_call>"):text.index("</tool_call>")])
+    want = ("get_weather", block["arguments"])
+    kw = dict(model=MODEL, messages=ASK, tools=[WEATHER, TIME], tool_choice="auto", max_tokens=60, temperature=0.8,
+              seed=4, extra_body={"guided_regex": CALL_REGEX})
+    got = hermes.chat.completions.create(**kw).choices[0]
+    calls = got.message.tool_calls
+    assert got.message.content == "Checking." and got.finish_reason == "tool_calls"
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in calls] == [want]
+    assert calls[0].id.startswith("call_") and calls[0].type == "function"
+    chunks = list(hermes.chat.completions.create(stream=True, **kw))
+    streamed = _streamed_calls(chunks)
+    assert [(streamed[0]["name"], json.loads(streamed[0]["arguments"]))] == [want] and list(streamed) == [0]
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "Checking."
+    assert chunks[0].choices[0].delta.role == "assistant" and chunks[-1].choices[0].finish_reason == "tool_calls"
+
+
+def _read(text: str, step: int) -> tuple[str, list]:
+    r = CallReader(frozenset({"get_weather"}))
+    content, calls = "", []
+    for i in range(0, len(text), step):
+        piece, made = r.feed(text[i:i + step])
+        content, calls = content + piece, calls + made
+    return content + r.finish(), [(c.name, json.loads(c.arguments)) for c in calls]
+
+
+CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
+
+
+@pytest.mark.parametrize("text, content, calls", [
+    ("Plain text, < and <tool_ and all.\n\n", "Plain text, < and <tool_ and all.\n\n", []),  # unchanged
+    (f"Let me look.\n{CALL}\n{CALL}\n", "Let me look.", [("get_weather", {"city": "Oslo"})] * 2),
+    (f"{CALL}\n\nDone, see above.", "Done, see above.", [("get_weather", {"city": "Oslo"})]),
+    ('<tool_call>{"name": "get_weather", "arguments": "{\\"city\\": \\"Rome\\"}"}</tool_call>', "",
+     [("get_weather", {"city": "Rome"})]),  # arguments as a JSON string
+    ('<tool_call>{"name": "delete_all", "arguments": {}}</tool_call>',
+     '<tool_call>{"name": "delete_all", "arguments": {}}</tool_call>', []),  # not one of the tools: text
+    ("<tool_call>{not json}</tool_call> x", "<tool_call>{not json}</tool_call> x", []),
+    ('Cut <tool_call>{"name": "get_weather", "argu', 'Cut <tool_call>{"name": "get_weather", "argu', []),
+])
+def test_the_reader_finds_the_same_calls_however_the_text_is_cut(text, content, calls):
+    for step in (1, 2, 5, len(text)):
+        assert _read(text, step) == (content, calls), step

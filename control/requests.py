@@ -29,6 +29,10 @@ class GenerationRequest:
     tools: tuple[dict, ...] = ()  # tool definitions shown to the chat template (chat requests only)
     add_generation_prompt: bool = True  # chat: the template opens the assistant's turn (vLLM's field)
     continue_final_message: bool = False  # chat: the final message is left open and continued (vLLM's field)
+    template_kwargs: dict = field(default_factory=dict)  # chat: more chat-template variables (vLLM's field)
+    add_special_tokens: bool | None = None  # the tokenizer adds its special tokens (a BOS) to the prompt text;
+    # None: as vLLM does, yes to a text prompt, no to a chat (its template writes any it wants)
+    truncate_prompt_tokens: int | None = None  # keep the prompt's last k tokens (-1: the context) (vLLM's field)
     prompt_ids: tuple[int, ...] = ()
     max_tokens: int | None = 16  # None: up to DEFAULT_MAX_TOKENS, within the context
     temperature: float = 0.0
@@ -66,6 +70,7 @@ class Prepared:
     prompt_ids: list[int]
     params: SamplingParams
     stop_ids: frozenset[int] = frozenset()  # tokens that end the answer: the model's ends (unless ignored), stop ids
+    truncated: bool = False  # prompt_ids are the prompt's last tokens only (truncate_prompt_tokens)
 
     def shown(self, token: int, finish_reason: str | None) -> bool:
         """Whether generated `token` belongs in the answer. A token that ended the answer by being an end
@@ -99,6 +104,10 @@ class Limits:
 def prepare(req: GenerationRequest, tokenizer: Tokenizer, limits: Limits) -> Prepared:
     ids = _prompt_ids(req, tokenizer, limits)
     max_context = limits.max_context
+    keep = max_context if req.truncate_prompt_tokens == -1 else req.truncate_prompt_tokens
+    truncated = keep is not None and len(ids) > keep
+    if truncated:  # the prompt's last `keep` tokens, as vLLM truncates
+        ids = ids[-keep:]
     if len(ids) >= max_context:
         raise InvalidArgument(f"prompt has {len(ids)} tokens but the model's context is {max_context}; "
                               f"shorten it to at most {max_context - 1} tokens", "prompt")
@@ -122,7 +131,7 @@ def prepare(req: GenerationRequest, tokenizer: Tokenizer, limits: Limits) -> Pre
     if params.guide is not None:  # compiled here once, so a bad schema is the client's 400, never a worker's fault
         guides(tokenizer, limits).check(params.guide)
     ends = () if params.ignore_eos else (*limits.end_ids, *params.extra_eos)
-    return Prepared(req, ids, params, frozenset((*ends, *params.stop_token_ids)))
+    return Prepared(req, ids, params, frozenset((*ends, *params.stop_token_ids)), truncated)
 
 
 def guides(tokenizer: Tokenizer, limits: Limits) -> Guides:
@@ -144,14 +153,14 @@ def _prompt_ids(req: GenerationRequest, tokenizer: Tokenizer, limits: Limits) ->
             raise InvalidArgument("messages are empty; send at least one message with content", "messages")
         # an InvalidRequest from the template names the problem
         ids = tokenizer.encode_chat(list(req.messages), list(req.tools) or None, req.add_generation_prompt,
-                                    req.continue_final_message)
+                                    req.continue_final_message, req.template_kwargs, bool(req.add_special_tokens))
     elif req.prompt_ids:
         ids = list(req.prompt_ids)
         limits.check_ids(ids, "prompt")
     else:
         if not req.prompt:
             raise InvalidArgument("prompt is empty; send the text to complete", "prompt")
-        ids = tokenizer.encode(req.prompt)
+        ids = tokenizer.encode(req.prompt, req.add_special_tokens is not False)
     if not ids:
         raise InvalidArgument("prompt is empty after tokenization", "prompt")
     return ids

@@ -80,9 +80,11 @@ class Tokenizer:
         return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
 
     def render_chat(self, messages: list[ChatMessage], add_generation_prompt: bool = True,
-                    tools: list[dict] | None = None, continue_final: bool = False) -> str:
+                    tools: list[dict] | None = None, continue_final: bool = False,
+                    template_kwargs: dict | None = None) -> str:
         """The prompt text for a conversation, by the model's own chat template (`tools`: OpenAI tool
-        definitions, given to the template as `tools`, as Hugging Face's apply_chat_template does).
+        definitions, given to the template as `tools`, as Hugging Face's apply_chat_template does;
+        `template_kwargs`: more variables for it, never one of those it is given here).
         `continue_final` leaves the final message open (the text ends with its content, without the
         end of its turn), so the model continues it; it excludes `add_generation_prompt`."""
         if continue_final and add_generation_prompt:
@@ -95,7 +97,7 @@ class Tokenizer:
                 raise InvalidRequest(f"unknown chat role {m.role!r}; allowed: {', '.join(CHAT_ROLES)}")
         template = self._env.from_string(self.chat_template)
         text = template.render(
-            messages=[m.for_template() for m in messages],
+            **(template_kwargs or {}), messages=[m.for_template() for m in messages],
             add_generation_prompt=add_generation_prompt, tools=tools or None,
             bos_token=self.bos_token or "", eos_token=self.eos_token or "")
         if not continue_final:
@@ -108,10 +110,12 @@ class Tokenizer:
         return text[:at + len(final)]
 
     def encode_chat(self, messages: list[ChatMessage], tools: list[dict] | None = None,
-                    add_generation_prompt: bool = True, continue_final: bool = False) -> list[int]:
-        # The template already writes any BOS it wants; do not add another.
-        text = self.render_chat(messages, add_generation_prompt, tools, continue_final)
-        return self._tok.encode(text, add_special_tokens=False).ids
+                    add_generation_prompt: bool = True, continue_final: bool = False,
+                    template_kwargs: dict | None = None, add_special_tokens: bool = False) -> list[int]:
+        """The conversation's prompt ids. The template already writes any BOS it wants, so the tokenizer
+        adds none unless `add_special_tokens` (vLLM's chat default is the same)."""
+        text = self.render_chat(messages, add_generation_prompt, tools, continue_final, template_kwargs)
+        return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
 
 
 def _token_text(tok) -> str | None:

@@ -207,11 +207,14 @@ class FrontDoor:
             span.end()
 
     def _echo(self, prep) -> str:
-        """The prompt text an answer starts with unless the request excludes it (given as ids: decoded)."""
+        """The prompt text an answer starts with unless the request excludes it (given as ids, or cut
+        by truncate_prompt_tokens: its ids decoded)."""
         req = prep.request
         if req.exclude_input:
             return ""
-        return req.prompt if req.prompt is not None else self.service.tokenizer.decode(prep.prompt_ids)
+        if req.prompt is not None and not prep.truncated:
+            return req.prompt
+        return self.service.tokenizer.decode(prep.prompt_ids)
 
     def answer_all(self, reqs: Sequence[GenerationRequest]) -> AsyncIterator[Delta]:
         """The deltas of several answers served concurrently, each marked with its index in `reqs`, in the

@@ -2,8 +2,8 @@
 remote tokenizer; clients count a prompt against `max_model_len` with the ids a request would get).
 
     POST /tokenize       {"prompt": "text", "add_special_tokens": true}
-                         {"messages": [...], "add_generation_prompt": true}   (rendered as
-                         /v1/chat/completions renders them)
+                         {"messages": [...], "add_generation_prompt": true, "chat_template_kwargs": {}}
+                         (rendered as /v1/chat/completions renders them)
                          -> {"count", "max_model_len", "tokens", "token_strs"}
     POST /detokenize     {"tokens": [ids]}  -> {"prompt": "text"} (special tokens kept)
     GET  /tokenizer_info -> {"eos_token", "bos_token", "pad_token", "chat_template", "model_max_length", ...}
@@ -24,11 +24,11 @@ import tandem
 from frontdoor import openai_api as oa
 from frontdoor.core import FrontDoor
 from frontdoor.http_body import read_object
-from frontdoor.openai_fields import UnknownFields, boolean, token_ids, unknown_fields
+from frontdoor.openai_fields import UnknownFields, boolean, chat_template_kwargs, token_ids, unknown_fields
 from tandem.status import InvalidArgument
 
 _TOKENIZE = {"model", "prompt", "messages", "add_special_tokens", "add_generation_prompt", "continue_final_message",
-             "return_token_strs"}
+             "chat_template_kwargs", "return_token_strs"}
 _DETOKENIZE = {"model", "tokens"}
 
 
@@ -47,20 +47,21 @@ class TokenRoutes:
 
     async def tokenize(self, request):
         body = await self._read(request, _TOKENIZE, "/tokenize")
-        strs, special, generation = (boolean(body, "return_token_strs"), boolean(body, "add_special_tokens", True),
+        strs, special, generation = (boolean(body, "return_token_strs"), boolean(body, "add_special_tokens", None),
                                      boolean(body, "add_generation_prompt", True))
         tok, limits = self.service.tokenizer, self.service.limits
         if body.get("messages") is not None:
             messages = oa.messages_of(body)
             limits.check_chars(sum(len(m.content) for m in messages))
             encode = functools.partial(tok.encode_chat, list(messages), None, generation,
-                                       boolean(body, "continue_final_message"))
+                                       boolean(body, "continue_final_message"), chat_template_kwargs(body),
+                                       bool(special))  # a chat: no BOS of the tokenizer's unless asked
         else:
             prompt = body.get("prompt")
             if not isinstance(prompt, str):
                 raise InvalidArgument("'prompt' must be a string (or send 'messages')", "prompt")
             limits.check_chars(len(prompt))
-            encode = functools.partial(tok.encode, prompt, special)
+            encode = functools.partial(tok.encode, prompt, special is not False)
         ids, texts = await self.service.off_loop(_tokenized, tok, encode, strs)
         return web.json_response({"count": len(ids), "max_model_len": limits.max_context, "tokens": ids,
                                   "token_strs": texts})

@@ -9,8 +9,9 @@ from dataclasses import dataclass
 
 from engine.tokenizer import CHAT_ROLES, ChatMessage
 from frontdoor.openai_fields import (CHAT_FIELDS, COMPLETION_FIELDS, MAX_ANSWERS, UnknownFields,
-                                     answers_per_prompt, bad_words, boolean, guide, logit_bias, number,
-                                     refuse_unsupported, token_ids, tools, unknown_fields)
+                                     answers_per_prompt, bad_words, boolean, chat_template_kwargs, guide,
+                                     logit_bias, number, refuse_unsupported, token_ids, tools,
+                                     truncate_prompt_tokens, unknown_fields)
 from frontdoor.openai_tools import ToolChoice, tool_choice
 from control.requests import GenerationRequest
 from tandem.request_context import current_id
@@ -48,7 +49,7 @@ def _common(body: dict, allowed: set[str], models: tuple[str, ...], max_tokens_d
                 stop_token_ids=token_ids(body, "stop_token_ids"), ignore_eos=boolean(body, "ignore_eos"),
                 logit_bias=logit_bias(body), skip_special_tokens=boolean(body, "skip_special_tokens", True),
                 include_stop_str_in_output=boolean(body, "include_stop_str_in_output"), guide=guide(body),
-                bad_words=bad_words(body))
+                bad_words=bad_words(body), truncate_prompt_tokens=truncate_prompt_tokens(body))
 
 
 def completion_request(body: dict, models: tuple[str, ...], request_id: str,
@@ -67,7 +68,8 @@ def completion_request(body: dict, models: tuple[str, ...], request_id: str,
         common.update(max_tokens=1, prompt_only=True)
     reqs = [GenerationRequest(request_id=request_id, prompt=text, prompt_ids=ids, logprobs=top is not None,
                               top_logprobs=top or 0, prompt_logprobs=echo and top is not None,
-                              exclude_input=not echo, **common) for text, ids in _prompts(body.get("prompt"))]
+                              exclude_input=not echo, add_special_tokens=boolean(body, "add_special_tokens", None),
+                              **common) for text, ids in _prompts(body.get("prompt"))]
     return _parsed(reqs, answers_per_prompt(body), boolean(body, "stream"))
 
 
@@ -144,7 +146,9 @@ def chat_request(body: dict, models: tuple[str, ...], request_id: str, unknown: 
         common["guide"] = calls.guide
     req = GenerationRequest(request_id=request_id, messages=messages_of(body), tools=shown, logprobs=want,
                             top_logprobs=top, add_generation_prompt=boolean(body, "add_generation_prompt", True),
-                            continue_final_message=boolean(body, "continue_final_message"), **common)
+                            continue_final_message=boolean(body, "continue_final_message"),
+                            add_special_tokens=boolean(body, "add_special_tokens", None),
+                            template_kwargs=chat_template_kwargs(body), **common)
     return _parsed([req], answers_per_prompt(body), boolean(body, "stream"), calls)
 
 

@@ -30,13 +30,14 @@ _OBJECT = json.dumps({"type": "object"})
 _SAMPLING = {"model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "stream",
              "stream_options", "stop", "stop_token_ids", "ignore_eos", "seed", "n", "min_tokens",
              "presence_penalty", "frequency_penalty", "logprobs", "logit_bias", "best_of", "skip_special_tokens",
-             "include_stop_str_in_output", "bad_words", *GUIDE_FIELDS}
+             "include_stop_str_in_output", "bad_words", "truncate_prompt_tokens", "add_special_tokens",
+             "use_beam_search", *GUIDE_FIELDS}
 _BOOKKEEPING = {"user", "metadata", "store", "service_tier"}  # accepted, ignored: they change no token
 COMPLETION_FIELDS = _SAMPLING | _BOOKKEEPING | {"prompt", "echo", "suffix"}
 CHAT_FIELDS = _SAMPLING | _BOOKKEEPING | {"messages", "max_completion_tokens", "top_logprobs",
                                           "tools", "tool_choice", "parallel_tool_calls", "functions",
                                           "function_call", "modalities", "add_generation_prompt",
-                                          "continue_final_message"}
+                                          "continue_final_message", "chat_template_kwargs"}
 
 
 class UnknownFields:
@@ -70,6 +71,36 @@ def refuse_unsupported(body: dict) -> None:
                               "function_call")
     if body.get("modalities") not in (None, ["text"]):
         raise InvalidArgument("modalities: only [\"text\"] is supported", "modalities")
+    if body.get("use_beam_search") not in (None, False):
+        raise InvalidArgument("use_beam_search: beam search is not supported; every answer is sampled (or greedy "
+                              "with temperature 0)", "use_beam_search")
+
+
+def truncate_prompt_tokens(body: dict) -> int | None:
+    """vLLM's `truncate_prompt_tokens`: keep the prompt's last k tokens (k >= 1), or -1: the model's
+    context; None: no truncation."""
+    k = number(body, "truncate_prompt_tokens", None, int)
+    if k is not None and not (k == -1 or k >= 1):
+        raise InvalidArgument(f"'truncate_prompt_tokens' must be an integer >= 1 (keep the prompt's last that many "
+                              f"tokens) or -1 (the model's context), got {k}", "truncate_prompt_tokens")
+    return k
+
+
+_TEMPLATE_OWN = ("messages", "tools", "add_generation_prompt", "bos_token", "eos_token", "raise_exception")
+
+
+def chat_template_kwargs(body: dict) -> dict:
+    """vLLM's `chat_template_kwargs`: more variables for the chat template (e.g. Qwen 3's
+    `enable_thinking`). The ones the request sets itself stay the request's."""
+    v = body.get("chat_template_kwargs")
+    if v is None:
+        return {}
+    if not isinstance(v, dict):
+        raise InvalidArgument("'chat_template_kwargs' must be an object of template variables", "chat_template_kwargs")
+    if taken := sorted(set(v) & set(_TEMPLATE_OWN)):
+        raise InvalidArgument(f"chat_template_kwargs may not set {', '.join(taken)}: the request's own fields "
+                              f"(messages, tools, add_generation_prompt) give those", "chat_template_kwargs")
+    return v
 
 
 def answers_per_prompt(body: dict) -> int:

@@ -12,3 +12,20 @@ def openai_client(served):
     c = openai.OpenAI(base_url=served.http + "/v1", api_key="unused", max_retries=0, timeout=120)
     yield c
     c.close()
+
+
+@pytest.fixture(scope="session")
+def templated(built_engines, tmp_path_factory):
+    """`tandem serve` with a tool-aware chat template (tests/serve/templated.py) and the hermes tool-call
+    parser: the `openai` SDK against it, and the template's path."""
+    from tests.conftest import start_serve, stop_serve
+    from tests.serve.templated import write_template
+
+    openai = pytest.importorskip("openai")
+    work = tmp_path_factory.mktemp("serve-templated")
+    template = write_template(work)
+    s = start_serve(built_engines, work, "--chat-template", template, "--tool-call-parser", "hermes")
+    c = openai.OpenAI(base_url=s.http + "/v1", api_key="unused", max_retries=0, timeout=120)
+    yield c, template, s
+    c.close()
+    stop_serve(s)

@@ -1,9 +1,10 @@
-"""tool_choice "auto" on a real 1P1D stack started with `--tool-call-parser hermes`: the model's own
-text is read for `<tool_call>` blocks. An answer that calls nothing is the engine's text, unchanged; an
-answer that calls (made to, here, by a regex guide in the Hermes format: the small default model was
-not trained to call tools) comes back as OpenAI `tool_calls` with the engine's arguments, its words
-before the call as content, finish_reason "tool_calls", streamed and not. And the reader itself, piece
-by piece, on the texts a model may write."""
+"""tool_choice "auto" on a real 1P1D stack started with `--tool-call-parser hermes` and a chat template
+that shows the model its tools (tests/serve/templated.py): the model's own text is read for
+`<tool_call>` blocks. An answer that calls nothing is the engine's text, unchanged; an answer that
+calls (made to, here, by a regex guide in the Hermes format: the small default model was not trained to
+call tools) comes back as OpenAI `tool_calls` with the engine's arguments, its words before the call as
+content, finish_reason "tool_calls", streamed and not. And the reader itself, piece by piece, on the
+texts a model may write."""
 
 from __future__ import annotations
 
@@ -11,36 +12,26 @@ import json
 
 import pytest
 
-from engine.tokenizer import ChatMessage
 from frontdoor.tool_call_text import CallReader
 from tandem.guides import Guide, GuideKind
 from tandem.sampling_params import SamplingParams
-from tests.conftest import complete, start_serve, stop_serve
+from tests.conftest import complete
+from tests.serve.templated import templated_ids
 from tests.serve.test_tool_calls import ASK, MODEL, TIME, WEATHER, _streamed_calls
-
-openai = pytest.importorskip("openai")
 
 # a Hermes call of get_weather with a city the model picks: "Checking." then the block
 CALL_REGEX = (r'Checking\.\n<tool_call>\n\{"name": "get_weather", "arguments": \{"city": "[A-Z][a-z]{2,12}", '
               r'"unit": "celsius"\}\}\n</tool_call>')
 
 
-@pytest.fixture(scope="module")
-def hermes(built_engines, tmp_path_factory):
-    s = start_serve(built_engines, tmp_path_factory.mktemp("serve-hermes"), "--tool-call-parser", "hermes")
-    c = openai.OpenAI(base_url=s.http + "/v1", api_key="unused", max_retries=0, timeout=120)
-    yield c
-    c.close()
-    stop_serve(s)
-
-
-def _engine_text(engine, guide: Guide | None, **params) -> str:
-    ids = engine.tokenizer.encode_chat([ChatMessage(m["role"], m["content"]) for m in ASK], [WEATHER, TIME])
+def _engine_text(engine, engines, template: str, guide: Guide | None, **params) -> str:
+    ids = templated_ids(engines, template, ASK, [WEATHER, TIME])
     return engine.tokenizer.decode(complete(engine, ids, SamplingParams(guide=guide, **params)).output_ids)
 
 
-def test_an_answer_without_a_call_is_the_engines_text(hermes, default_engine):
-    want = _engine_text(default_engine, None, max_tokens=24)
+def test_an_answer_without_a_call_is_the_engines_text(templated, default_engine, built_engines):
+    hermes, template, _ = templated
+    want = _engine_text(default_engine, built_engines, template, None, max_tokens=24)
     assert "<tool_call>" not in want
     kw = dict(model=MODEL, messages=ASK, tools=[WEATHER, TIME], max_tokens=24, temperature=0)  # "auto": the default
     got = hermes.chat.completions.create(**kw).choices[0]
@@ -50,8 +41,10 @@ def test_an_answer_without_a_call_is_the_engines_text(hermes, default_engine):
     assert not _streamed_calls(chunks) and chunks[-1].choices[0].finish_reason == "length"
 
 
-def test_a_call_in_the_text_is_a_tool_call_with_the_engines_arguments(hermes, default_engine):
-    text = _engine_text(default_engine, Guide(GuideKind.REGEX, CALL_REGEX), max_tokens=60, temperature=0.8, seed=4)
+def test_a_call_in_the_text_is_a_tool_call_with_the_engines_arguments(templated, default_engine, built_engines):
+    hermes, template, _ = templated
+    text = _engine_text(default_engine, built_engines, template, Guide(GuideKind.REGEX, CALL_REGEX), max_tokens=60,
+                        temperature=0.8, seed=4)
     block = json.loads(text[text.index("<tool_call>") + len("<tool_call>"):text.index("</tool_call>")])
     want = ("get_weather", block["arguments"])
     kw = dict(model=MODEL, messages=ASK, tools=[WEATHER, TIME], tool_choice="auto", max_tokens=60, temperature=0.8,

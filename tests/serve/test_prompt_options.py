@@ -1,0 +1,101 @@
+"""vLLM's prompt options, each answer exactly the engine's on the prompt ids the option says:
+`truncate_prompt_tokens` keeps the prompt's last k tokens (echo shows those, usage counts them);
+`chat_template_kwargs` reach the chat template (answers and /tokenize); `add_special_tokens` lets the
+tokenizer add its BOS (text prompts: yes, chats: no, unless said). Beam search and template variables
+the request sets itself are 400s naming the field."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from control.requests import GenerationRequest, Limits, prepare
+from engine.checkpoint import resolve
+from engine.tokenizer import ChatMessage, Tokenizer
+from tandem.sampling_params import SamplingParams
+from tests.conftest import complete
+from tests.serve.templated import templated_ids
+from tests.serve.test_door_conformance import http
+
+MODEL = "smollm2-135m"
+LONG = ("The keeper of the lighthouse on the northern island wrote in his log every night: the wind, the "
+        "ships that passed, and the colour of the sea at dusk. One winter evening he wrote")
+
+
+def _greedy(engine, ids: list[int], n: int) -> str:
+    return engine.tokenizer.decode(complete(engine, ids, SamplingParams(max_tokens=n)).output_ids)
+
+
+def test_truncate_prompt_tokens_answers_the_prompts_last_tokens(openai_client, default_engine):
+    ids = default_engine.tokenizer.encode(LONG)
+    assert len(ids) > 16
+    want = _greedy(default_engine, ids[-8:], 12)
+    assert want != _greedy(default_engine, ids, 12)  # the cut changes the answer: the test can tell
+    kw = dict(model=MODEL, prompt=LONG, max_tokens=12, temperature=0)
+    got = openai_client.completions.create(**kw, extra_body={"truncate_prompt_tokens": 8})
+    assert got.choices[0].text == want and got.usage.prompt_tokens == 8
+    echoed = openai_client.completions.create(**kw, echo=True, extra_body={"truncate_prompt_tokens": 8})
+    assert echoed.choices[0].text == default_engine.tokenizer.decode(ids[-8:]) + want  # the prompt it answered
+    whole = openai_client.completions.create(**kw, extra_body={"truncate_prompt_tokens": -1})  # the context: no cut
+    assert whole.choices[0].text == _greedy(default_engine, ids, 12) and whole.usage.prompt_tokens == len(ids)
+
+
+@pytest.mark.parametrize("extra, param, says", [
+    ({"truncate_prompt_tokens": 0}, "truncate_prompt_tokens", ">= 1"),
+    ({"truncate_prompt_tokens": "8"}, "truncate_prompt_tokens", "integer"),
+    ({"use_beam_search": True}, "use_beam_search", "beam search is not supported"),
+    ({"chat_template_kwargs": {"messages": []}}, "chat_template_kwargs", "may not set messages"),
+    ({"chat_template_kwargs": ["enable_thinking"]}, "chat_template_kwargs", "an object"),
+    ({"add_special_tokens": "yes"}, "add_special_tokens", "boolean"),
+])
+def test_a_prompt_option_we_cannot_honour_is_a_400_naming_it(served, extra, param, says):
+    body = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4} | extra
+    status, reply, _ = http(served.http, "/v1/chat/completions", body)
+    assert status == 400 and reply["error"]["param"] == param and says in reply["error"]["message"], reply
+
+
+def test_chat_template_kwargs_reach_the_template(templated, default_engine, built_engines):
+    client, template, stack = templated
+    ask = [{"role": "user", "content": "Name a large city."}]
+    plain, quiet = templated_ids(built_engines, template, ask), templated_ids(built_engines, template, ask,
+                                                                               enable_thinking=False)
+    assert plain != quiet  # the template writes " /no_think" when told
+    kw = dict(model=MODEL, messages=ask, max_tokens=12, temperature=0)
+    got = client.chat.completions.create(**kw, extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    assert got.choices[0].message.content == _greedy(default_engine, quiet, 12)
+    assert got.usage.prompt_tokens == len(quiet)
+    status, body, _ = http(stack.http, "/tokenize", {"messages": ask, "chat_template_kwargs": {"enable_thinking": False}})
+    assert status == 200 and body["tokens"] == quiet, body
+
+
+@pytest.fixture(scope="module")
+def bos_tokenizer(tmp_path_factory):
+    """The default model's tokenizer.json with a post-processor that adds a BOS (<|im_start|>), as many
+    models' do (SmolLM2's adds none)."""
+    folder = tmp_path_factory.mktemp("bos-tokenizer")
+    src = resolve(MODEL).folder
+    with open(f"{src}/tokenizer.json", encoding="utf-8") as f:
+        spec = json.load(f)
+    bos = next(t for t in spec["added_tokens"] if t["content"] == "<|im_start|>")
+    start, seq = {"SpecialToken": {"id": "<|im_start|>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}
+    spec["post_processor"] = {"type": "TemplateProcessing", "single": [start, seq], "pair": [start, seq],
+                              "special_tokens": {"<|im_start|>": {"id": "<|im_start|>", "ids": [bos["id"]],
+                                                                  "tokens": ["<|im_start|>"]}}}
+    (folder / "tokenizer.json").write_text(json.dumps(spec))
+    shutil.copyfile(f"{src}/tokenizer_config.json", folder / "tokenizer_config.json")
+    return Tokenizer(str(folder)), bos["id"]
+
+
+def test_add_special_tokens_gives_a_text_prompt_its_bos_and_a_chat_none_unless_asked(bos_tokenizer):
+    tok, bos = bos_tokenizer
+    limits = Limits(max_context=2048, vocab_size=tok.vocab_size)
+    ids = lambda **kw: prepare(GenerationRequest("r", max_tokens=1, **kw), tok, limits).prompt_ids  # noqa: E731
+    text = tok.encode("Hello there", add_special_tokens=False)
+    assert ids(prompt="Hello there") == [bos, *text]  # a text prompt: the tokenizer's BOS, as vLLM
+    assert ids(prompt="Hello there", add_special_tokens=False) == text
+    chat = tok.encode_chat([ChatMessage("user", "Hi")])
+    assert chat[0] == bos and chat[1] != bos  # the template writes <|im_start|> itself ...
+    assert ids(messages=(ChatMessage("user", "Hi"),)) == chat  # ... so a chat gets no second one
+    assert ids(messages=(ChatMessage("user", "Hi"),), add_special_tokens=True) == [bos, *chat]

@@ -6,6 +6,8 @@ import json
 import os
 from collections import Counter
 
+from clients.chaos.harness import EXTRA
+
 # outcomes that are not failures of the server: the client walked away, or the request was shed (429)
 NOT_FAILED = {"OK", "CLIENT_CANCELLED"}
 
@@ -23,6 +25,7 @@ def _stats(outs: list) -> dict:
         "canary_error_rate": (sum(o.status != "OK" or o.correct is False for o in canaries) / len(canaries)
                               if canaries else None),
         "checked": len(checked), "wrong": sum(o.correct is False for o in checked),
+        "checked_structured": sum(o.prompt in EXTRA for o in checked),  # of them, sampled structured answers
         "longest_s": max((o.seconds for o in ended), default=0.0),
     }
 
@@ -61,7 +64,8 @@ def markdown(doc: dict, command: str) -> str:
     o = doc["overall"]
     lines += ["", f"Overall: {o['sent']} requests, {o['completed']} completed, failed {_fmt(o['failed'])}, "
                   f"{o['client_cancelled']} walked away by design; canary error rate {_fmt(o['canary_error_rate'])}; "
-                  f"{o['wrong']} wrong of {o['checked']} checked answers; longest request {o['longest_s']:.1f} s.",
+                  f"{o['wrong']} wrong of {o['checked']} checked answers ({o['checked_structured']} of them sampled "
+                  f"structured output); longest request {o['longest_s']:.1f} s.",
               f"Pages in use at the end: {_fmt(doc['pages_in_use_at_end'])}.", ""]
     if doc.get("leftovers") is not None:
         lines.append(f"Left over after the deployment stopped (its own processes and shm; others on the machine "

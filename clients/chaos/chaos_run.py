@@ -5,9 +5,10 @@ processes and shared memory only, not those of others on the same machine)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 
-from clients.chaos.harness import CANARIES, LOAD, ChaosConfig, Harness, server_references
+from clients.chaos.harness import CANARIES, EXTRA, LOAD, ChaosConfig, Harness, server_references
 from clients.chaos.leftovers import Tracker
 from clients.chaos.scenarios import LONG_PROMPT
 
@@ -34,10 +35,9 @@ class ChaosRun:
             return asyncio.run(server_references(cfg.url, lengths))
         from engine.generate import run_generation
         from engine.load import load_engine
-        from tandem.sampling_params import SamplingParams
 
         engine = load_engine(os.path.join(self.engines, "prefill"), kv_bytes=256 << 20)
-        return {p: run_generation(engine, engine.tokenizer.encode(p), SamplingParams(max_tokens=n)).text
+        return {p: run_generation(engine, engine.tokenizer.encode(p), _params(n, EXTRA.get(p, {}))).text
                 for p, n in lengths.items()}
 
     async def against(self, url: str, workdir: str, references: dict | None = None) -> dict:
@@ -63,3 +63,14 @@ class ChaosRun:
         doc["serve_exit_code"] = code
         doc["leftovers"] = tracker.leftovers()
         return doc
+
+
+def _params(max_tokens: int, extra: dict):
+    """The SamplingParams the OpenAI door makes of a harness request's fields (greedy unless `extra`
+    gives a temperature, a seed, a guided_json schema)."""
+    from tandem.guides import Guide, GuideKind
+    from tandem.sampling_params import SamplingParams
+
+    schema = extra.get("guided_json")
+    return SamplingParams(max_tokens=max_tokens, temperature=extra.get("temperature", 0.0), seed=extra.get("seed"),
+                          guide=Guide(GuideKind.JSON_SCHEMA, json.dumps(schema)) if schema is not None else None)

@@ -36,10 +36,12 @@ class Outcome:
 
 
 async def complete(session: aiohttp.ClientSession, url: str, kind: str, prompt: str, max_tokens: int,
-                   cancel_after_s: float | None = None, timeout_s: float = 120.0, exact_length: bool = False) -> Outcome:
-    """`exact_length`: ask for exactly max_tokens tokens (min_tokens too), so the answer cannot end early."""
+                   cancel_after_s: float | None = None, timeout_s: float = 120.0, exact_length: bool = False,
+                   extra: dict | None = None) -> Outcome:
+    """`exact_length`: ask for exactly max_tokens tokens (min_tokens too), so the answer cannot end early;
+    `extra`: request fields over the greedy defaults (e.g. a seed, a temperature and a guide)."""
     out = Outcome(kind, prompt, time.monotonic())
-    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True}
+    body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True} | (extra or {})
     if exact_length:
         body["min_tokens"] = max_tokens
     try:

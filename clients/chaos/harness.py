@@ -24,7 +24,13 @@ log = logging.getLogger("tandem.chaos")
 CANARIES = ("The capital of France is", "Water boils at a temperature of", "The first month of the year is",
             "A triangle has three")
 LOAD = ("Write a short note about the weather today.", "List three uses of copper.",
-        "Explain in one sentence what a compiler does.", "Describe a sunrise over the sea.")
+        "Explain in one sentence what a compiler does.", "Describe a sunrise over the sea.", "Describe a city as JSON.")
+# prompts sent with more than the greedy defaults, checked as exactly: a seeded, sampled answer that
+# follows a JSON schema (structured output), so a resumed one must rebuild its grammar state and draws
+CITY = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 24},
+                                         "founded": {"type": "integer", "minimum": 0, "maximum": 2100}},
+        "required": ["city", "founded"], "additionalProperties": False}
+EXTRA = {"Describe a city as JSON.": {"temperature": 0.8, "seed": 7, "guided_json": CITY}}
 
 
 @dataclass(frozen=True)
@@ -86,7 +92,7 @@ class Harness:
             self.background[key] = (prompt, max_tokens)
         try:
             return self.record(await complete(session, self.cfg.url, kind, prompt, max_tokens, cancel_after_s,
-                                              self.cfg.request_timeout_s, exact_length))
+                                              self.cfg.request_timeout_s, exact_length, EXTRA.get(prompt)))
         finally:
             self.background.pop(key, None)
 
@@ -172,11 +178,11 @@ class Harness:
 
 
 async def server_references(url: str, max_tokens: dict[str, int]) -> dict[str, str]:
-    """Each prompt's greedy answer from the healthy server, one at a time."""
+    """Each prompt's answer (greedy, or as EXTRA says) from the healthy server, one at a time."""
     out = {}
     async with aiohttp.ClientSession() as session:
         for prompt, n in max_tokens.items():
-            o = await complete(session, url, "reference", prompt, n)
+            o = await complete(session, url, "reference", prompt, n, extra=EXTRA.get(prompt))
             if o.status != "OK":
                 raise RuntimeError(f"the server could not answer the reference prompt {prompt!r}: {o.status}")
             out[prompt] = o.text

@@ -86,6 +86,7 @@ def test_1p1d_kill_of_either_worker_hangs_nothing_and_heals(one_by_one, referenc
         assert scenario["wrong"] == 0 and scenario["recovered"], scenario
         assert scenario["longest_s"] < 120  # no hang: the deadline bounds every request
     assert doc["pages_in_use_at_end"] == 0
+    assert doc["overall"]["checked_structured"] > 0  # sampled JSON-schema answers were checked exactly too
     restarted = [m[1] for e in worker_events(one_by_one) if (m := re.search(r"worker (\S+) is back at", e))]
     assert sorted(restarted) == ["decode-0", "prefill-0"], worker_events(one_by_one)  # one restart per kill
 
@@ -105,7 +106,8 @@ def test_pull_1p1d_kills_and_a_cancel_storm_lose_nothing_and_free_every_page(bui
                                                                             transport):
     """The pull handoff under the same faults, read over shm and over NIXL READ: a killed worker's
     requests finish or fail retryably (a resumed request is prefilled again, and its old hold ends with
-    the failed attempt), and a cancel storm gives back every decode page and every prefill hold."""
+    the failed attempt; a structured answer exactly as unbroken), and a cancel storm gives back every
+    decode page and every prefill hold."""
     path = tmp_path / "pull.yaml"
     path.write_text(yaml.safe_dump({"limits": {"max_in_flight": 128, "max_queued_tokens": 200_000},
                                     "handoff": {"mode": "pull"}, "transport": transport}))
@@ -122,6 +124,7 @@ def test_pull_1p1d_kills_and_a_cancel_storm_lose_nothing_and_free_every_page(bui
     back = storm["details"]["pages_back_to_idle_s"]
     assert back is not None, str(storm["details"])  # a str is shown in full (a dict is cut); time reported
     assert doc["pages_in_use_at_end"] == 0
+    assert doc["overall"]["checked_structured"] > 0  # sampled JSON-schema answers, resumed after kills too
     assert "Traceback" not in open(s.log_path).read()
 
 

@@ -54,6 +54,7 @@ class GenerationRequest:
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias): SamplingParams.logit_bias
     guide: Guide | None = None  # structured output: the grammar the answer follows (tandem/guides.py)
     bad_words: tuple[str, ...] = ()  # texts the answer never contains, each tokenized as it is given
+    allowed_token_ids: tuple[int, ...] = ()  # the only tokens the answer may hold (vLLM's); () = any
     exclude_input: bool = True  # False: non-streamed text also repeats the prompt (Triton ensemble default)
     skip_special_tokens: bool = True  # False: the answer's text keeps special tokens (vLLM's field)
     include_stop_str_in_output: bool = False  # True: the text ends with the stop string that ended it (vLLM's)
@@ -126,8 +127,10 @@ def prepare(req: GenerationRequest, tokenizer: Tokenizer, limits: Limits) -> Pre
                             frequency_penalty=float(req.frequency_penalty),
                             stop_token_ids=tuple(req.stop_token_ids), logit_bias=tuple(req.logit_bias), guide=req.guide,
                             bad_words=_bad_words(req.bad_words, tokenizer),
+                            allowed_token_ids=tuple(sorted(set(req.allowed_token_ids))),
                             extra_eos=(req.end_id,) if req.end_id is not None else ()).with_seed()
     limits.check_ids([t for t, _ in params.logit_bias], "logit_bias")
+    limits.check_ids(params.allowed_token_ids, "allowed_token_ids")
     if params.guide is not None:  # compiled here once, so a bad schema is the client's 400, never a worker's fault
         guides(tokenizer, limits).check(params.guide)
     ends = () if params.ignore_eos else (*limits.end_ids, *params.extra_eos)

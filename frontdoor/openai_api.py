@@ -49,7 +49,8 @@ def _common(body: dict, allowed: set[str], models: tuple[str, ...], max_tokens_d
                 stop_token_ids=token_ids(body, "stop_token_ids"), ignore_eos=boolean(body, "ignore_eos"),
                 logit_bias=logit_bias(body), skip_special_tokens=boolean(body, "skip_special_tokens", True),
                 include_stop_str_in_output=boolean(body, "include_stop_str_in_output"), guide=guide(body),
-                bad_words=bad_words(body), truncate_prompt_tokens=truncate_prompt_tokens(body))
+                bad_words=bad_words(body), allowed_token_ids=token_ids(body, "allowed_token_ids", nonempty=True),
+                truncate_prompt_tokens=truncate_prompt_tokens(body))
 
 
 def completion_request(body: dict, models: tuple[str, ...], request_id: str,

@@ -30,8 +30,8 @@ _OBJECT = json.dumps({"type": "object"})
 _SAMPLING = {"model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "stream",
              "stream_options", "stop", "stop_token_ids", "ignore_eos", "seed", "n", "min_tokens",
              "presence_penalty", "frequency_penalty", "logprobs", "logit_bias", "best_of", "skip_special_tokens",
-             "include_stop_str_in_output", "bad_words", "truncate_prompt_tokens", "add_special_tokens",
-             "use_beam_search", *GUIDE_FIELDS}
+             "include_stop_str_in_output", "bad_words", "allowed_token_ids", "truncate_prompt_tokens",
+             "add_special_tokens", "use_beam_search", *GUIDE_FIELDS}
 _BOOKKEEPING = {"user", "metadata", "store", "service_tier"}  # accepted, ignored: they change no token
 COMPLETION_FIELDS = _SAMPLING | _BOOKKEEPING | {"prompt", "echo", "suffix"}
 CHAT_FIELDS = _SAMPLING | _BOOKKEEPING | {"messages", "max_completion_tokens", "top_logprobs",
@@ -167,12 +167,15 @@ def bad_words(body: dict) -> tuple[str, ...]:
     return tuple(dict.fromkeys(form for w in v for form in (w.lstrip(), " " + w.lstrip())))
 
 
-def token_ids(body: dict, key: str) -> tuple[int, ...]:
+def token_ids(body: dict, key: str, nonempty: bool = False) -> tuple[int, ...]:
+    """A list of token ids, or null/absent: (); `nonempty`: a list given must hold one at least."""
     v = body.get(key)
     if v is None:
         return ()
     if not isinstance(v, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in v):
-        raise InvalidArgument(f"'{key}' must be a list of token ids (integers), got {v!r}", key)
+        raise InvalidArgument(f"'{key}' must be a list of token ids (integers), got {v!r}"[:300], key)
+    if nonempty and not v:
+        raise InvalidArgument(f"'{key}' must name one token at least (or be left out)", key)
     return tuple(v)
 
 

@@ -50,6 +50,7 @@ class SamplingParams:
     guide: Guide | None = None  # the grammar the output follows (tandem/guides.py); None: free text
     bad_words: tuple[tuple[int, ...], ...] = ()  # token sequences the output never contains (their last token
     # is banned where the output ends with the rest)
+    allowed_token_ids: tuple[int, ...] = ()  # the only tokens the output may hold, distinct; () = any
 
     def __post_init__(self) -> None:
         if not _is_int(self.max_tokens) or self.max_tokens < 1:
@@ -87,6 +88,12 @@ class SamplingParams:
                 raise InvalidArgument(f"{name} must be non-negative token ids", name)
         _check_logit_bias(self.logit_bias)
         _check_bad_words(self.bad_words)
+        allowed = self.allowed_token_ids
+        if any(not _is_int(t) or t < 0 for t in allowed) or len(set(allowed)) != len(allowed):
+            raise InvalidArgument("allowed_token_ids must be distinct non-negative token ids", "allowed_token_ids")
+        if allowed and self.guide is not None:
+            raise InvalidArgument("allowed_token_ids and structured output exclude each other (the grammar already "
+                                  "says which tokens may come): send one of them", "allowed_token_ids")
         if self.guide is not None and not isinstance(self.guide, Guide):
             raise InvalidArgument(f"guide must be a Guide or None, got {type(self.guide).__name__}", "guide")
 
@@ -96,8 +103,9 @@ class SamplingParams:
 
     @property
     def edits_logits(self) -> bool:
-        """True when sampling changes the model's logits before choosing (penalties, a logit bias, a guide)."""
-        return self.penalized or bool(self.logit_bias) or self.guide is not None
+        """True when sampling changes the model's logits before choosing (penalties, a logit bias, a guide,
+        a list of allowed tokens)."""
+        return self.penalized or bool(self.logit_bias) or self.guide is not None or bool(self.allowed_token_ids)
 
     @property
     def penalized(self) -> bool:

@@ -83,6 +83,19 @@ def test_banned_tokens_are_never_chosen():
     assert tokens == [1]
 
 
+def test_only_allowed_tokens_are_chosen_and_a_ban_never_takes_the_last_of_them():
+    logits = torch.tensor([[9.0, 1.0, 3.0, 2.0, 0.0]])
+    allowed = SamplingParams(allowed_token_ids=(1, 3, 4))
+    assert sample(logits.clone(), [allowed], [0], [()])[0] == [3]  # greedy: the best allowed one
+    drawn = {sample(logits.clone(), [SamplingParams(temperature=5.0, seed=s, allowed_token_ids=(1, 3, 4))], [0],
+                    [()])[0][0] for s in range(200)}
+    assert drawn == {1, 3, 4}
+    assert sample(logits.clone(), [allowed], [0], [(3,)])[0] == [1]  # a ban (min_tokens' EOS) still applies ...
+    assert sample(logits.clone(), [allowed], [0], [(1, 3, 4)])[0] == [3]  # ... unless it would leave nothing
+    _, lps = sample(logits.clone(), [SamplingParams(logprobs=True, allowed_token_ids=(1, 3, 4))], [0], [()])
+    assert lps[0].logprob == pytest.approx(float(torch.log_softmax(logits[0], -1)[3]))  # the model's own logprob
+
+
 def test_logprobs_equal_transformers_log_softmax(default_engine, hf_default_model, ids):
     seq = generate(default_engine, [ids], [SamplingParams(max_tokens=8, logprobs=True)])[0]
     _, hf = hf_default_model
@@ -110,6 +123,7 @@ def test_min_tokens_suppresses_eos(default_engine):
     (dict(min_tokens=5, max_tokens=2), "min_tokens must be in [0, max_tokens=2]"),
     (dict(stop=("",)), "non-empty strings"),
     (dict(seed=-1), "seed must be an integer in"),
+    (dict(allowed_token_ids=(3, 3)), "distinct non-negative"),
 ])
 def test_bad_parameters_are_refused_with_the_limit(kwargs, message):
     with pytest.raises(InvalidArgument) as e:

@@ -215,8 +215,9 @@ class DecodeLoop:
         never_read = lease.state is LeaseState.PULLING and not lease.scheduled
         if lease.pulling or never_read:
             lease.end_status = lease.end_status or error or Cancelled(f"request {lease.request_id} ended")
-            if never_read:  # the reader stops at once, reading nothing, and still tells the source it is
-                lease.scheduled = True  # done (a NIXL hold's pages need not wait for the fence timeout)
+            if never_read:  # the read stops at once, reading nothing, and still tells the source it is
+                # done (a NIXL hold's pages need not wait for the fence timeout): puller.py
+                lease.scheduled = True
                 self.puller.submit(lease)
             return  # a read is copying into its pages: they are freed when it returns (_pulled)
         if not lease.handed_out:

@@ -66,7 +66,8 @@ def test_chat_template_kwargs_reach_the_template(templated, default_engine, buil
     got = client.chat.completions.create(**kw, extra_body={"chat_template_kwargs": {"enable_thinking": False}})
     assert got.choices[0].message.content == _greedy(default_engine, quiet, 12)
     assert got.usage.prompt_tokens == len(quiet)
-    status, body, _ = http(stack.http, "/tokenize", {"messages": ask, "chat_template_kwargs": {"enable_thinking": False}})
+    status, body, _ = http(stack.http, "/tokenize",
+                           {"messages": ask, "chat_template_kwargs": {"enable_thinking": False}})
     assert status == 200 and body["tokens"] == quiet, body
 
 

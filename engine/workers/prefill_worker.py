@@ -94,12 +94,21 @@ class PrefillWorker(PrefillRuns):
     # -- calls (any thread) -------------------------------------------------------------------------
 
     def submit(self, msg: Prefill, sink: Responder) -> None:
-        """Queue a request; raises (InvalidRequest, TransferFailed) at once for one that cannot run."""
-        if msg.pull and (self.holds is None or msg.destination is not None):
-            raise InvalidRequest("a pull prefill needs a worker that exports its pool (handoff mode pull) and "
-                                 "takes no destination" if self.holds is None else "a pull prefill takes no destination")
-        seq = self.engine.new_sequence(msg.request_id, msg.prompt_ids, msg.sampling, msg.output_ids)
+        """Queue a request; raises (InvalidRequest, TransferFailed) at once for one that cannot run. A refused
+        request's writer is opened and closed at once, so that its destination hears that no write will come
+        (NIXL's `closed` notice: the decode lease need not wait for the fence timeout if the orchestrator
+        cannot say `writer_closed`, its client having left before this answer)."""
         writer = self._writer(msg) if msg.destination is not None else DiscardWriter()
+        try:
+            if msg.pull and (self.holds is None or msg.destination is not None):
+                raise InvalidRequest("a pull prefill needs a worker that exports its pool (handoff mode pull) and "
+                                     "takes no destination" if self.holds is None else
+                                     "a pull prefill takes no destination")
+            seq = self.engine.new_sequence(msg.request_id, msg.prompt_ids, msg.sampling, msg.output_ids)
+        except BaseException:
+            writer.abort()
+            self.loop.wake()  # the notice leaves while the loop progresses the transport
+            raise
         with self.lock:
             cached = self.engine.prefix.peek(seq) if self.caching else 0  # what it will likely find
             chunked = self.engine.cache is not None and seq.num_tokens - cached > self.pass_tokens

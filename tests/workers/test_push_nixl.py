@@ -9,6 +9,7 @@ import time
 import pytest
 
 from engine.engine import Engine
+from engine.errors import InvalidRequest
 from engine.kv_pool import KVCache
 from engine.transports.host import PoolHost
 from engine.transports.nixl import available as nixl_available
@@ -46,6 +47,36 @@ def test_an_idle_decode_worker_frees_a_fenced_lease_at_its_writers_close_notice(
         assert prefill.abort("gone").found
         t0 = time.monotonic()
         assert psink.finished.wait(10) and isinstance(psink.error, Cancelled)
+        assert wait_until(lambda: d_engine.allocator.num_used == 0 and not decode.fencing, 20)
+        took = time.monotonic() - t0
+        assert took < 10, f"the pages came back after {took:.1f}s: at the fence timeout, not at the notice"
+    finally:
+        prefill.close()
+        decode.close()
+        d_host.close()
+
+
+def test_a_prefill_refused_by_its_worker_still_closes_its_destination(default_engine):
+    """A Prefill the prefill worker refuses (a token outside the vocabulary here: a request valid at the
+    edge but not on this worker is the case in service) never writes, yet its writer is opened and
+    closed, so the decode lease hears `closed`. Released without `writer_closed` (the orchestrator's
+    client left before the refusal arrived), its pages come back at once, not at the fence timeout."""
+    model, tok, layout = default_engine.model, default_engine.tokenizer, default_engine.cache.layout
+    d_engine = Engine(model, tok, KVCache(layout, 64), identity=default_engine.identity)
+    d_host = PoolHost(d_engine.cache, ("nixl",))
+    decode = DecodeWorker(d_engine, d_host, transfer_timeout_s=10.0, fence_timeout_s=30.0).launch()
+    prefill = PrefillWorker(Engine(model, tok, None, identity=default_engine.identity)).launch()
+    try:
+        ids = tok.encode("Tell me about the history of the Roman empire in detail.")
+        params = SamplingParams(max_tokens=4)
+        reserved, dsink = reserve(decode, ids, params, "refused")
+        with pytest.raises(InvalidRequest, match="token ids must be in"):
+            prefill.submit(Prefill("refused", [*ids[:-1], 10 ** 9], params, destination=reserved.destination),
+                           ListSink())
+        assert not prefill.abort("refused").found  # the orchestrator's Abort finds nothing to stop
+        t0 = time.monotonic()
+        decode.release(Release("refused", reserved.lease, writer_closed=False))
+        assert dsink.finished.wait(10)
         assert wait_until(lambda: d_engine.allocator.num_used == 0 and not decode.fencing, 20)
         took = time.monotonic() - t0
         assert took < 10, f"the pages came back after {took:.1f}s: at the fence timeout, not at the notice"

@@ -14,6 +14,7 @@ import urllib.request
 
 import click
 
+from frontdoor.tool_call_text import PARSER_NAMES
 from tandem.logs import FORMATS, setup_logging
 from tandem.modes import HandoffMode, Mode
 from ops.startup import StartupError, one_line
@@ -61,9 +62,10 @@ def _env(name: str) -> dict:
               help="The OpenAI model id (default: the model's own name, e.g. smollm2-135m).")
 @click.option("--chat-template", default=None, **_env("CHAT_TEMPLATE"),
               help="A Jinja chat template file, or the name of one of the model's named templates.")
-@click.option("--tool-call-parser", type=click.Choice(["hermes"]), default=None, **_env("TOOL_CALL_PARSER"),
-              help="How the model writes tool calls in its text (hermes: <tool_call> blocks); lets tool_choice "
-                   "\"auto\" (the default with tools) be served. Default: none, \"auto\" refused.")
+@click.option("--tool-call-parser", type=click.Choice(PARSER_NAMES), default=None, **_env("TOOL_CALL_PARSER"),
+              help="How the model writes tool calls in its text (hermes: <tool_call> blocks; llama3_json: the answer "
+                   "is JSON calls separated by ';'); lets tool_choice \"auto\" (the default with tools) be served. "
+                   "Default: none, \"auto\" refused.")
 @click.option("--kv-pool-bytes", type=click.IntRange(1 << 20), default=None, **_env("KV_POOL_BYTES"),
               help="Decode KV pool per worker.")
 @click.option("--chunk-tokens", type=click.IntRange(1), default=None, **_env("CHUNK_TOKENS"),

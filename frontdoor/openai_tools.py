@@ -13,7 +13,7 @@ import re
 import secrets
 from dataclasses import dataclass
 
-from frontdoor.tool_call_text import PARSERS, Call, CallReader
+from frontdoor.tool_call_text import PARSER_NAMES, Call, CallReader, reader
 from tandem.guides import Guide, GuideKind
 from tandem.status import InvalidArgument
 
@@ -25,16 +25,18 @@ _NO_ARGUMENTS = {"type": "object", "properties": {}}
 class ToolChoice:
     """The answer is one call of `name` (the answer's JSON is its arguments); with `name` None and a
     guide, a JSON list of {"name", "parameters"} calls, at least one (exactly one without parallel tool
-    calls); with no guide ("auto"), text in which the parser finds calls of `names`, if any."""
+    calls); with no guide ("auto"), text in which `parser` (tool_call_text.PARSER_NAMES) finds calls of
+    `names`, if any."""
 
     name: str | None
     guide: Guide | None
     names: frozenset[str] = frozenset()
+    parser: str = ""
 
 
 def tool_choice(body: dict, tools: tuple[dict, ...], parser: str | None = None) -> ToolChoice | None:
     """The request's tool calls, or None for a text answer (no tools, or tool_choice "none"). `parser`:
-    the deployment's tool-call parser (tool_call_text.PARSERS), which "auto" needs."""
+    the deployment's tool-call parser (tool_call_text.PARSER_NAMES), which "auto" needs."""
     choice = body.get("tool_choice")
     if not tools:
         if choice in (None, "none", "auto"):
@@ -50,10 +52,10 @@ def tool_choice(body: dict, tools: tuple[dict, ...], parser: str | None = None) 
         if parser is None:
             raise InvalidArgument(f"tool_choice \"auto\" (the default with tools) needs a parser of this model's own "
                                   f"tool-call format, and this server was started without one (tandem serve "
-                                  f"--tool-call-parser {' or '.join(PARSERS)}): send tool_choice \"required\", a "
+                                  f"--tool-call-parser {' or '.join(PARSER_NAMES)}): send tool_choice \"required\", a "
                                   f"named function ({{\"type\": \"function\", \"function\": {{\"name\": ...}}}}) or "
                                   f"\"none\"", "tool_choice")
-        return ToolChoice(None, None, frozenset(functions))
+        return ToolChoice(None, None, frozenset(functions), parser)
     if choice == "required":
         calls = [{"type": "object", "properties": {"name": {"enum": [n]}, "parameters": p},
                   "required": ["name", "parameters"], "additionalProperties": False} for n, p in functions.items()]
@@ -127,22 +129,24 @@ class ToolCallShape:
         """tool_choice "auto": the calls the text holds (tool_call_text.py), the rest its content; a
         choice that made calls and stopped ends with finish_reason "tool_calls", as OpenAI's do."""
         if not chunk:
-            reader = CallReader(self.choice.names)
-            content, calls = reader.feed(text)
-            content += reader.finish()
-            body = self.chat(rid, model, "", _reason(reason, reader), usage_, chunk, first, logprobs, index)
+            read = reader(self.choice.parser, self.choice.names)
+            content, calls = read.feed(text)
+            rest, more = read.finish()
+            content, calls = content + rest, calls + more
+            body = self.chat(rid, model, "", _reason(reason, read), usage_, chunk, first, logprobs, index)
             body["choices"][0]["message"] = {"role": "assistant", "content": content if content or not calls
                                              else None, "tool_calls": [_shaped(c) for c in calls]}
             return body
-        reader = self._readers.setdefault(index, CallReader(self.choice.names))
-        made_before = reader.calls
-        content, calls = reader.feed(text)
+        read = self._readers.setdefault(index, reader(self.choice.parser, self.choice.names))
+        made_before = read.calls
+        content, calls = read.feed(text)
         if reason:
-            content += reader.finish()
+            rest, more = read.finish()
+            content, calls = content + rest, calls + more
             del self._readers[index]
         if text and not (content or calls or reason):
             return None  # all of it may be (part of) a call: held
-        body = self.chat(rid, model, "", _reason(reason, reader), usage_, chunk, first, logprobs, index)
+        body = self.chat(rid, model, "", _reason(reason, read), usage_, chunk, first, logprobs, index)
         shaped = [{"index": made_before + i} | _shaped(c) for i, c in enumerate(calls)]
         body["choices"][0]["delta"] = ({"role": "assistant"} if first else {}) \
             | ({"content": content} if content else {}) | ({"tool_calls": shaped} if shaped else {})
@@ -170,8 +174,8 @@ class ToolCallShape:
         return [{"index": i} | c for i, c in enumerate(calls)] if streamed else calls
 
 
-def _reason(reason: str | None, reader: CallReader) -> str | None:
-    return "tool_calls" if reason == "stop" and reader.calls else reason
+def _reason(reason: str | None, read: CallReader) -> str | None:
+    return "tool_calls" if reason == "stop" and read.calls else reason
 
 
 def _shaped(call: Call) -> dict:

@@ -2,26 +2,28 @@
 
 With "auto" the model decides between answering and calling, so nothing forces the answer's shape:
 the calls are read out of the text afterwards, by a parser of the model's own call format, named by
-the deployment (`front_door.tool_call_parser`, as vLLM's `--tool-call-parser`). One format is known:
+the deployment (`front_door.tool_call_parser`, as vLLM's `--tool-call-parser`). Two formats are known:
 
 - `hermes` (Hermes 2 Pro, Qwen 2.5 and 3, SmolLM3 and others): each call is a block
   `<tool_call>{"name": "...", "arguments": {...}}</tool_call>` anywhere in the answer.
+  A block that is not a call stays text. The text outside the blocks is the answer's content, its
+  whitespace around the calls dropped. Streamed, content goes out as it comes, except what may be the
+  start of a block (a prefix of `<tool_call>`) or whitespace that may precede one; a call goes out
+  whole once its block closed. A block left open when the answer ends (cut short by max_tokens) is text.
+- `llama3_json` (Llama 3.1, 3.2 and 3.3 with JSON tool calling): the whole answer is the calls, or it
+  is text. Calls are JSON objects `{"name": "...", "parameters": {...}}` separated by `;`, after an
+  optional `<|python_tag|>`. Streamed, an answer that may be calls (its first non-blank character is
+  `{`, or it begins the tag) is held to its end and then given as calls or, if any part is not a call,
+  as its text; any other answer is content as it comes.
 
-A block is a call only if it is that JSON object naming one of the request's tools (`arguments` an
-object, or a string holding one); any other block stays text. The text outside the blocks is the
-answer's content, its whitespace around the calls dropped; an answer without a call is its text,
-unchanged. Streamed, content goes out as it comes, except what may be the start of a block (a prefix
-of `<tool_call>`) or whitespace that may precede one; a call goes out whole once its block closed. A
-block left open when the answer ends (cut short by max_tokens) is text.
+A JSON object is a call only if it names one of the request's tools, with `arguments` (or
+`parameters`) an object or a string holding one. An answer without a call is its text, unchanged.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-
-PARSERS = ("hermes",)
-_OPEN, _CLOSE = "<tool_call>", "</tool_call>"
 
 
 @dataclass(frozen=True)
@@ -30,8 +32,12 @@ class Call:
     arguments: str  # the arguments as a JSON object's text
 
 
-class CallReader:
-    """One answer's text, fed piece by piece: what of it is content and which calls it made."""
+_OPEN, _CLOSE = "<tool_call>", "</tool_call>"  # hermes
+
+
+class HermesReader:
+    """One answer's text in the `hermes` format, fed piece by piece: what of it is content and which calls
+    it made. Every reader has this interface: `feed`, `finish` and `calls`."""
 
     def __init__(self, names: frozenset[str]):
         self.names = names  # the request's tools: a block naming another function stays text
@@ -72,9 +78,9 @@ class CallReader:
             break
         return "".join(out), calls
 
-    def finish(self) -> str:
-        """The content still held once the answer ended: an open block's text, and trailing whitespace
-        unless a call was made."""
+    def finish(self) -> tuple[str, list[Call]]:
+        """(content, calls) still held once the answer ended: an open block's text, and trailing whitespace
+        unless a call was made; never a call in this format."""
         held = self._buf
         if self._in_call:  # cut short: the block is text, with the whitespace before it
             held, self._blank = _OPEN + held, self._before
@@ -83,7 +89,7 @@ class CallReader:
         if not self.calls:
             out += self._blank
         self._blank = ""
-        return out
+        return out, []
 
     def _content(self, text: str) -> str:
         """Content to give out: the whitespace held before it, then `text` less its trailing whitespace
@@ -101,20 +107,91 @@ class CallReader:
 
     def _call(self, body: str) -> Call | None:
         try:
-            made = json.loads(body)
+            return _call(json.loads(body), self.names)
         except ValueError:
             return None
-        if not isinstance(made, dict) or made.get("name") not in self.names:
-            return None
-        args = made.get("arguments", made.get("parameters", {}))
-        if isinstance(args, str):
+
+
+class Llama3JsonReader:
+    """One answer's text in the `llama3_json` format, fed piece by piece (HermesReader's interface)."""
+
+    def __init__(self, names: frozenset[str]):
+        self.names = names
+        self._held = ""  # the answer so far, while it may be calls
+        self._text = False  # it cannot be calls: content as it comes
+        self.calls = 0
+
+    def feed(self, text: str) -> tuple[str, list[Call]]:
+        if self._text:
+            return text, []
+        self._held += text
+        head = self._held.lstrip()
+        if not head or head.startswith("{") or _PYTHON_TAG.startswith(head[:len(_PYTHON_TAG)]):
+            return "", []
+        self._text, held, self._held = True, self._held, ""
+        return held, []
+
+    def finish(self) -> tuple[str, list[Call]]:
+        held, self._held = self._held, ""
+        calls = None if self._text else self._parse(held)
+        if not calls:
+            return held, []
+        self.calls = len(calls)
+        return "", calls
+
+    def _parse(self, text: str) -> list[Call] | None:
+        """The calls `text` is, or None if any part of it is not one."""
+        text = text.strip().removeprefix(_PYTHON_TAG)
+        decoder, calls, at = json.JSONDecoder(), [], 0
+        while True:
+            at = _skip_blank(text, at)
             try:
-                args = json.loads(args)
+                made, at = decoder.raw_decode(text, at)
             except ValueError:
                 return None
-        if not isinstance(args, dict):
+            call = _call(made, self.names)
+            if call is None:
+                return None
+            calls.append(call)
+            at = _skip_blank(text, at)
+            if at == len(text):
+                return calls
+            if text[at] != ";":
+                return None
+            at += 1
+
+
+_PYTHON_TAG = "<|python_tag|>"  # Llama 3's marker of a tool call (a special token: often not in the text)
+CallReader = HermesReader | Llama3JsonReader
+PARSERS: dict[str, type[CallReader]] = {"hermes": HermesReader, "llama3_json": Llama3JsonReader}
+PARSER_NAMES = tuple(PARSERS)
+
+
+def reader(parser: str, names: frozenset[str]) -> CallReader:
+    """A reader of one answer in the format `parser` (one of PARSER_NAMES) that finds calls of `names`."""
+    return PARSERS[parser](names)
+
+
+def _call(made, names: frozenset[str]) -> Call | None:
+    """The call the JSON value `made` is: an object naming one of `names`, with `arguments` (or
+    `parameters`) an object or a string holding one; None if it is not."""
+    if not isinstance(made, dict) or made.get("name") not in names:
+        return None
+    args = made.get("arguments", made.get("parameters", {}))
+    if isinstance(args, str):
+        try:
+            args = json.loads(args)
+        except ValueError:
             return None
-        return Call(made["name"], json.dumps(args, ensure_ascii=False))
+    if not isinstance(args, dict):
+        return None
+    return Call(made["name"], json.dumps(args, ensure_ascii=False))
+
+
+def _skip_blank(text: str, at: int) -> int:
+    while at < len(text) and text[at].isspace():
+        at += 1
+    return at
 
 
 def _partial_open(text: str) -> int:

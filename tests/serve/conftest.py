@@ -18,13 +18,23 @@ def openai_client(served):
 def templated(built_engines, tmp_path_factory):
     """`tandem serve` with a tool-aware chat template (tests/serve/templated.py) and the hermes tool-call
     parser: the `openai` SDK against it, and the template's path."""
+    yield from _templated(built_engines, tmp_path_factory, "hermes")
+
+
+@pytest.fixture(scope="module")
+def templated_llama3(built_engines, tmp_path_factory):
+    """The same stack with the llama3_json tool-call parser."""
+    yield from _templated(built_engines, tmp_path_factory, "llama3_json")
+
+
+def _templated(built_engines, tmp_path_factory, parser: str):
     from tests.conftest import start_serve, stop_serve
     from tests.serve.templated import write_template
 
     openai = pytest.importorskip("openai")
-    work = tmp_path_factory.mktemp("serve-templated")
+    work = tmp_path_factory.mktemp(f"serve-templated-{parser}")
     template = write_template(work)
-    s = start_serve(built_engines, work, "--chat-template", template, "--tool-call-parser", "hermes")
+    s = start_serve(built_engines, work, "--chat-template", template, "--tool-call-parser", parser)
     c = openai.OpenAI(base_url=s.http + "/v1", api_key="unused", max_retries=0, timeout=120)
     yield c, template, s
     c.close()

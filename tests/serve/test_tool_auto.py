@@ -3,8 +3,9 @@ that shows the model its tools (tests/serve/templated.py): the model's own text 
 `<tool_call>` blocks. An answer that calls nothing is the engine's text, unchanged; an answer that
 calls (made to, here, by a regex guide in the Hermes format: the small default model was not trained to
 call tools) comes back as OpenAI `tool_calls` with the engine's arguments, its words before the call as
-content, finish_reason "tool_calls", streamed and not. And the reader itself, piece by piece, on the
-texts a model may write."""
+content, finish_reason "tool_calls", streamed and not. The same on a stack started with
+`--tool-call-parser llama3_json`, whose answer is the call's JSON. And each parser's reader itself,
+piece by piece, on the texts a model may write."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import json
 
 import pytest
 
-from frontdoor.tool_call_text import CallReader
+from frontdoor.tool_call_text import reader
 from tandem.guides import Guide, GuideKind
 from tandem.sampling_params import SamplingParams
 from tests.conftest import complete
@@ -61,16 +62,45 @@ def test_a_call_in_the_text_is_a_tool_call_with_the_engines_arguments(templated,
     assert chunks[0].choices[0].delta.role == "assistant" and chunks[-1].choices[0].finish_reason == "tool_calls"
 
 
-def _read(text: str, step: int) -> tuple[str, list]:
-    r = CallReader(frozenset({"get_weather"}))
+# a Llama 3 JSON call of get_weather with a city the model picks: the whole answer
+LLAMA3_REGEX = r'\{"name": "get_weather", "parameters": \{"city": "[A-Z][a-z]{2,12}", "unit": "celsius"\}\}'
+
+
+def test_a_llama3_json_answer_is_a_tool_call_with_the_engines_arguments(templated_llama3, default_engine,
+                                                                         built_engines):
+    llama3, template, _ = templated_llama3
+    text = _engine_text(default_engine, built_engines, template, Guide(GuideKind.REGEX, LLAMA3_REGEX), max_tokens=60,
+                        temperature=0.8, seed=4)
+    want = ("get_weather", json.loads(text)["parameters"])
+    kw = dict(model=MODEL, messages=ASK, tools=[WEATHER, TIME], max_tokens=60, temperature=0.8, seed=4,
+              extra_body={"guided_regex": LLAMA3_REGEX})
+    got = llama3.chat.completions.create(**kw).choices[0]
+    assert got.message.content is None and got.finish_reason == "tool_calls"
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in got.message.tool_calls] == [want]
+    chunks = list(llama3.chat.completions.create(stream=True, **kw))
+    streamed = _streamed_calls(chunks)
+    assert [(streamed[0]["name"], json.loads(streamed[0]["arguments"]))] == [want] and list(streamed) == [0]
+    assert not any(c.choices[0].delta.content for c in chunks if c.choices)
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+    plain = llama3.chat.completions.create(**kw | {"extra_body": {}, "max_tokens": 24, "temperature": 0}).choices[0]
+    want_text = _engine_text(default_engine, built_engines, template, None, max_tokens=24)
+    assert not want_text.lstrip().startswith("{")  # an answer that cannot be a call: the engine's text
+    assert plain.message.content == want_text and not plain.message.tool_calls
+
+
+def _read(parser: str, text: str, step: int) -> tuple[str, list]:
+    r = reader(parser, frozenset({"get_weather"}))
     content, calls = "", []
     for i in range(0, len(text), step):
         piece, made = r.feed(text[i:i + step])
         content, calls = content + piece, calls + made
-    return content + r.finish(), [(c.name, json.loads(c.arguments)) for c in calls]
+    rest, more = r.finish()
+    return content + rest, [(c.name, json.loads(c.arguments)) for c in calls + more]
 
 
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
+OSLO = '{"name": "get_weather", "parameters": {"city": "Oslo"}}'
+ROME = '{"name": "get_weather", "parameters": {"city": "Rome"}}'
 
 
 @pytest.mark.parametrize("text, content, calls", [
@@ -84,6 +114,31 @@ CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</t
     ("<tool_call>{not json}</tool_call> x", "<tool_call>{not json}</tool_call> x", []),
     ('Cut <tool_call>{"name": "get_weather", "argu', 'Cut <tool_call>{"name": "get_weather", "argu', []),
 ])
-def test_the_reader_finds_the_same_calls_however_the_text_is_cut(text, content, calls):
+def test_the_hermes_reader_finds_the_same_calls_however_the_text_is_cut(text, content, calls):
     for step in (1, 2, 5, len(text)):
-        assert _read(text, step) == (content, calls), step
+        assert _read("hermes", text, step) == (content, calls), step
+
+
+@pytest.mark.parametrize("text, content, calls", [
+    ("Plain text with {braces}; and all.\n", "Plain text with {braces}; and all.\n", []),  # unchanged
+    (OSLO, "", [("get_weather", {"city": "Oslo"})]),
+    (f"\n {OSLO}; {ROME}\n", "", [("get_weather", {"city": "Oslo"}), ("get_weather", {"city": "Rome"})]),
+    (f"<|python_tag|>{OSLO}", "", [("get_weather", {"city": "Oslo"})]),  # the tag, when special tokens are kept
+    ('{"name": "get_weather", "arguments": "{\\"city\\": \\"Rome\\"}"}', "", [("get_weather", {"city": "Rome"})]),
+    ('{"name": "delete_all", "parameters": {}}', '{"name": "delete_all", "parameters": {}}', []),  # not a tool
+    (f"{OSLO} is what I would call.", f"{OSLO} is what I would call.", []),  # not only calls: text
+    (f"{OSLO}; {{not json}}", f"{OSLO}; {{not json}}", []),
+    ('{"name": "get_weather", "param', '{"name": "get_weather", "param', []),  # cut short: text
+    ("  \n", "  \n", []),
+])
+def test_the_llama3_json_reader_finds_the_same_calls_however_the_text_is_cut(text, content, calls):
+    for step in (1, 2, 5, len(text)):
+        assert _read("llama3_json", text, step) == (content, calls), step
+
+
+def test_the_llama3_json_reader_gives_text_as_it_comes_once_it_cannot_be_a_call():
+    r = reader("llama3_json", frozenset({"get_weather"}))
+    assert r.feed(" <|py") == ("", [])  # may be the tag: held
+    assert r.feed("thon is a snake") == (" <|python is a snake", [])
+    assert r.feed(", not a call.") == (", not a call.", [])
+    assert r.finish() == ("", []) and r.calls == 0

@@ -31,7 +31,7 @@ _SAMPLING = {"model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "r
              "stream_options", "stop", "stop_token_ids", "ignore_eos", "seed", "n", "min_tokens",
              "presence_penalty", "frequency_penalty", "logprobs", "logit_bias", "best_of", "skip_special_tokens",
              "include_stop_str_in_output", "bad_words", "allowed_token_ids", "truncate_prompt_tokens",
-             "add_special_tokens", "use_beam_search", *GUIDE_FIELDS}
+             "add_special_tokens", "use_beam_search", "priority", "spaces_between_special_tokens", *GUIDE_FIELDS}
 _BOOKKEEPING = {"user", "metadata", "store", "service_tier"}  # accepted, ignored: they change no token
 COMPLETION_FIELDS = _SAMPLING | _BOOKKEEPING | {"prompt", "echo", "suffix"}
 CHAT_FIELDS = _SAMPLING | _BOOKKEEPING | {"messages", "max_completion_tokens", "top_logprobs",
@@ -74,6 +74,10 @@ def refuse_unsupported(body: dict) -> None:
     if body.get("use_beam_search") not in (None, False):
         raise InvalidArgument("use_beam_search: beam search is not supported; every answer is sampled (or greedy "
                               "with temperature 0)", "use_beam_search")
+    if number(body, "priority", 0, int) != 0:  # vLLM refuses it too unless started with priority scheduling
+        raise InvalidArgument("priority: requests are served first come, first served (vLLM's default policy); "
+                              "only 0 is accepted", "priority")
+    boolean(body, "spaces_between_special_tokens", True)  # checked; no effect, as in vLLM with a fast tokenizer
 
 
 def truncate_prompt_tokens(body: dict) -> int | None:

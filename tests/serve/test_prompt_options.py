@@ -49,11 +49,26 @@ def test_truncate_prompt_tokens_answers_the_prompts_last_tokens(openai_client, d
     ({"chat_template_kwargs": {"messages": []}}, "chat_template_kwargs", "may not set messages"),
     ({"chat_template_kwargs": ["enable_thinking"]}, "chat_template_kwargs", "an object"),
     ({"add_special_tokens": "yes"}, "add_special_tokens", "boolean"),
+    ({"priority": 1}, "priority", "first come, first served"),
+    ({"priority": "high"}, "priority", "integer"),
+    ({"spaces_between_special_tokens": "no"}, "spaces_between_special_tokens", "boolean"),
 ])
 def test_a_prompt_option_we_cannot_honour_is_a_400_naming_it(served, extra, param, says):
     body = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4} | extra
     status, reply, _ = http(served.http, "/v1/chat/completions", body)
     assert status == 400 and reply["error"]["param"] == param and says in reply["error"]["message"], reply
+
+
+def test_vllms_no_effect_fields_are_accepted_as_vllm_accepts_them(served, default_engine):
+    """priority 0 and spaces_between_special_tokens (vLLM applies it with slow tokenizers only) change no
+    token, and are not "unknown" (the server names those in its log)."""
+    body = {"prompt": LONG, "max_tokens": 8, "temperature": 0}
+    status, plain, _ = http(served.http, "/v1/completions", body)
+    status2, same, _ = http(served.http, "/v1/completions",
+                            body | {"priority": 0, "spaces_between_special_tokens": False})
+    assert status == status2 == 200 and same["choices"][0]["text"] == plain["choices"][0]["text"]
+    with open(served.log_path) as f:
+        assert not any("'priority'" in line or "'spaces_between_special_tokens'" in line for line in f)
 
 
 def test_chat_template_kwargs_reach_the_template(templated, default_engine, built_engines):

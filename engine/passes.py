@@ -88,5 +88,5 @@ def _prompt_logprobs(seqs: list[Sequence], logits: torch.Tensor, spans: list[tup
         lp = torch.log_softmax(logits[row:row + n].float(), dim=-1)  # [n, V]
         nxt = torch.tensor(s.prompt_ids[first + 1:first + 1 + n], device=lp.device)  # [n]
         del s.prompt_logprobs[first:]  # a prompt computed again (a given-up pass redone) replaces its reports
-        s.prompt_logprobs.extend(report(lp, nxt, [s.params.top_logprobs] * n))
+        s.prompt_logprobs.extend(report(lp, nxt, [s.params.top_logprobs] * n, ranks=True))
         row += n

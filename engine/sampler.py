@@ -77,15 +77,18 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], steps: list[int],
     return tokens.tolist(), reports
 
 
-def report(lp: torch.Tensor, chosen: torch.Tensor, tops: list[int]) -> list[Logprob]:
-    """lp: [R, V] log-probabilities, chosen: [R] token ids -> one Logprob per row with tops[r] alternatives."""
-    picked = lp.gather(1, chosen[:, None]).squeeze(1).tolist()  # [R]
+def report(lp: torch.Tensor, chosen: torch.Tensor, tops: list[int], ranks: bool = False) -> list[Logprob]:
+    """lp: [R, V] log-probabilities, chosen: [R] token ids -> one Logprob per row with tops[r] alternatives
+    (and, with `ranks`, the chosen token's rank: 1 + how many tokens are strictly more likely)."""
+    picked_t = lp.gather(1, chosen[:, None])  # [R, 1]
+    picked = picked_t.squeeze(1).tolist()  # [R]
+    rank = ((lp > picked_t).sum(dim=-1) + 1).tolist() if ranks else [None] * len(picked)  # [R]
     k = max(tops, default=0)
     if k == 0:
-        return [Logprob(v) for v in picked]
+        return [Logprob(v, rank=r) for v, r in zip(picked, rank)]
     top = torch.topk(lp, k, dim=-1)  # values, indices: [R, k]
     ids, vals = top.indices.tolist(), top.values.tolist()
-    return [Logprob(v, tuple(ids[r][:n]), tuple(vals[r][:n])) for r, (v, n) in enumerate(zip(picked, tops))]
+    return [Logprob(v, tuple(ids[i][:n]), tuple(vals[i][:n]), r) for i, (v, n, r) in enumerate(zip(picked, tops, rank))]
 
 
 def _penalize(row: torch.Tensor, history: list[int], penalty: float) -> None:

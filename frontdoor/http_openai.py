@@ -23,7 +23,7 @@ from frontdoor import openai_api as oa
 from frontdoor.core import FrontDoor
 from frontdoor.http_body import read_object, request_timeout
 from frontdoor.openai_fields import UnknownFields
-from frontdoor.openai_logprobs import LogprobTrail
+from frontdoor.openai_logprobs import LogprobTrail, Shown
 from frontdoor.openai_tools import ToolCallShape
 from tandem.status import Internal, TandemError, status_of
 
@@ -74,25 +74,28 @@ class OpenAIRoutes:
         shape = oa.chat_body if parsed.tools is None else ToolCallShape(parsed.tools, oa.chat_body)
         return await self._answer(request, parsed, rid, shape, body, chat=True)
 
-    def _trail(self, req, chat: bool) -> LogprobTrail | None:
-        """The request's logprobs reports, when it asked for them."""
-        if not req.logprobs:
+    def _trail(self, req, chat: bool, shown: Shown) -> LogprobTrail | None:
+        """The request's logprobs reports, when it asked for them (logprobs, or vLLM's prompt_logprobs)."""
+        if not req.logprobs and shown.prompt_logprobs is None:
             return None
         tok = self.service.tokenizer
-        return LogprobTrail(chat, lambda t: tok.decode([t], skip_special_tokens=False))
+        return LogprobTrail(chat, lambda t: tok.decode([t], skip_special_tokens=False), req.logprobs, shown)
 
     async def _answer(self, request, parsed: oa.Parsed, rid: str, shape, body: dict, chat: bool):
         """Every answer the request asks for (its choices), collected into one reply or streamed. `shape`
         makes a reply or an SSE event (None: nothing to send yet)."""
         timeout = request_timeout(request)
         reqs = [dataclasses.replace(r, timeout_s=timeout) for r in parsed.answers]
-        trails = [self._trail(r, chat) for r in reqs]
+        trails = [self._trail(r, chat, parsed.shown) for r in reqs]
         model = self.served.served_name
         if not parsed.stream:
             answers = await self.door.collect_all(reqs, [t.add if t else None for t in trails])
             choices = [(a.text, a.finish_reason, t.take() if t else None) for a, t in zip(answers, trails)]
             usage = parsed.usage([(a.prompt_tokens, a.tokens, a.cached_tokens) for a in answers])
-            return web.json_response(oa.whole_body(shape, rid, model, choices, usage))
+            reply = oa.whole_body(shape, rid, model, choices, usage)
+            if parsed.shown.prompt_logprobs is not None:
+                oa.with_prompt_logprobs(reply, [t.prompt for t in trails], chat)
+            return web.json_response(reply)
         events = _Events(request, rid, model, shape, body, trails, parsed, chat)
         async with contextlib.aclosing(self.door.answer_all(reqs)) as deltas:
             done = await events.send(deltas)

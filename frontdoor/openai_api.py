@@ -10,8 +10,9 @@ from dataclasses import dataclass
 from engine.tokenizer import CHAT_ROLES, ChatMessage
 from frontdoor.openai_fields import (CHAT_FIELDS, COMPLETION_FIELDS, MAX_ANSWERS, UnknownFields,
                                      answers_per_prompt, bad_words, boolean, chat_template_kwargs, guide,
-                                     logit_bias, number, refuse_unsupported, token_ids, tools,
+                                     logit_bias, number, prompt_logprobs, refuse_unsupported, token_ids, tools,
                                      truncate_prompt_tokens, unknown_fields)
+from frontdoor.openai_logprobs import Shown
 from frontdoor.openai_tools import ToolChoice, tool_choice
 from control.requests import GenerationRequest
 from tandem.request_context import current_id
@@ -64,14 +65,16 @@ def completion_request(body: dict, models: tuple[str, ...], request_id: str,
     if top is not None and not 0 <= top <= MAX_TOP_LOGPROBS:
         raise InvalidArgument(f"'logprobs' must be an integer in [0, {MAX_TOP_LOGPROBS}] or null, got {top}",
                               "logprobs")
-    echo = boolean(body, "echo")
+    echo, scored = boolean(body, "echo"), prompt_logprobs(body)
     if echo and common["max_tokens"] == 0:  # the prompt scored, nothing generated (OpenAI's legacy scoring call)
         common.update(max_tokens=1, prompt_only=True)
     reqs = [GenerationRequest(request_id=request_id, prompt=text, prompt_ids=ids, logprobs=top is not None,
-                              top_logprobs=top or 0, prompt_logprobs=echo and top is not None,
+                              top_logprobs=max(top or 0, scored or 0),
+                              prompt_logprobs=(echo and top is not None) or scored is not None,
                               exclude_input=not echo, add_special_tokens=boolean(body, "add_special_tokens", None),
                               **common) for text, ids in _prompts(body.get("prompt"))]
-    return _parsed(reqs, answers_per_prompt(body), boolean(body, "stream"))
+    return _parsed(reqs, answers_per_prompt(body), boolean(body, "stream"),
+                   shown=Shown(top or 0, scored, echo and top is not None))
 
 
 def _prompts(prompt) -> list[tuple[str | None, tuple[int, ...]]]:
@@ -98,6 +101,7 @@ class Parsed:
     n: int
     stream: bool
     tools: ToolChoice | None = None  # the answers are calls of these tools (chat: openai_tools.py)
+    shown: Shown = Shown()
 
     def usage(self, counts: list[tuple[int, int, int]]) -> dict:
         """The reply's usage from (prompt, completion, cached) tokens per choice: each prompt counts
@@ -106,7 +110,8 @@ class Parsed:
         return usage(sum(c[0] for c in firsts), sum(c[1] for c in counts), sum(c[2] for c in firsts))
 
 
-def _parsed(reqs: list[GenerationRequest], n: int, stream: bool, tools: ToolChoice | None = None) -> Parsed:
+def _parsed(reqs: list[GenerationRequest], n: int, stream: bool, tools: ToolChoice | None = None,
+            shown: Shown = Shown()) -> Parsed:
     """`n` answers of each request. Answer j samples with the request's seed + j (mod 2**64) when it
     has one, so each choice is the answer a single request with that seed gets; without a seed each
     draws its own."""
@@ -116,7 +121,7 @@ def _parsed(reqs: list[GenerationRequest], n: int, stream: bool, tools: ToolChoi
     if len(reqs) * n > 1:
         reqs = [dataclasses.replace(r, request_id=f"{r.request_id}-{i * n + j}", seed=_nth_seed(r.seed, j))
                 for i, r in enumerate(reqs) for j in range(n)]
-    return Parsed(tuple(reqs), n, stream, tools)
+    return Parsed(tuple(reqs), n, stream, tools, shown)
 
 
 def _nth_seed(seed: int | None, j: int) -> int | None:
@@ -145,12 +150,14 @@ def chat_request(body: dict, models: tuple[str, ...], request_id: str, unknown: 
             raise InvalidArgument("a tool call is already structured output: send tool_choice or response_format "
                                   "(or a guided_* field), not both", "tool_choice")
         common["guide"] = calls.guide
+    scored = prompt_logprobs(body)
     req = GenerationRequest(request_id=request_id, messages=messages_of(body), tools=shown, logprobs=want,
-                            top_logprobs=top, add_generation_prompt=boolean(body, "add_generation_prompt", True),
+                            top_logprobs=max(top, scored or 0), prompt_logprobs=scored is not None,
+                            add_generation_prompt=boolean(body, "add_generation_prompt", True),
                             continue_final_message=boolean(body, "continue_final_message"),
                             add_special_tokens=boolean(body, "add_special_tokens", None),
                             template_kwargs=chat_template_kwargs(body), **common)
-    return _parsed([req], answers_per_prompt(body), boolean(body, "stream"), calls)
+    return _parsed([req], answers_per_prompt(body), boolean(body, "stream"), calls, Shown(top, scored))
 
 
 def messages_of(body: dict) -> tuple[ChatMessage, ...]:
@@ -217,6 +224,17 @@ def whole_body(shape, rid: str, model: str, choices: list[tuple[str, str | None,
     body = shape(rid, model, "", None, usage_, chunk=False)
     body["choices"] = [shape(rid, model, text, reason, None, chunk=False, logprobs=lp, index=i)["choices"][0]
                        for i, (text, reason, lp) in enumerate(choices)]
+    return body
+
+
+def with_prompt_logprobs(body: dict, reports: list[list | None], chat: bool) -> dict:
+    """vLLM's `prompt_logprobs` (one report per answer, in choice order) into a whole reply: on each
+    choice of a completion, once at the top of a chat reply (its answers share one prompt)."""
+    if chat:
+        body["prompt_logprobs"] = reports[0]
+    else:
+        for choice, report in zip(body["choices"], reports):
+            choice["prompt_logprobs"] = report
     return body
 
 

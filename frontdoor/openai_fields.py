@@ -15,6 +15,7 @@ import logging
 from collections.abc import Iterable
 
 from tandem.guides import Guide, GuideKind
+from tandem.sampling_params import MAX_TOP_LOGPROBS
 from tandem.status import InvalidArgument
 
 log = logging.getLogger("tandem.http")
@@ -31,7 +32,8 @@ _SAMPLING = {"model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "r
              "stream_options", "stop", "stop_token_ids", "ignore_eos", "seed", "n", "min_tokens",
              "presence_penalty", "frequency_penalty", "logprobs", "logit_bias", "best_of", "skip_special_tokens",
              "include_stop_str_in_output", "bad_words", "allowed_token_ids", "truncate_prompt_tokens",
-             "add_special_tokens", "use_beam_search", "priority", "spaces_between_special_tokens", *GUIDE_FIELDS}
+             "add_special_tokens", "use_beam_search", "priority", "spaces_between_special_tokens", "prompt_logprobs",
+             *GUIDE_FIELDS}
 _BOOKKEEPING = {"user", "metadata", "store", "service_tier"}  # accepted, ignored: they change no token
 COMPLETION_FIELDS = _SAMPLING | _BOOKKEEPING | {"prompt", "echo", "suffix"}
 CHAT_FIELDS = _SAMPLING | _BOOKKEEPING | {"messages", "max_completion_tokens", "top_logprobs",
@@ -91,6 +93,21 @@ def truncate_prompt_tokens(body: dict) -> int | None:
 
 
 _TEMPLATE_OWN = ("messages", "tools", "add_generation_prompt", "bos_token", "eos_token", "raise_exception")
+
+
+def prompt_logprobs(body: dict) -> int | None:
+    """vLLM's `prompt_logprobs`: every prompt token after the first reported with its logprob, its rank and
+    k alternatives (0..20); None when not asked. Not with `stream`, as vLLM."""
+    k = number(body, "prompt_logprobs", None, int)
+    if k is None:
+        return None
+    if not 0 <= k <= MAX_TOP_LOGPROBS:
+        raise InvalidArgument(f"'prompt_logprobs' must be an integer in [0, {MAX_TOP_LOGPROBS}] or null, got {k} "
+                              f"(-1, the whole vocabulary, is not served)", "prompt_logprobs")
+    if body.get("stream") is True:
+        raise InvalidArgument("prompt_logprobs are not available when stream is true (as in vLLM): send the "
+                              "request without streaming", "prompt_logprobs")
+    return k
 
 
 def chat_template_kwargs(body: dict) -> dict:

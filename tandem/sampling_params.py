@@ -39,8 +39,8 @@ class SamplingParams:
     ignore_eos: bool = False
     min_tokens: int = 0
     logprobs: bool = False
-    top_logprobs: int = 0  # alternatives reported per output token (with logprobs)
-    prompt_logprobs: bool = False  # also the logprob of every prompt token after the first (echo)
+    top_logprobs: int = 0  # alternatives reported per token (output tokens with logprobs; prompt tokens with ...
+    prompt_logprobs: bool = False  # ... this: the logprob and rank of every prompt token after the first)
     min_p: float = 0.0  # drop tokens less likely than min_p x the most likely one (0 = off)
     repetition_penalty: float = 1.0  # >1 discourages tokens already in the prompt or output (1 = off)
     presence_penalty: float = 0.0  # subtracted from the logit of every token already in the output (OpenAI)

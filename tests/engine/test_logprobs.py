@@ -42,6 +42,23 @@ def test_output_and_prompt_logprobs_equal_transformers(default_engine, hf_defaul
     assert default_engine.allocator.num_used == 0
 
 
+def test_prompt_ranks_agree_with_transformers(default_engine, hf_default_model, ids):
+    """Each prompt token's rank (vLLM's: 1 + the tokens strictly more likely) lies within what
+    transformers' distribution allows, counting tokens within 1e-3 of it either way; the leader is 1."""
+    _, hf = hf_default_model
+    seq = complete(default_engine, ids, SamplingParams(max_tokens=1, prompt_logprobs=True, top_logprobs=1))
+    with torch.inference_mode():
+        lp = torch.log_softmax(hf(torch.tensor([ids])).logits[0, :-1].float(), dim=-1)  # [P - 1, V]
+    picked = lp.gather(1, torch.tensor(ids[1:])[:, None])  # [P - 1, 1]
+    low, high = ((lp > picked + 1e-3).sum(-1) + 1).tolist(), ((lp > picked - 1e-3).sum(-1)).tolist()
+    ranks = [r.rank for r in seq.prompt_logprobs]
+    assert all(lo <= r <= hi for lo, r, hi in zip(low, ranks, high)), (low, ranks, high)
+    assert any(r > 1 for r in ranks) and all((r == 1) == (t == r_.top_ids[0]) for r, t, r_ in
+                                             zip(ranks, ids[1:], seq.prompt_logprobs))
+    assert seq.output_ids and complete(default_engine, ids, SamplingParams(max_tokens=1, logprobs=True)
+                                       ).last_logprob.rank is None  # output reports carry no rank
+
+
 def test_prompt_logprobs_the_same_when_the_prompt_comes_in_chunks(default_engine, ids):
     whole = complete(default_engine, ids, SamplingParams(max_tokens=2, prompt_logprobs=True))
     seq = default_engine.new_sequence("c", ids, SamplingParams(max_tokens=2, prompt_logprobs=True))

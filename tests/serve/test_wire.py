@@ -24,7 +24,7 @@ def test_requests_and_replies_round_trip():
 
 def test_logprob_reports_round_trip():
     report = Logprob(-0.5, (3, 9), (-0.5, -1.25))
-    for tok in (Token(3, -0.5, None, top=report, prompt_logprobs=[Logprob(-2.0), report]),):
+    for tok in (Token(3, -0.5, None, top=report, prompt_logprobs=[Logprob(-2.0, rank=7), report]),):
         assert decode_reply(encode_reply(tok)).body == tok
     params = SamplingParams(max_tokens=4, top_logprobs=2, prompt_logprobs=True, min_p=0.1, repetition_penalty=1.2,
                             logit_bias=((3, -100.0), (9, 2.5)))

@@ -64,8 +64,8 @@ def _env(name: str) -> dict:
               help="A Jinja chat template file, or the name of one of the model's named templates.")
 @click.option("--tool-call-parser", type=click.Choice(PARSER_NAMES), default=None, **_env("TOOL_CALL_PARSER"),
               help="How the model writes tool calls in its text (hermes: <tool_call> blocks; llama3_json: the answer "
-                   "is JSON calls separated by ';'); lets tool_choice \"auto\" (the default with tools) be served. "
-                   "Default: none, \"auto\" refused.")
+                   "is JSON calls separated by ';'; pythonic: the answer is a Python list of calls); lets tool_choice "
+                   "\"auto\" (the default with tools) be served. Default: none, \"auto\" refused.")
 @click.option("--kv-pool-bytes", type=click.IntRange(1 << 20), default=None, **_env("KV_POOL_BYTES"),
               help="Decode KV pool per worker.")
 @click.option("--chunk-tokens", type=click.IntRange(1), default=None, **_env("CHUNK_TOKENS"),

@@ -2,7 +2,7 @@
 
 With "auto" the model decides between answering and calling, so nothing forces the answer's shape:
 the calls are read out of the text afterwards, by a parser of the model's own call format, named by
-the deployment (`front_door.tool_call_parser`, as vLLM's `--tool-call-parser`). Two formats are known:
+the deployment (`front_door.tool_call_parser`, as vLLM's `--tool-call-parser`). Three formats are known:
 
 - `hermes` (Hermes 2 Pro, Qwen 2.5 and 3, SmolLM3 and others): each call is a block
   `<tool_call>{"name": "...", "arguments": {...}}</tool_call>` anywhere in the answer.
@@ -15,6 +15,10 @@ the deployment (`front_door.tool_call_parser`, as vLLM's `--tool-call-parser`). 
   optional `<|python_tag|>`. Streamed, an answer that may be calls (its first non-blank character is
   `{`, or it begins the tag) is held to its end and then given as calls or, if any part is not a call,
   as its text; any other answer is content as it comes.
+- `pythonic` (Llama 3.2 and 4, ToolACE): the whole answer is the calls, or it is text, as with
+  `llama3_json`. Calls are a Python list, `[get_weather(city="Oslo"), get_time()]`, keyword arguments
+  only, each value a literal (strings, numbers, True/False/None, lists and dicts of them). Streamed, an
+  answer whose first non-blank character is `[` is held to its end.
 
 A JSON object is a call only if it names one of the request's tools, with `arguments` (or
 `parameters`) an object or a string holding one. An answer without a call is its text, unchanged.
@@ -22,6 +26,7 @@ A JSON object is a call only if it names one of the request's tools, with `argum
 
 from __future__ import annotations
 
+import ast
 import json
 from dataclasses import dataclass
 
@@ -112,8 +117,10 @@ class HermesReader:
             return None
 
 
-class Llama3JsonReader:
-    """One answer's text in the `llama3_json` format, fed piece by piece (HermesReader's interface)."""
+class _WholeAnswerReader:
+    """A format whose calls are the whole answer or nothing (HermesReader's interface): the answer is held
+    while it may be calls (`_may_be_calls` of its text so far, leading blanks stripped), then given as
+    its calls (`_parse`) or, if any part is not one, as its text."""
 
     def __init__(self, names: frozenset[str]):
         self.names = names
@@ -126,22 +133,35 @@ class Llama3JsonReader:
             return text, []
         self._held += text
         head = self._held.lstrip()
-        if not head or head.startswith("{") or _PYTHON_TAG.startswith(head[:len(_PYTHON_TAG)]):
+        if not head or self._may_be_calls(head):
             return "", []
         self._text, held, self._held = True, self._held, ""
         return held, []
 
     def finish(self) -> tuple[str, list[Call]]:
         held, self._held = self._held, ""
-        calls = None if self._text else self._parse(held)
+        calls = None if self._text else self._parse(held.strip())
         if not calls:
             return held, []
         self.calls = len(calls)
         return "", calls
 
+    def _may_be_calls(self, head: str) -> bool:
+        raise NotImplementedError
+
     def _parse(self, text: str) -> list[Call] | None:
-        """The calls `text` is, or None if any part of it is not one."""
-        text = text.strip().removeprefix(_PYTHON_TAG)
+        """The calls `text` is, or None if any part of it is not one (or it holds none)."""
+        raise NotImplementedError
+
+
+class Llama3JsonReader(_WholeAnswerReader):
+    """`llama3_json`: JSON objects separated by `;`, after an optional <|python_tag|>."""
+
+    def _may_be_calls(self, head: str) -> bool:
+        return head.startswith("{") or _PYTHON_TAG.startswith(head[:len(_PYTHON_TAG)])
+
+    def _parse(self, text: str) -> list[Call] | None:
+        text = text.removeprefix(_PYTHON_TAG)
         decoder, calls, at = json.JSONDecoder(), [], 0
         while True:
             at = _skip_blank(text, at)
@@ -161,9 +181,36 @@ class Llama3JsonReader:
             at += 1
 
 
+class PythonicReader(_WholeAnswerReader):
+    """`pythonic`: a Python list of calls with keyword arguments whose values are literals. Read as a
+    syntax tree (ast), the values by `ast.literal_eval`: nothing of the text is ever run."""
+
+    def _may_be_calls(self, head: str) -> bool:
+        return head.startswith("[")
+
+    def _parse(self, text: str) -> list[Call] | None:
+        try:
+            listed = ast.parse(text, mode="eval").body
+            if not isinstance(listed, ast.List) or not listed.elts:
+                return None
+            calls = [self._one(c) for c in listed.elts]
+        except (SyntaxError, ValueError, TypeError, RecursionError, MemoryError):
+            return None
+        return None if None in calls else calls
+
+    def _one(self, node: ast.expr) -> Call | None:
+        if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Name) or node.args \
+                or any(k.arg is None for k in node.keywords):  # positional or **spread arguments: not a call
+            return None
+        args = {k.arg: ast.literal_eval(k.value) for k in node.keywords}
+        json.dumps(args, allow_nan=False)  # TypeError, ValueError: a value JSON has no form of (a set, bytes, inf)
+        return _call({"name": node.func.id, "arguments": args}, self.names)
+
+
 _PYTHON_TAG = "<|python_tag|>"  # Llama 3's marker of a tool call (a special token: often not in the text)
-CallReader = HermesReader | Llama3JsonReader
-PARSERS: dict[str, type[CallReader]] = {"hermes": HermesReader, "llama3_json": Llama3JsonReader}
+CallReader = HermesReader | Llama3JsonReader | PythonicReader
+PARSERS: dict[str, type[CallReader]] = {"hermes": HermesReader, "llama3_json": Llama3JsonReader,
+                                        "pythonic": PythonicReader}
 PARSER_NAMES = tuple(PARSERS)
 
 

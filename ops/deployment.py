@@ -29,7 +29,7 @@
                  open_probes: true,         # /health, /metrics, gRPC ServerLive/Ready without a key
                  tls: null,                 # {cert, key, client_ca}: both doors serve TLS (frontdoor/tls.py)
                  chat_template: null,       # a Jinja file, or one of the model's named templates; null: its own
-                 tool_call_parser: null}    # hermes, llama3_json: tool_choice "auto" reads the calls; null: refused
+                 tool_call_parser: null}    # hermes, llama3_json, pythonic: "auto" tool calls; null: refused
     worker_tls: null               # {ca, server_name, cert, key}: TLS to the workers (control/worker_tls.py);
                                    # cert/key: what the local workers serve with
     limits: {max_in_flight: 64, max_queued_tokens: 32768, request_timeout_s: 600}

@@ -21,10 +21,12 @@ def templated(built_engines, tmp_path_factory):
     yield from _templated(built_engines, tmp_path_factory, "hermes")
 
 
-@pytest.fixture(scope="module")
-def templated_llama3(built_engines, tmp_path_factory):
-    """The same stack with the llama3_json tool-call parser."""
-    yield from _templated(built_engines, tmp_path_factory, "llama3_json")
+@pytest.fixture(scope="module", params=["llama3_json", "pythonic"])
+def templated_whole(request, built_engines, tmp_path_factory):
+    """The same stack with a tool-call parser whose calls are the whole answer: (parser name, the SDK,
+    the template's path)."""
+    for c, template, _ in _templated(built_engines, tmp_path_factory, request.param):
+        yield request.param, c, template
 
 
 def _templated(built_engines, tmp_path_factory, parser: str):

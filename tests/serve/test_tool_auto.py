@@ -3,9 +3,9 @@ that shows the model its tools (tests/serve/templated.py): the model's own text 
 `<tool_call>` blocks. An answer that calls nothing is the engine's text, unchanged; an answer that
 calls (made to, here, by a regex guide in the Hermes format: the small default model was not trained to
 call tools) comes back as OpenAI `tool_calls` with the engine's arguments, its words before the call as
-content, finish_reason "tool_calls", streamed and not. The same on a stack started with
-`--tool-call-parser llama3_json`, whose answer is the call's JSON. And each parser's reader itself,
-piece by piece, on the texts a model may write."""
+content, finish_reason "tool_calls", streamed and not. The same on stacks started with
+`--tool-call-parser llama3_json` and `pythonic`, whose answer is the call itself. And each parser's
+reader, piece by piece, on the texts a model may write."""
 
 from __future__ import annotations
 
@@ -62,29 +62,33 @@ def test_a_call_in_the_text_is_a_tool_call_with_the_engines_arguments(templated,
     assert chunks[0].choices[0].delta.role == "assistant" and chunks[-1].choices[0].finish_reason == "tool_calls"
 
 
-# a Llama 3 JSON call of get_weather with a city the model picks: the whole answer
-LLAMA3_REGEX = r'\{"name": "get_weather", "parameters": \{"city": "[A-Z][a-z]{2,12}", "unit": "celsius"\}\}'
+# a call of get_weather with a city the model picks, as the whole answer: in each whole-answer format,
+# with how to read the city back out of the engine's text
+WHOLE = {"llama3_json": (r'\{"name": "get_weather", "parameters": \{"city": "[A-Z][a-z]{2,12}", "unit": "celsius"\}\}',
+                         lambda text: json.loads(text)["parameters"]["city"]),
+         "pythonic": (r'\[get_weather\(city="[A-Z][a-z]{2,12}", unit="celsius"\)\]',
+                      lambda text: text.split('"')[1])}
 
 
-def test_a_llama3_json_answer_is_a_tool_call_with_the_engines_arguments(templated_llama3, default_engine,
-                                                                         built_engines):
-    llama3, template, _ = templated_llama3
-    text = _engine_text(default_engine, built_engines, template, Guide(GuideKind.REGEX, LLAMA3_REGEX), max_tokens=60,
+def test_a_whole_answer_call_is_a_tool_call_with_the_engines_arguments(templated_whole, default_engine, built_engines):
+    parser, client, template = templated_whole
+    regex, city_of = WHOLE[parser]
+    text = _engine_text(default_engine, built_engines, template, Guide(GuideKind.REGEX, regex), max_tokens=60,
                         temperature=0.8, seed=4)
-    want = ("get_weather", json.loads(text)["parameters"])
+    want = ("get_weather", {"city": city_of(text), "unit": "celsius"})
     kw = dict(model=MODEL, messages=ASK, tools=[WEATHER, TIME], max_tokens=60, temperature=0.8, seed=4,
-              extra_body={"guided_regex": LLAMA3_REGEX})
-    got = llama3.chat.completions.create(**kw).choices[0]
+              extra_body={"guided_regex": regex})
+    got = client.chat.completions.create(**kw).choices[0]
     assert got.message.content is None and got.finish_reason == "tool_calls"
     assert [(c.function.name, json.loads(c.function.arguments)) for c in got.message.tool_calls] == [want]
-    chunks = list(llama3.chat.completions.create(stream=True, **kw))
+    chunks = list(client.chat.completions.create(stream=True, **kw))
     streamed = _streamed_calls(chunks)
     assert [(streamed[0]["name"], json.loads(streamed[0]["arguments"]))] == [want] and list(streamed) == [0]
     assert not any(c.choices[0].delta.content for c in chunks if c.choices)
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
-    plain = llama3.chat.completions.create(**kw | {"extra_body": {}, "max_tokens": 24, "temperature": 0}).choices[0]
+    plain = client.chat.completions.create(**kw | {"extra_body": {}, "max_tokens": 24, "temperature": 0}).choices[0]
     want_text = _engine_text(default_engine, built_engines, template, None, max_tokens=24)
-    assert not want_text.lstrip().startswith("{")  # an answer that cannot be a call: the engine's text
+    assert want_text.lstrip()[:1] not in "{["  # an answer that cannot be a call: the engine's text
     assert plain.message.content == want_text and not plain.message.tool_calls
 
 
@@ -134,6 +138,24 @@ def test_the_hermes_reader_finds_the_same_calls_however_the_text_is_cut(text, co
 def test_the_llama3_json_reader_finds_the_same_calls_however_the_text_is_cut(text, content, calls):
     for step in (1, 2, 5, len(text)):
         assert _read("llama3_json", text, step) == (content, calls), step
+
+
+@pytest.mark.parametrize("text, content, calls", [
+    ("Plain text [with brackets] and f(x).\n", "Plain text [with brackets] and f(x).\n", []),  # unchanged
+    ('[get_weather(city="Oslo")]', "", [("get_weather", {"city": "Oslo"})]),
+    ('\n[get_weather(city="Oslo", days=[1, 2], extra={"a": None, "b": True}), get_weather(city=\'Rome\')]\n', "",
+     [("get_weather", {"city": "Oslo", "days": [1, 2], "extra": {"a": None, "b": True}}),
+      ("get_weather", {"city": "Rome"})]),
+    ('[get_weather("Oslo")]', '[get_weather("Oslo")]', []),  # positional: not a call
+    ('[get_weather(city=__import__("os").getcwd())]', '[get_weather(city=__import__("os").getcwd())]', []),  # not run
+    ('[get_weather(city={1, 2})]', '[get_weather(city={1, 2})]', []),  # a set: no JSON form
+    ("[delete_all()]", "[delete_all()]", []),  # not one of the tools
+    ("[]", "[]", []),
+    ('[get_weather(city="Os', '[get_weather(city="Os', []),  # cut short: text
+])
+def test_the_pythonic_reader_finds_the_same_calls_however_the_text_is_cut(text, content, calls):
+    for step in (1, 2, 5, len(text)):
+        assert _read("pythonic", text, step) == (content, calls), step
 
 
 def test_the_llama3_json_reader_gives_text_as_it_comes_once_it_cannot_be_a_call():

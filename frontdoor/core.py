@@ -116,7 +116,7 @@ class Delta:
     prompt_tokens: int = 0  # the prompt's length in tokens (on every delta)
     top: Logprob | None = None  # the token's alternatives, when top_logprobs asked for them
     prompt_logprobs: tuple[Logprob, ...] = ()  # on the first delta, when the request asked (echo) ...
-    prompt_ids: tuple[int, ...] = ()  # ... beside the prompt's token ids they report on
+    prompt_ids: tuple[int, ...] = ()  # ... and the prompt's token ids (on the first delta)
     index: int = 0  # which of a request's answers it belongs to (FrontDoor.answer_all): the reply's choice
 
 
@@ -172,10 +172,11 @@ class FrontDoor:
                             piece = text.add(tok.token) if shown else ""
                             if tok.finish_reason:
                                 piece += text.flush()
-                            cached, prompt_lps = 0, ()
+                            cached, prompt_lps, prompt_ids = 0, (), ()
                             if tok.token is not None and meter.token():  # the first token
                                 ticket.first_token()  # its prompt is done: admission counts it as queued no more
                                 cached, prompt_lps = min(tok.cached_tokens, n_in), tuple(tok.prompt_logprobs)
+                                prompt_ids = tuple(prep.prompt_ids)
                                 piece, echo = echo + piece, ""
                                 stream.set(cached_tokens=cached)
                             if tok.finish_reason:  # the last delta: a caller may close us once it has it
@@ -186,7 +187,7 @@ class FrontDoor:
                             # a prompt-only answer shows no token of its own
                             own = (None, None, None) if req.prompt_only else (tok.token, tok.logprob, tok.top)
                             yield Delta(piece, own[0], own[1], tok.finish_reason, cached, n_in, own[2], prompt_lps,
-                                        tuple(prep.prompt_ids) if prompt_lps else ())
+                                        prompt_ids)
                             if tok.finish_reason:
                                 meter.done(tok.finish_reason)
                                 break

@@ -5,7 +5,7 @@ the reply. A request's answers (a batch of prompts, `n` each) are served concurr
 (FrontDoor.answer_all / collect_all) and come back as its choices. The model id is the served model's
 name (ServedModel.served_name); its Triton name is an alias. Fields the server does not know are
 accepted and named once in the log (openai_fields.py). Logprobs (and an echoed prompt's) are built
-token by token (openai_logprobs.py). A client that disconnects mid-stream cancels its request (one
+token by token (openai_tokens.py). A client that disconnects mid-stream cancels its request (one
 debug line, no traceback); a failure after the stream began is sent as a last SSE event carrying the
 status, then [DONE].
 """
@@ -23,7 +23,7 @@ from frontdoor import openai_api as oa
 from frontdoor.core import FrontDoor
 from frontdoor.http_body import read_object, request_timeout
 from frontdoor.openai_fields import UnknownFields
-from frontdoor.openai_logprobs import LogprobTrail, Shown
+from frontdoor.openai_tokens import Shown, TokenTrail, chunk_extras, whole_extras
 from frontdoor.openai_tools import ToolCallShape
 from tandem.status import Internal, TandemError, status_of
 
@@ -74,12 +74,12 @@ class OpenAIRoutes:
         shape = oa.chat_body if parsed.tools is None else ToolCallShape(parsed.tools, oa.chat_body)
         return await self._answer(request, parsed, rid, shape, body, chat=True)
 
-    def _trail(self, req, chat: bool, shown: Shown) -> LogprobTrail | None:
-        """The request's logprobs reports, when it asked for them (logprobs, or vLLM's prompt_logprobs)."""
-        if not req.logprobs and shown.prompt_logprobs is None:
+    def _trail(self, req, chat: bool, shown: Shown) -> TokenTrail | None:
+        """The answer's token reports, when the request asked for any (openai_tokens.py)."""
+        if not shown.any(req.logprobs):
             return None
         tok = self.service.tokenizer
-        return LogprobTrail(chat, lambda t: tok.decode([t], skip_special_tokens=False), req.logprobs, shown)
+        return TokenTrail(chat, lambda t: tok.decode([t], skip_special_tokens=False), req.logprobs, shown)
 
     async def _answer(self, request, parsed: oa.Parsed, rid: str, shape, body: dict, chat: bool):
         """Every answer the request asks for (its choices), collected into one reply or streamed. `shape`
@@ -93,9 +93,7 @@ class OpenAIRoutes:
             choices = [(a.text, a.finish_reason, t.take() if t else None) for a, t in zip(answers, trails)]
             usage = parsed.usage([(a.prompt_tokens, a.tokens, a.cached_tokens) for a in answers])
             reply = oa.whole_body(shape, rid, model, choices, usage)
-            if parsed.shown.prompt_logprobs is not None:
-                oa.with_prompt_logprobs(reply, [t.prompt for t in trails], chat)
-            return web.json_response(reply)
+            return web.json_response(whole_extras(reply, trails, parsed.shown, chat))
         events = _Events(request, rid, model, shape, body, trails, parsed, chat)
         async with contextlib.aclosing(self.door.answer_all(reqs)) as deltas:
             done = await events.send(deltas)
@@ -114,7 +112,7 @@ class _Events:
     event. A token whose text is held back (a partial character, a possible stop string) has its
     logprobs sent with the next event of its choice that carries text."""
 
-    def __init__(self, request, rid: str, model: str, shape, body: dict, trails: list[LogprobTrail | None],
+    def __init__(self, request, rid: str, model: str, shape, body: dict, trails: list[TokenTrail | None],
                  parsed: oa.Parsed, chat: bool):
         self.request, self.rid, self.model, self.shape, self.trails = request, rid, model, shape, trails
         self.parsed, self.chat = parsed, chat
@@ -146,7 +144,7 @@ class _Events:
                 if event is None:  # held (a tool-call list shaped whole at its end): its logprobs wait too
                     continue
                 if trail:
-                    event["choices"][0]["logprobs"] = trail.take()
+                    chunk_extras(event, trail, self.parsed.shown, self.chat, first=not started[d.index])
                 await self._sse(event)
                 started[d.index] = True
             if self.include_usage:

@@ -12,7 +12,7 @@ from frontdoor.openai_fields import (CHAT_FIELDS, COMPLETION_FIELDS, MAX_ANSWERS
                                      answers_per_prompt, bad_words, boolean, chat_template_kwargs, guide,
                                      logit_bias, number, prompt_logprobs, refuse_unsupported, token_ids, tools,
                                      truncate_prompt_tokens, unknown_fields)
-from frontdoor.openai_logprobs import Shown
+from frontdoor.openai_tokens import Shown
 from frontdoor.openai_tools import ToolChoice, tool_choice
 from control.requests import GenerationRequest
 from tandem.request_context import current_id
@@ -74,7 +74,7 @@ def completion_request(body: dict, models: tuple[str, ...], request_id: str,
                               exclude_input=not echo, add_special_tokens=boolean(body, "add_special_tokens", None),
                               **common) for text, ids in _prompts(body.get("prompt"))]
     return _parsed(reqs, answers_per_prompt(body), boolean(body, "stream"),
-                   shown=Shown(top or 0, scored, echo and top is not None))
+                   shown=_shown(body, top or 0, scored, echo and top is not None))
 
 
 def _prompts(prompt) -> list[tuple[str | None, tuple[int, ...]]]:
@@ -157,7 +157,12 @@ def chat_request(body: dict, models: tuple[str, ...], request_id: str, unknown: 
                             continue_final_message=boolean(body, "continue_final_message"),
                             add_special_tokens=boolean(body, "add_special_tokens", None),
                             template_kwargs=chat_template_kwargs(body), **common)
-    return _parsed([req], answers_per_prompt(body), boolean(body, "stream"), calls, Shown(top, scored))
+    return _parsed([req], answers_per_prompt(body), boolean(body, "stream"), calls, _shown(body, top, scored))
+
+
+def _shown(body: dict, top: int, scored: int | None, echo: bool = False) -> Shown:
+    return Shown(top, scored, echo, token_ids=boolean(body, "return_token_ids"),
+                 as_ids=boolean(body, "return_tokens_as_token_ids"))
 
 
 def messages_of(body: dict) -> tuple[ChatMessage, ...]:
@@ -224,17 +229,6 @@ def whole_body(shape, rid: str, model: str, choices: list[tuple[str, str | None,
     body = shape(rid, model, "", None, usage_, chunk=False)
     body["choices"] = [shape(rid, model, text, reason, None, chunk=False, logprobs=lp, index=i)["choices"][0]
                        for i, (text, reason, lp) in enumerate(choices)]
-    return body
-
-
-def with_prompt_logprobs(body: dict, reports: list[list | None], chat: bool) -> dict:
-    """vLLM's `prompt_logprobs` (one report per answer, in choice order) into a whole reply: on each
-    choice of a completion, once at the top of a chat reply (its answers share one prompt)."""
-    if chat:
-        body["prompt_logprobs"] = reports[0]
-    else:
-        for choice, report in zip(body["choices"], reports):
-            choice["prompt_logprobs"] = report
     return body
 
 

@@ -33,7 +33,7 @@ _SAMPLING = {"model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "r
              "presence_penalty", "frequency_penalty", "logprobs", "logit_bias", "best_of", "skip_special_tokens",
              "include_stop_str_in_output", "bad_words", "allowed_token_ids", "truncate_prompt_tokens",
              "add_special_tokens", "use_beam_search", "priority", "spaces_between_special_tokens", "prompt_logprobs",
-             *GUIDE_FIELDS}
+             "return_token_ids", "return_tokens_as_token_ids", *GUIDE_FIELDS}
 _BOOKKEEPING = {"user", "metadata", "store", "service_tier"}  # accepted, ignored: they change no token
 COMPLETION_FIELDS = _SAMPLING | _BOOKKEEPING | {"prompt", "echo", "suffix"}
 CHAT_FIELDS = _SAMPLING | _BOOKKEEPING | {"messages", "max_completion_tokens", "top_logprobs",

@@ -1,12 +1,19 @@
-"""OpenAI's logprobs objects, built token by token from the orchestrator's deltas.
+"""What an OpenAI reply shows of its tokens beside the text, built token by token from the
+orchestrator's deltas: logprobs, vLLM's prompt_logprobs, and vLLM's token ids.
 
-Completions: `{"tokens", "token_logprobs", "top_logprobs", "text_offset"}`, where each top_logprobs
-entry maps token text to logprob (the chosen token always included, so up to logprobs+1 entries) and
-an echoed prompt's first token has logprob null (nothing predicts it). Chat: `{"content": [{"token",
-"logprob", "bytes", "top_logprobs": [{"token", "logprob", "bytes"}]}], "refusal": null}`. vLLM's
-`prompt_logprobs` (both endpoints): `[null, {"<id>": {"logprob", "rank", "decoded_token"}, ...}, ...]`,
-one object per prompt token, its own entry first and then its alternatives.
-A token's text is that token decoded alone (special tokens kept), as vLLM reports it.
+- Completions' `logprobs`: `{"tokens", "token_logprobs", "top_logprobs", "text_offset"}`, where each
+  top_logprobs entry maps token text to logprob (the chosen token always included, so up to logprobs+1
+  entries) and an echoed prompt's first token has logprob null (nothing predicts it). Chat's:
+  `{"content": [{"token", "logprob", "bytes", "top_logprobs": [{"token", "logprob", "bytes"}]}],
+  "refusal": null}`.
+- vLLM's `prompt_logprobs`: `[null, {"<id>": {"logprob", "rank", "decoded_token"}, ...}, ...]`, one
+  object per prompt token, its own entry first and then its alternatives.
+- vLLM's `return_token_ids`: `prompt_token_ids` and `token_ids` (the answer's, every generated token;
+  streamed, each chunk's own): on each choice of a completion; a chat reply's `prompt_token_ids` at its
+  top (streamed: on each choice's first chunk).
+
+A token's text is that token decoded alone (special tokens kept), as vLLM reports it, or, with vLLM's
+`return_tokens_as_token_ids`, "token_id:<id>" (completions' text_offset still counts the text itself).
 """
 
 from __future__ import annotations
@@ -19,27 +26,40 @@ from tandem.logprobs import Logprob
 
 @dataclass(frozen=True)
 class Shown:
-    """The logprobs a reply shows: `top` alternatives per token (the engine may report more, for
-    `prompt_logprobs`), vLLM's `prompt_logprobs` (k alternatives; None: not asked) and whether the echoed
-    prompt's tokens are among the answer's logprobs (completions' echo with logprobs)."""
+    """What a reply shows of its tokens: `top` alternatives per token (the engine may report more, for
+    `prompt_logprobs`), vLLM's `prompt_logprobs` (k alternatives; None: not asked), whether the echoed
+    prompt's tokens are among the answer's logprobs (completions' echo with logprobs), vLLM's
+    `return_token_ids` and `return_tokens_as_token_ids`."""
 
     top: int = 0
     prompt_logprobs: int | None = None
     echo: bool = False
+    token_ids: bool = False
+    as_ids: bool = False
+
+    def any(self, logprobs: bool) -> bool:
+        """Whether a request with (or without) `logprobs` needs a trail."""
+        return logprobs or self.prompt_logprobs is not None or self.token_ids
 
 
-class LogprobTrail:
-    """Collects per-token reports; `take()` hands out the object for those collected since the last take
-    (None if the request did not ask for logprobs), `prompt` is vLLM's prompt_logprobs once they came."""
+class TokenTrail:
+    """One answer's token reports, as its deltas come: `take()` hands out the logprobs object for those
+    collected since the last take (None if the request did not ask for logprobs), `take_ids()` the
+    answer's token ids since the last; `prompt` is vLLM's prompt_logprobs and `prompt_ids` the prompt's
+    ids once the first delta came."""
 
     def __init__(self, chat: bool, decode_one: Callable[[int], str], logprobs: bool, shown: Shown):
         self.chat, self.decode_one, self.logprobs, self.shown, self.offset = chat, decode_one, logprobs, shown, 0
         self.entries: list[tuple[int, float | None, Logprob | None]] = []  # (token, logprob, alternatives)
+        self.ids: list[int] = []  # the answer's tokens since the last take_ids
         self.prompt: list[dict | None] | None = None
+        self.prompt_ids: tuple[int, ...] = ()
 
     def add(self, delta) -> None:
         """One frontdoor.core.Delta: the prompt's reports first (they come with the first delta, beside the
         prompt's ids; the prompt's first token has no logprob), then the delta's own token."""
+        if delta.prompt_ids:
+            self.prompt_ids = delta.prompt_ids
         if delta.prompt_logprobs:
             ids = delta.prompt_ids
             if self.shown.echo:
@@ -47,8 +67,10 @@ class LogprobTrail:
                 self.entries.extend((t, r.logprob, r) for t, r in zip(ids[1:], delta.prompt_logprobs))
             if self.shown.prompt_logprobs is not None:
                 self.prompt = [None, *(self._scored(t, r) for t, r in zip(ids[1:], delta.prompt_logprobs))]
-        if delta.token is not None and delta.logprob is not None:
-            self.entries.append((delta.token, delta.logprob, delta.top))
+        if delta.token is not None:
+            self.ids.append(delta.token)
+            if delta.logprob is not None:
+                self.entries.append((delta.token, delta.logprob, delta.top))
 
     def take(self) -> dict | None:
         entries, self.entries = self.entries, []
@@ -56,13 +78,20 @@ class LogprobTrail:
             return None
         return self._chat(entries) if self.chat else self._completion(entries)
 
+    def take_ids(self) -> list[int]:
+        ids, self.ids = self.ids, []
+        return ids
+
+    def _name(self, token: int) -> str:
+        return f"token_id:{token}" if self.shown.as_ids else self.decode_one(token)
+
     def _scored(self, token: int, r: Logprob) -> dict:
         """vLLM's report of one prompt token: {id: {"logprob", "rank", "decoded_token"}} for the token
         itself, then its top alternatives (rank 1 first); the token is not repeated among them."""
-        out = {str(token): {"logprob": r.logprob, "rank": r.rank, "decoded_token": self.decode_one(token)}}
+        out = {str(token): {"logprob": r.logprob, "rank": r.rank, "decoded_token": self._name(token)}}
         k = self.shown.prompt_logprobs
         for i, (t, v) in enumerate(zip(r.top_ids[:k], r.top_logprobs[:k])):
-            out.setdefault(str(t), {"logprob": v, "rank": i + 1, "decoded_token": self.decode_one(t)})
+            out.setdefault(str(t), {"logprob": v, "rank": i + 1, "decoded_token": self._name(t)})
         return out
 
     def _alternatives(self, top: Logprob | None) -> list[tuple[int, float]]:
@@ -79,17 +108,44 @@ class LogprobTrail:
         return {"content": content, "refusal": None}
 
     def _chat_entry(self, token: int, lp: float) -> dict:
-        text = self.decode_one(token)
+        text = self._name(token)
         return {"token": text, "logprob": lp, "bytes": list(text.encode("utf-8"))}
 
     def _completion(self, entries) -> dict:
         tokens, lps, tops, offsets = [], [], [], []
         for token, lp, top in entries:
-            text = self.decode_one(token)
-            tokens.append(text)
+            name = self._name(token)
+            tokens.append(name)
             lps.append(lp)
             offsets.append(self.offset)
-            self.offset += len(text)
-            alts = {self.decode_one(t): v for t, v in self._alternatives(top)}
-            tops.append(None if lp is None else alts | {text: lp})
+            self.offset += len(self.decode_one(token)) if self.shown.as_ids else len(name)
+            alts = {self._name(t): v for t, v in self._alternatives(top)}
+            tops.append(None if lp is None else alts | {name: lp})
         return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}
+
+
+def whole_extras(body: dict, trails: list[TokenTrail | None], shown: Shown, chat: bool) -> dict:
+    """A whole reply's vLLM extras from each choice's trail: prompt_logprobs and, with return_token_ids,
+    prompt_token_ids and token_ids; on each choice of a completion, a chat reply's prompt ones once at
+    its top (its answers share one prompt)."""
+    for choice, trail in zip(body["choices"], trails):
+        prompt = {}
+        if shown.prompt_logprobs is not None:
+            prompt["prompt_logprobs"] = trail.prompt
+        if shown.token_ids:
+            prompt["prompt_token_ids"] = list(trail.prompt_ids)
+            choice["token_ids"] = trail.take_ids()
+        (body if chat else choice).update(prompt)
+    return body
+
+
+def chunk_extras(event: dict, trail: TokenTrail, shown: Shown, chat: bool, first: bool) -> dict:
+    """A streamed chunk's logprobs and, with return_token_ids, token ids since the choice's last chunk
+    (and on its first chunk the prompt's: in the choice of a completion, at the top of a chat chunk)."""
+    choice = event["choices"][0]
+    choice["logprobs"] = trail.take()
+    if shown.token_ids:
+        choice["token_ids"] = trail.take_ids()
+        if first:
+            (event if chat else choice)["prompt_token_ids"] = list(trail.prompt_ids)
+    return event

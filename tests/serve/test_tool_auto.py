@@ -107,7 +107,8 @@ OSLO = '{"name": "get_weather", "parameters": {"city": "Oslo"}}'
 ROME = '{"name": "get_weather", "parameters": {"city": "Rome"}}'
 
 
-@pytest.mark.parametrize("text, content, calls", [
+# (text, its content, its calls) per parser
+HERMES = [
     ("Plain text, < and <tool_ and all.\n\n", "Plain text, < and <tool_ and all.\n\n", []),  # unchanged
     (f"Let me look.\n{CALL}\n{CALL}\n", "Let me look.", [("get_weather", {"city": "Oslo"})] * 2),
     (f"{CALL}\n\nDone, see above.", "Done, see above.", [("get_weather", {"city": "Oslo"})]),
@@ -117,13 +118,8 @@ ROME = '{"name": "get_weather", "parameters": {"city": "Rome"}}'
      '<tool_call>{"name": "delete_all", "arguments": {}}</tool_call>', []),  # not one of the tools: text
     ("<tool_call>{not json}</tool_call> x", "<tool_call>{not json}</tool_call> x", []),
     ('Cut <tool_call>{"name": "get_weather", "argu', 'Cut <tool_call>{"name": "get_weather", "argu', []),
-])
-def test_the_hermes_reader_finds_the_same_calls_however_the_text_is_cut(text, content, calls):
-    for step in (1, 2, 5, len(text)):
-        assert _read("hermes", text, step) == (content, calls), step
-
-
-@pytest.mark.parametrize("text, content, calls", [
+]
+LLAMA3_JSON = [
     ("Plain text with {braces}; and all.\n", "Plain text with {braces}; and all.\n", []),  # unchanged
     (OSLO, "", [("get_weather", {"city": "Oslo"})]),
     (f"\n {OSLO}; {ROME}\n", "", [("get_weather", {"city": "Oslo"}), ("get_weather", {"city": "Rome"})]),
@@ -134,13 +130,8 @@ def test_the_hermes_reader_finds_the_same_calls_however_the_text_is_cut(text, co
     (f"{OSLO}; {{not json}}", f"{OSLO}; {{not json}}", []),
     ('{"name": "get_weather", "param', '{"name": "get_weather", "param', []),  # cut short: text
     ("  \n", "  \n", []),
-])
-def test_the_llama3_json_reader_finds_the_same_calls_however_the_text_is_cut(text, content, calls):
-    for step in (1, 2, 5, len(text)):
-        assert _read("llama3_json", text, step) == (content, calls), step
-
-
-@pytest.mark.parametrize("text, content, calls", [
+]
+PYTHONIC = [
     ("Plain text [with brackets] and f(x).\n", "Plain text [with brackets] and f(x).\n", []),  # unchanged
     ('[get_weather(city="Oslo")]', "", [("get_weather", {"city": "Oslo"})]),
     ('\n[get_weather(city="Oslo", days=[1, 2], extra={"a": None, "b": True}), get_weather(city=\'Rome\')]\n', "",
@@ -152,10 +143,14 @@ def test_the_llama3_json_reader_finds_the_same_calls_however_the_text_is_cut(tex
     ("[delete_all()]", "[delete_all()]", []),  # not one of the tools
     ("[]", "[]", []),
     ('[get_weather(city="Os', '[get_weather(city="Os', []),  # cut short: text
-])
-def test_the_pythonic_reader_finds_the_same_calls_however_the_text_is_cut(text, content, calls):
+]
+
+
+@pytest.mark.parametrize("parser, text, content, calls", [("hermes", *c) for c in HERMES]
+                         + [("llama3_json", *c) for c in LLAMA3_JSON] + [("pythonic", *c) for c in PYTHONIC])
+def test_each_reader_finds_the_same_calls_however_the_text_is_cut(parser, text, content, calls):
     for step in (1, 2, 5, len(text)):
-        assert _read("pythonic", text, step) == (content, calls), step
+        assert _read(parser, text, step) == (content, calls), step
 
 
 def test_the_llama3_json_reader_gives_text_as_it_comes_once_it_cannot_be_a_call():

@@ -20,6 +20,7 @@ import logging
 from aiohttp import web
 
 from frontdoor import openai_api as oa
+from frontdoor import openai_responses as rs
 from frontdoor.core import FrontDoor
 from frontdoor.http_body import read_object, request_timeout
 from frontdoor.openai_fields import UnknownFields
@@ -37,6 +38,7 @@ def add_openai_routes(router, door: FrontDoor) -> None:
     router.add_get("/v1/models/{model}", api.model)
     router.add_post("/v1/completions", api.completions)
     router.add_post("/v1/chat/completions", api.chat)
+    router.add_post("/v1/responses", api.responses)
 
 
 class OpenAIRoutes:
@@ -74,6 +76,28 @@ class OpenAIRoutes:
         shape = oa.chat_body if parsed.tools is None else ToolCallShape(parsed.tools, oa.chat_body)
         return await self._answer(request, parsed, rid, shape, body, chat=True)
 
+    async def responses(self, request):
+        """OpenAI's Responses API: the chat request it amounts to, shaped as a response (openai_responses.py)."""
+        self.service.refuse_if_closed()
+        body = await read_object(request)
+        with rs.named_as_responses():
+            chat, extra = rs.chat_request_of(body)
+            if extra:
+                self.unknown.note(extra, "/v1/responses")
+            shaper = rs.Shaper(body, oa.new_id("resp"), self.served.served_name)
+            parsed = oa.chat_request(chat, self.names, shaper.id, self.unknown)
+            reqs = [dataclasses.replace(r, timeout_s=request_timeout(request)) for r in parsed.answers]
+            if not parsed.stream:
+                a = (await self.door.collect_all(reqs))[0]
+                return web.json_response(shaper.response(a.text, a.finish_reason,
+                                                         oa.usage(a.prompt_tokens, a.tokens, a.cached_tokens)))
+            events = _ResponseEvents(request, shaper)
+            async with contextlib.aclosing(self.door.answer_all(reqs)) as deltas:
+                await events.send(deltas)
+        if events.resp is None:
+            raise Internal(f"the answer of {shaper.id} ended before its first delta")
+        return events.resp
+
     def _trail(self, req, chat: bool, shown: Shown) -> TokenTrail | None:
         """The answer's token reports, when the request asked for any (openai_tokens.py)."""
         if not shown.any(req.logprobs):
@@ -106,6 +130,17 @@ class OpenAIRoutes:
         return events.resp
 
 
+async def _event_stream(request) -> web.StreamResponse:
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    await resp.prepare(request)
+    return resp
+
+
+def _count(seen: list[int], d) -> None:
+    """One choice's prompt, completion and cached tokens, after delta `d`."""
+    seen[:] = d.prompt_tokens, seen[1] + (d.token is not None), seen[2] or d.cached_tokens
+
+
 class _Events:
     """One SSE stream of a request's choices, each delta an event of its choice. The response starts
     with the first delta, so a refusal (429, 503, ...) before it is still an HTTP status, not an SSE
@@ -129,11 +164,9 @@ class _Events:
         try:
             async for d in deltas:
                 if self.resp is None:
-                    self.resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
-                                                            "Cache-Control": "no-cache"})
-                    await self.resp.prepare(self.request)
+                    self.resp = await _event_stream(self.request)
                 seen, trail = counts[d.index], self.trails[d.index]
-                seen[:] = d.prompt_tokens, seen[1] + (d.token is not None), seen[2] or d.cached_tokens
+                _count(seen, d)
                 if trail:
                     trail.add(d)
                 if not d.text and not d.finish_reason:
@@ -164,3 +197,39 @@ class _Events:
 
     async def _sse(self, obj: dict) -> None:
         await self.resp.write(b"data: " + json.dumps(obj).encode() + b"\n\n")
+
+
+class _ResponseEvents:
+    """One Responses API stream: its opening events with the first delta (so a refusal before it is
+    still an HTTP status), a text delta per piece, its closing events; a failure after the start is an
+    `error` event. A client that leaves cancels the request."""
+
+    def __init__(self, request, shaper: rs.Shaper):
+        self.request, self.shaper = request, shaper
+        self.resp: web.StreamResponse | None = None
+
+    async def send(self, deltas) -> None:
+        text, reason, seen = [], None, [0, 0, 0]  # prompt, completion and cached tokens
+        try:
+            async for d in deltas:
+                if self.resp is None:
+                    self.resp = await _event_stream(self.request)
+                    for e in self.shaper.opening():
+                        await self._sse(e)
+                _count(seen, d)
+                reason = d.finish_reason or reason
+                if d.text:
+                    text.append(d.text)
+                    await self._sse(self.shaper.delta(d.text))
+            for e in self.shaper.closing("".join(text), reason, oa.usage(*seen)):
+                await self._sse(e)
+        except TandemError as e:
+            if self.resp is None:
+                raise
+            with contextlib.suppress(*_GONE):
+                await self._sse(self.shaper.event("error", code=status_of(e).value, message=str(e), param=None))
+        except _GONE:
+            log.debug("client of %s disconnected after %d tokens; request cancelled", self.shaper.id, seen[1])
+
+    async def _sse(self, obj: dict) -> None:
+        await self.resp.write(f"event: {obj['type']}\ndata: ".encode() + json.dumps(obj).encode() + b"\n\n")

@@ -29,6 +29,7 @@ class TextStream:
         self._emitted = 0
         self._searched = 0  # text before this offset holds no stop string
         self.stopped = False
+        self.stop_string: str | None = None  # the stop string the text met
 
     def add(self, token_id: int) -> str:
         """Feed one output token; return the text that became final (may be empty)."""
@@ -47,14 +48,21 @@ class TextStream:
         """At the end of generation: whatever text was held back."""
         return self._take(final=True)
 
+    def stop_reason(self, token: int | None, stop_token_ids: tuple[int, ...]) -> str | int | None:
+        """vLLM's stop_reason of an answer that ended with finish reason "stop": the stop string the text
+        met, or the stop token (one of `stop_token_ids`) it ended on; None for the model's end token."""
+        if self.stop_string is not None:
+            return self.stop_string
+        return token if token in stop_token_ids else None
+
     def _find_stop(self) -> None:
         if not self._stop:
             return
         longest = max(len(s) for s in self._stop)
         start = max(0, self._searched - longest + 1)
-        hits = [(i, len(s)) for i, s in ((self.text.find(s, start), s) for s in self._stop) if i >= 0]
+        hits = [(i, len(s), s) for i, s in ((self.text.find(s, start), s) for s in self._stop) if i >= 0]
         if hits:
-            at, length = min(hits)  # the first stop string (of two starting there, the shorter: it is whole first)
+            at, length, self.stop_string = min(hits)  # the first (of two starting there, the shorter: whole first)
             self.text = self.text[:at + length if self._keep_stop else at]
             self.stopped = True
         self._searched = len(self.text)

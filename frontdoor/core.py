@@ -118,6 +118,7 @@ class Delta:
     prompt_logprobs: tuple[Logprob, ...] = ()  # on the first delta, when the request asked (echo) ...
     prompt_ids: tuple[int, ...] = ()  # ... and the prompt's token ids (on the first delta)
     index: int = 0  # which of a request's answers it belongs to (FrontDoor.answer_all): the reply's choice
+    stop_reason: str | int | None = None  # on the last delta: the stop string or stop token that ended it (vLLM's)
 
 
 @dataclass(frozen=True)
@@ -130,6 +131,7 @@ class Answer:
     finish_reason: str | None
     prompt_tokens: int
     cached_tokens: int
+    stop_reason: str | int | None = None
 
 
 class FrontDoor:
@@ -186,8 +188,10 @@ class FrontDoor:
                                 last_sent = True
                             # a prompt-only answer shows no token of its own
                             own = (None, None, None) if req.prompt_only else (tok.token, tok.logprob, tok.top)
+                            stop = text.stop_reason(tok.token, prep.params.stop_token_ids) \
+                                if tok.finish_reason == "stop" else None
                             yield Delta(piece, own[0], own[1], tok.finish_reason, cached, n_in, own[2], prompt_lps,
-                                        prompt_ids)
+                                        prompt_ids, stop_reason=stop)
                             if tok.finish_reason:
                                 meter.done(tok.finish_reason)
                                 break
@@ -265,7 +269,7 @@ class FrontDoor:
 
     async def collect(self, req: GenerationRequest, on_delta: Callable[[Delta], None] | None = None) -> Answer:
         """The whole answer of one request (the one collector every door uses); `on_delta` sees each delta."""
-        text, logprobs, n, reason, n_in, cached = [], [], 0, None, 0, 0
+        text, logprobs, n, reason, n_in, cached, stop = [], [], 0, None, 0, 0, None
         async with contextlib.aclosing(self.answer(req)) as deltas:  # a cancel cleans up at once
             async for d in deltas:
                 if on_delta is not None:
@@ -276,7 +280,8 @@ class FrontDoor:
                     if d.logprob is not None:
                         logprobs.append(d.logprob)
                 reason, n_in, cached = d.finish_reason or reason, d.prompt_tokens, cached or d.cached_tokens
-        return Answer("".join(text), tuple(logprobs), n, reason, n_in, cached)
+                stop = d.stop_reason or stop
+        return Answer("".join(text), tuple(logprobs), n, reason, n_in, cached, stop)
 
     async def collect_all(self, reqs: Sequence[GenerationRequest],
                           on_deltas: Sequence[Callable[[Delta], None] | None] = ()) -> list[Answer]:

@@ -117,6 +117,8 @@ class OpenAIRoutes:
             choices = [(a.text, a.finish_reason, t.take() if t else None) for a, t in zip(answers, trails)]
             usage = parsed.usage([(a.prompt_tokens, a.tokens, a.cached_tokens) for a in answers])
             reply = oa.whole_body(shape, rid, model, choices, usage)
+            for choice, a in zip(reply["choices"], answers):
+                choice["stop_reason"] = a.stop_reason  # vLLM's: the stop string or stop token that ended it
             return web.json_response(whole_extras(reply, trails, parsed.shown, chat))
         events = _Events(request, rid, model, shape, body, trails, parsed, chat)
         async with contextlib.aclosing(self.door.answer_all(reqs)) as deltas:
@@ -176,6 +178,7 @@ class _Events:
                                    oa.usage(*seen) if self.continuous else None, chunk=True, index=d.index, **extra)
                 if event is None:  # held (a tool-call list shaped whole at its end): its logprobs wait too
                     continue
+                event["choices"][0]["stop_reason"] = d.stop_reason
                 if trail:
                     chunk_extras(event, trail, self.parsed.shown, self.chat, first=not started[d.index])
                 await self._sse(event)

@@ -148,6 +148,27 @@ def test_vllms_text_options_keep_the_stop_string_and_the_special_tokens(client, 
     assert want.endswith("<|im_end|>")  # the end token is shown only when the request keeps its stop
 
 
+def test_stop_reason_names_the_stop_string_or_stop_token_that_ended_the_answer(client, default_engine):
+    """vLLM's choice field: the stop string met, the stop token ended on; null for the model's end
+    token and for max_tokens. Streamed, only the last chunk of the choice carries it."""
+    tok = default_engine.tokenizer
+    ids = tok.encode(PROMPT)
+    out = complete(default_engine, ids, SamplingParams(max_tokens=8)).output_ids
+    full = tok.decode(out)
+    kw = dict(model="smollm2-135m", prompt=PROMPT, max_tokens=8, temperature=0)
+    by_string = client.completions.create(**kw, stop=[full[3:7]]).choices[0]
+    assert by_string.finish_reason == "stop" and by_string.model_dump()["stop_reason"] == full[3:7]
+    by_token = client.completions.create(**kw, extra_body={"stop_token_ids": [out[0]]}).choices[0]
+    assert by_token.finish_reason == "stop" and by_token.model_dump()["stop_reason"] == out[0]
+    by_length = client.completions.create(**kw).choices[0]
+    assert by_length.finish_reason == "length" and by_length.model_dump()["stop_reason"] is None
+    by_end = client.chat.completions.create(model="smollm2-135m", messages=[{"role": "user", "content": QUESTION}],
+                                            max_tokens=48, temperature=0).choices[0]
+    assert by_end.finish_reason == "stop" and by_end.model_dump()["stop_reason"] is None  # the end token
+    chunks = [c.choices[0].model_dump() for c in client.completions.create(**kw, stop=[full[3:7]], stream=True)]
+    assert chunks[-1]["stop_reason"] == full[3:7] and all(c["stop_reason"] is None for c in chunks[:-1])
+
+
 def test_typed_errors(client):
     with pytest.raises(openai.NotFoundError, match="does not exist"):
         client.completions.create(model="gpt-4", prompt=PROMPT, max_tokens=4)

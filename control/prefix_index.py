@@ -24,7 +24,7 @@ import logging
 from collections.abc import Iterable, Sequence
 from itertools import islice
 
-from tandem.prefix import HASH_BYTES, HEX_CHARS, hashes_from_hex, page_hashes
+from tandem.prefix import HASH_BYTES, HEX_CHARS, hashes_from_hex, page_hashes, tenant_salt
 
 log = logging.getLogger("tandem.prefix")
 
@@ -120,11 +120,11 @@ class PrefixView:
     def observe(self, worker: str, stats) -> None:
         """Apply one push (a tandem.wire.WorkerStats). A worker whose cache is off holds nothing; a
         malformed report makes the view forget the worker (advisory: it costs cache-blind routing only)."""
-        if not stats.cache_salt:
+        if not stats.engine_salt:
             self.forget(worker)
             return
         try:
-            salt = _hashes([stats.cache_salt], "cache_salt")[0]
+            salt = _hashes([stats.engine_salt], "engine_salt")[0]
             stored, removed = _hashes(stats.stored, "stored"), _hashes(stats.removed, "removed")
             if stats.resync:
                 self.index.replace(worker, stored)
@@ -140,8 +140,9 @@ class PrefixView:
         self.index.drop(worker)
         self.salts.pop(worker, None)
 
-    def lookup(self, token_ids: Sequence[int]) -> "PrefixLookup":
-        return PrefixLookup(self, list(token_ids))
+    def lookup(self, token_ids: Sequence[int], cache_salt: str = "") -> "PrefixLookup":
+        """`cache_salt`: the request's (SamplingParams.cache_salt); it matches only pages cached under it."""
+        return PrefixLookup(self, list(token_ids), cache_salt)
 
 
 class PrefixLookup:
@@ -150,9 +151,9 @@ class PrefixLookup:
     At most all but the last token count (the worker computes that one to get the next token), the
     same rule the worker's own match follows (engine/prefix_cache.py)."""
 
-    def __init__(self, view: PrefixView, token_ids: list[int]):
-        self.view, self.token_ids = view, token_ids
-        self._hashes: dict[bytes, list[bytes]] = {}  # per salt: computed once per request
+    def __init__(self, view: PrefixView, token_ids: list[int], cache_salt: str):
+        self.view, self.token_ids, self.cache_salt = view, token_ids, cache_salt
+        self._hashes: dict[bytes, list[bytes]] = {}  # per engine salt: computed once per request
 
     def tokens(self, worker: str) -> int:
         salt = self.view.salts.get(worker)
@@ -161,7 +162,7 @@ class PrefixLookup:
         tpp = self.view.tokens_per_page
         if salt not in self._hashes:
             usable = max(0, len(self.token_ids) - 1) // tpp
-            self._hashes[salt] = page_hashes(self.token_ids, tpp, salt, limit=usable)
+            self._hashes[salt] = page_hashes(self.token_ids, tpp, tenant_salt(salt, self.cache_salt), limit=usable)
         return self.view.index.matched_pages(worker, self._hashes[salt]) * tpp
 
 

@@ -55,7 +55,8 @@ class GenerationRequest:
     guide: Guide | None = None  # structured output: the grammar the answer follows (tandem/guides.py)
     bad_words: tuple[str, ...] = ()  # texts the answer never contains, each tokenized as it is given
     allowed_token_ids: tuple[int, ...] = ()  # the only tokens the answer may hold (vLLM's); () = any
-    exclude_input: bool = True  # False: non-streamed text also repeats the prompt (Triton ensemble default)
+    cache_salt: str = ""  # cached prefix pages are shared only among requests with the same salt (vLLM's)
+    exclude_input: bool = True  # False: the answer starts with its input (prepare: Prepared.echo)
     skip_special_tokens: bool = True  # False: the answer's text keeps special tokens (vLLM's field)
     include_stop_str_in_output: bool = False  # True: the text ends with the stop string that ended it (vLLM's)
     prompt_only: bool = False  # the answer shows no generated token (an echoed prompt scored: max_tokens 0)
@@ -72,6 +73,7 @@ class Prepared:
     params: SamplingParams
     stop_ids: frozenset[int] = frozenset()  # tokens that end the answer: the model's ends (unless ignored), stop ids
     truncated: bool = False  # prompt_ids are the prompt's last tokens only (truncate_prompt_tokens)
+    echo: str = ""  # the text the answer starts with (_echo)
 
     def shown(self, token: int, finish_reason: str | None) -> bool:
         """Whether generated `token` belongs in the answer. A token that ended the answer by being an end
@@ -127,14 +129,28 @@ def prepare(req: GenerationRequest, tokenizer: Tokenizer, limits: Limits) -> Pre
                             frequency_penalty=float(req.frequency_penalty),
                             stop_token_ids=tuple(req.stop_token_ids), logit_bias=tuple(req.logit_bias), guide=req.guide,
                             bad_words=_bad_words(req.bad_words, tokenizer),
-                            allowed_token_ids=tuple(sorted(set(req.allowed_token_ids))),
+                            allowed_token_ids=tuple(sorted(set(req.allowed_token_ids))), cache_salt=req.cache_salt,
                             extra_eos=(req.end_id,) if req.end_id is not None else ()).with_seed()
     limits.check_ids([t for t, _ in params.logit_bias], "logit_bias")
     limits.check_ids(params.allowed_token_ids, "allowed_token_ids")
     if params.guide is not None:  # compiled here once, so a bad schema is the client's 400, never a worker's fault
         guides(tokenizer, limits).check(params.guide)
     ends = () if params.ignore_eos else (*limits.end_ids, *params.extra_eos)
-    return Prepared(req, ids, params, frozenset((*ends, *params.stop_token_ids)), truncated)
+    return Prepared(req, ids, params, frozenset((*ends, *params.stop_token_ids)), truncated,
+                    _echo(req, ids, truncated, tokenizer))
+
+
+def _echo(req: GenerationRequest, ids: list[int], truncated: bool, tokenizer: Tokenizer) -> str:
+    """The text an answer starts with: none when the request excludes its input; a chat's final message
+    when it is the assistant's, the turn the answer continues (vLLM's chat echo); else the prompt (its
+    ids decoded when it was given as ids or cut by truncate_prompt_tokens)."""
+    if req.exclude_input:
+        return ""
+    if req.messages:
+        return req.messages[-1].content if req.messages[-1].role == "assistant" else ""
+    if req.prompt is not None and not truncated:
+        return req.prompt
+    return tokenizer.decode(ids)
 
 
 def guides(tokenizer: Tokenizer, limits: Limits) -> Guides:

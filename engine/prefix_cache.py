@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from engine.page_allocator import PageAllocator
 from engine.sequence import Sequence
-from tandem.prefix import extend_page_hashes
+from tandem.prefix import extend_page_hashes, tenant_salt
 
 
 class PrefixCache:
@@ -69,7 +69,9 @@ class PrefixCache:
         return 0 if seq.params.prompt_logprobs else (seq.num_tokens - 1) // self.tokens_per_page
 
     def _hashes(self, seq: Sequence, pages: int) -> list[bytes]:
-        """The hashes of the first `pages` full pages of seq.all_ids (computed once, extended as it grows)."""
+        """The hashes of the first `pages` full pages of seq.all_ids (computed once, extended as it grows),
+        chained from the engine's salt with the request's cache_salt mixed in."""
         if len(seq.page_hashes) < pages:
-            extend_page_hashes(seq.page_hashes, seq.all_ids, self.tokens_per_page, self.salt, limit=pages)
+            extend_page_hashes(seq.page_hashes, seq.all_ids, self.tokens_per_page,
+                               tenant_salt(self.salt, seq.params.cache_salt), limit=pages)
         return seq.page_hashes[:pages]

@@ -12,8 +12,8 @@ serving path's token stream (control/serving_path.py: the one generator below th
 into text incrementally and records the latencies clients see. Failures are tandem.status exceptions;
 each door shapes them for its protocol through the one status table. Nothing is ever streamed twice.
 
-The prompt-echo rule lives here only: a request with `exclude_input=False` gets its prompt in front of
-the first delta's text (and so in front of a collected answer).
+The echo rule: the text a prepared request echoes (`Prepared.echo`, control/requests.py: its prompt, or
+a chat's final assistant message) goes in front of the first delta's text, and so of a collected answer.
 
 The served model (`ServedModel`) is the one LLM model every door serves: its names, Triton config and
 metadata, and statistics. gRPC and KServe HTTP serve it as `triton_name` (`ensemble` by default,
@@ -166,7 +166,7 @@ class FrontDoor:
             try:
                 text = TextStream(svc.tokenizer, prep.params.stop, req.skip_special_tokens,
                                   req.include_stop_str_in_output)
-                echo = self._echo(prep)
+                echo = prep.echo
                 with span.child("tandem.stream") as stream:
                     async with contextlib.aclosing(svc.path.run(prep, deadline, stream)) as tokens:
                         async for tok in tokens:
@@ -210,16 +210,6 @@ class FrontDoor:
             note_tokens(n_in, meter.tokens)  # for the access line
             span.set(prompt_tokens=n_in, completion_tokens=meter.tokens)
             span.end()
-
-    def _echo(self, prep) -> str:
-        """The prompt text an answer starts with unless the request excludes it (given as ids, or cut
-        by truncate_prompt_tokens: its ids decoded)."""
-        req = prep.request
-        if req.exclude_input:
-            return ""
-        if req.prompt is not None and not prep.truncated:
-            return req.prompt
-        return self.service.tokenizer.decode(prep.prompt_ids)
 
     def answer_all(self, reqs: Sequence[GenerationRequest]) -> AsyncIterator[Delta]:
         """The deltas of several answers served concurrently, each marked with its index in `reqs`, in the

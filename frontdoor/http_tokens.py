@@ -28,7 +28,7 @@ from frontdoor.openai_fields import UnknownFields, boolean, chat_template_kwargs
 from tandem.status import InvalidArgument
 
 _TOKENIZE = {"model", "prompt", "messages", "add_special_tokens", "add_generation_prompt", "continue_final_message",
-             "chat_template_kwargs", "return_token_strs"}
+             "chat_template_kwargs", "documents", "return_token_strs"}
 _DETOKENIZE = {"model", "tokens"}
 
 

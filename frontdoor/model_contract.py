@@ -4,7 +4,7 @@ Existing Triton LLM clients (and genai-perf / perf_analyzer) send `text_input` a
 optional sampling inputs, shaped [batch, 1] because the model has a batch dimension. Streamed
 responses carry only the new text in `text_output`. Inputs we accept only at their neutral value
 (e.g. beam_width 1, length_penalty 1) are refused otherwise, with the reason; the repetition, presence
-and frequency penalties, `bad_words` and guided decoding are honoured (the same rules as the OpenAI
+and frequency penalties, `bad_words`, guided decoding and `cache_salt` are honoured (the same rules as the OpenAI
 door's; a bad word is tokenized as it is sent, as TensorRT-LLM's preprocessing does).
 """
 
@@ -56,6 +56,7 @@ INPUTS = (
     TensorSpec("return_generation_logits", "BOOL", (1,)),
     TensorSpec("guided_decoding_guide_type", "BYTES", (1,)),  # json, json_schema, regex, ebnf_grammar (choice)
     TensorSpec("guided_decoding_guide", "BYTES", (1,)),  # the schema, regex or grammar (tandem/guides.py)
+    TensorSpec("cache_salt", "BYTES", (1,)),  # cached prefix pages are shared only under the same salt (vLLM's)
 )
 OUTPUTS = (
     TensorSpec("text_output", "BYTES", (-1,)),
@@ -120,7 +121,8 @@ def parse_requests(inputs: dict[str, tuple[str, np.ndarray]], request_id: str) -
             end_id=row.get("end_id"), logprobs=bool(row.get("return_log_probs", False)),
             repetition_penalty=row.get("repetition_penalty", 1.0),
             presence_penalty=row.get("presence_penalty", 0.0), frequency_penalty=row.get("frequency_penalty", 0.0),
-            exclude_input=bool(row.get("exclude_input_in_output", False)) or stream, guide=_guide(row)))
+            exclude_input=bool(row.get("exclude_input_in_output", False)) or stream, guide=_guide(row),
+            cache_salt=_text(row, "cache_salt")))
     return out, stream
 
 

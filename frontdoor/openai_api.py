@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from engine.tokenizer import CHAT_ROLES, ChatMessage
 from frontdoor.openai_fields import (CHAT_FIELDS, COMPLETION_FIELDS, MAX_ANSWERS, UnknownFields,
-                                     answers_per_prompt, bad_words, boolean, chat_template_kwargs, guide,
+                                     answers_per_prompt, bad_words, boolean, cache_salt, chat_template_kwargs, guide,
                                      logit_bias, number, prompt_logprobs, refuse_unsupported, token_ids, tools,
                                      truncate_prompt_tokens, unknown_fields)
 from frontdoor.openai_tokens import Shown
@@ -51,7 +51,7 @@ def _common(body: dict, allowed: set[str], models: tuple[str, ...], max_tokens_d
                 logit_bias=logit_bias(body), skip_special_tokens=boolean(body, "skip_special_tokens", True),
                 include_stop_str_in_output=boolean(body, "include_stop_str_in_output"), guide=guide(body),
                 bad_words=bad_words(body), allowed_token_ids=token_ids(body, "allowed_token_ids", nonempty=True),
-                truncate_prompt_tokens=truncate_prompt_tokens(body))
+                truncate_prompt_tokens=truncate_prompt_tokens(body), cache_salt=cache_salt(body))
 
 
 def completion_request(body: dict, models: tuple[str, ...], request_id: str,
@@ -150,8 +150,13 @@ def chat_request(body: dict, models: tuple[str, ...], request_id: str, unknown: 
             raise InvalidArgument("a tool call is already structured output: send tool_choice or response_format "
                                   "(or a guided_* field), not both", "tool_choice")
         common["guide"] = calls.guide
+    echo = boolean(body, "echo")  # vLLM's: the answer starts with the final message when it is the assistant's
+    if echo and calls is not None:
+        raise InvalidArgument("echo and tool calls exclude each other (the echoed text would be read as the "
+                              "answer's calls): send one of them", "echo")
     scored = prompt_logprobs(body)
     req = GenerationRequest(request_id=request_id, messages=messages_of(body), tools=shown, logprobs=want,
+                            exclude_input=not echo,
                             top_logprobs=max(top, scored or 0), prompt_logprobs=scored is not None,
                             add_generation_prompt=boolean(body, "add_generation_prompt", True),
                             continue_final_message=boolean(body, "continue_final_message"),

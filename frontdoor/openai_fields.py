@@ -15,7 +15,7 @@ import logging
 from collections.abc import Iterable
 
 from tandem.guides import Guide, GuideKind
-from tandem.sampling_params import MAX_TOP_LOGPROBS
+from tandem.sampling_params import MAX_CACHE_SALT, MAX_TOP_LOGPROBS
 from tandem.status import InvalidArgument
 
 log = logging.getLogger("tandem.http")
@@ -33,13 +33,14 @@ _SAMPLING = {"model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "r
              "presence_penalty", "frequency_penalty", "logprobs", "logit_bias", "best_of", "skip_special_tokens",
              "include_stop_str_in_output", "bad_words", "allowed_token_ids", "truncate_prompt_tokens",
              "add_special_tokens", "use_beam_search", "priority", "spaces_between_special_tokens", "prompt_logprobs",
-             "return_token_ids", "return_tokens_as_token_ids", *GUIDE_FIELDS}
+             "return_token_ids", "return_tokens_as_token_ids", "cache_salt", *GUIDE_FIELDS}
 _BOOKKEEPING = {"user", "metadata", "store", "service_tier"}  # accepted, ignored: they change no token
 COMPLETION_FIELDS = _SAMPLING | _BOOKKEEPING | {"prompt", "echo", "suffix"}
 CHAT_FIELDS = _SAMPLING | _BOOKKEEPING | {"messages", "max_completion_tokens", "top_logprobs",
                                           "tools", "tool_choice", "parallel_tool_calls", "functions",
                                           "function_call", "modalities", "add_generation_prompt",
-                                          "continue_final_message", "chat_template_kwargs"}
+                                          "continue_final_message", "chat_template_kwargs",
+                                          "documents", "echo"}
 
 
 class UnknownFields:
@@ -92,7 +93,20 @@ def truncate_prompt_tokens(body: dict) -> int | None:
     return k
 
 
+MAX_DOCUMENTS = 256
 _TEMPLATE_OWN = ("messages", "tools", "add_generation_prompt", "bos_token", "eos_token", "raise_exception")
+
+
+def cache_salt(body: dict) -> str:
+    """vLLM's `cache_salt`: a non-empty string (at most MAX_CACHE_SALT characters) or null; the request
+    shares cached prefix pages only with requests that give the same one ("" when none is given)."""
+    salt = body.get("cache_salt")
+    if salt is None:
+        return ""
+    if not isinstance(salt, str) or not 0 < len(salt) <= MAX_CACHE_SALT:
+        raise InvalidArgument(f"'cache_salt' must be a non-empty string of at most {MAX_CACHE_SALT} characters "
+                              f"or null, got {salt!r:.80}", "cache_salt")
+    return salt
 
 
 def prompt_logprobs(body: dict) -> int | None:
@@ -112,16 +126,23 @@ def prompt_logprobs(body: dict) -> int | None:
 
 def chat_template_kwargs(body: dict) -> dict:
     """vLLM's `chat_template_kwargs`: more variables for the chat template (e.g. Qwen 3's
-    `enable_thinking`). The ones the request sets itself stay the request's."""
+    `enable_thinking`), over vLLM's `documents` (the template's `documents`: a list of objects of
+    strings, e.g. title and text, for a model that shows them for retrieval-augmented answers). The
+    variables the request sets itself stay the request's."""
     v = body.get("chat_template_kwargs")
+    docs = body.get("documents")
+    if docs is not None and (not isinstance(docs, list) or len(docs) > MAX_DOCUMENTS or not all(
+            isinstance(d, dict) and all(isinstance(k, str) and isinstance(t, str) for k, t in d.items()) for d in docs)):
+        raise InvalidArgument(f"'documents' must be a list of at most {MAX_DOCUMENTS} objects whose values are strings "
+                              f"(e.g. {{\"title\": ..., \"text\": ...}})", "documents")
     if v is None:
-        return {}
+        return {"documents": docs} if docs is not None else {}
     if not isinstance(v, dict):
         raise InvalidArgument("'chat_template_kwargs' must be an object of template variables", "chat_template_kwargs")
     if taken := sorted(set(v) & set(_TEMPLATE_OWN)):
         raise InvalidArgument(f"chat_template_kwargs may not set {', '.join(taken)}: the request's own fields "
                               f"(messages, tools, add_generation_prompt) give those", "chat_template_kwargs")
-    return v
+    return ({"documents": docs} if docs is not None else {}) | v
 
 
 def answers_per_prompt(body: dict) -> int:

@@ -41,7 +41,7 @@ FIELDS = _SHAPE | _BOOKKEEPING
 _CARRIED = CHAT_FIELDS - {"model", "messages", "max_tokens", "max_completion_tokens", "stream", "stream_options", "n",
                           "logprobs", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls", "functions",
                           "function_call", "response_format", "best_of", "modalities", "echo", "prompt_logprobs",
-                          "return_token_ids", "return_tokens_as_token_ids", *_BOOKKEEPING}
+                          "return_token_ids", "return_tokens_as_token_ids", "documents", *_BOOKKEEPING}
 _ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
 
 

@@ -55,6 +55,6 @@ class WorkerCollector:
         for name, help_, field in _COUNTERS:
             c = CounterMetricFamily(name, help_, labels=["worker", "role"])
             for w in workers:
-                if w.stats.cache_salt:  # its prefix cache is on
+                if w.stats.engine_salt:  # its prefix cache is on
                     c.add_metric([w.slot, w.role], getattr(w.stats, field))
             yield c

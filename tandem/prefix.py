@@ -6,7 +6,8 @@ including the page's last token. So a page is named by a hash chained over the p
     h_0 = H(salt, tokens[0:tpp])        h_i = H(h_{i-1}, tokens[i*tpp:(i+1)*tpp])
 
 where `salt = engine_salt(weights digest, KV layout)` keeps pages of different weights or layouts from
-ever matching, and H is BLAKE2b with a 16-byte digest and a project-specific personalization string.
+ever matching (a request's `cache_salt` is mixed in on top: `tenant_salt`, so pages are shared only
+between requests that give the same one), and H is BLAKE2b with a 16-byte digest and a project-specific personalization string.
 Only full pages are named; a partial last page is never cached.
 
 Collision odds: with N distinct pages ever named, the chance that any two share a hash is about
@@ -32,6 +33,7 @@ HASH_BYTES = 16  # 128-bit page hashes; see the collision odds above
 HEX_CHARS = 2 * HASH_BYTES
 _PAGE_PERSON = b"tandem-page-v1"  # bump the version if the page encoding ever changes
 _SALT_PERSON = b"tandem-salt-v1"
+_TENANT_PERSON = b"tandem-tenant-v1"
 _TOKEN_MAX = 2**32 - 1  # token ids are encoded as little-endian uint32
 _HEX_DIGITS = frozenset("0123456789abcdef")
 _PAGE_BASE = hashlib.blake2b(digest_size=HASH_BYTES, person=_PAGE_PERSON)
@@ -60,6 +62,19 @@ def engine_salt(weights_digest: str, kv_layout_dict: dict) -> bytes:
         raise PrefixHashError(f"kv_layout_dict must hold only JSON values with string keys: {e}") from None
     identity = json.dumps([weights_digest, layout]).encode()
     return hashlib.blake2b(identity, digest_size=HASH_BYTES, person=_SALT_PERSON).digest()
+
+
+def tenant_salt(salt: bytes, cache_salt: str) -> bytes:
+    """The salt of one request's page chain: the engine's `salt` itself when `cache_salt` is empty, else
+    a 16-byte hash of both, so requests with different cache salts (or none) never share a page: a
+    tenant's cached prefix cannot serve, or be timed by, another tenant's prompt (vLLM's `cache_salt`).
+    """
+    _check_hash(salt, "salt")
+    if not isinstance(cache_salt, str):
+        raise PrefixHashError(f"cache_salt must be a string, got {type(cache_salt).__name__}")
+    if not cache_salt:
+        return salt
+    return hashlib.blake2b(salt + cache_salt.encode(), digest_size=HASH_BYTES, person=_TENANT_PERSON).digest()
 
 
 def next_page_hash(prev: bytes, page_tokens: Sequence[int]) -> bytes:

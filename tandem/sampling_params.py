@@ -19,6 +19,7 @@ MAX_TOP_LOGPROBS = 20  # alternatives per position, as OpenAI allows
 MAX_LOGIT_BIAS = 1024  # tokens one request may bias: the sampler adds each to its logit at every step
 MAX_BAD_WORDS = 64  # token sequences one request may ban (engine/sequence.py checks each at every step)
 MAX_BAD_WORD_TOKENS = 16
+MAX_CACHE_SALT = 256  # characters of a request's cache_salt
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,7 @@ class SamplingParams:
     bad_words: tuple[tuple[int, ...], ...] = ()  # token sequences the output never contains (their last token
     # is banned where the output ends with the rest)
     allowed_token_ids: tuple[int, ...] = ()  # the only tokens the output may hold, distinct; () = any
+    cache_salt: str = ""  # prefix-cache pages are shared only among requests with the same one (tandem/prefix.py)
 
     def __post_init__(self) -> None:
         if not _is_int(self.max_tokens) or self.max_tokens < 1:
@@ -94,6 +96,8 @@ class SamplingParams:
         if allowed and self.guide is not None:
             raise InvalidArgument("allowed_token_ids and structured output exclude each other (the grammar already "
                                   "says which tokens may come): send one of them", "allowed_token_ids")
+        if not isinstance(self.cache_salt, str) or len(self.cache_salt) > MAX_CACHE_SALT:
+            raise InvalidArgument(f"cache_salt must be a string of at most {MAX_CACHE_SALT} characters", "cache_salt")
         if self.guide is not None and not isinstance(self.guide, Guide):
             raise InvalidArgument(f"guide must be a Guide or None, got {type(self.guide).__name__}", "guide")
 

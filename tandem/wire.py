@@ -216,7 +216,7 @@ class WorkerStats:
     stored: list[str] = field(default_factory=list)  # prefix-cache hashes (hex) added since the last push
     removed: list[str] = field(default_factory=list)
     resync: bool = False  # stored/removed overflowed: `stored` is the whole cache
-    cache_salt: str = ""  # hex of the pool's tandem.prefix.engine_salt; "" when its prefix cache is off
+    engine_salt: str = ""  # hex of the pool's tandem.prefix.engine_salt; "" when its prefix cache is off
 
 
 REQUESTS = {c.TYPE: c for c in (Open, Start, Release, WriterGone, Prefill, Abort, Unhold, ReaderGone, Watch, Stats,

@@ -185,7 +185,7 @@ class DecodeWorker(DecodeLoop):
                                                                       LeaseState.WAITING_KV)),
                                kv_bytes_received=self.kv_bytes_received, cache_hits=c.hit_pages,
                                cache_misses=c.miss_pages, cache_evictions=c.evicted_pages,
-                               cache_salt=self.engine.salt.hex() if a.enabled else "")
+                               engine_salt=self.engine.salt.hex() if a.enabled else "")
 
     def flush(self) -> Ack:
         """Drop every idle cached page (pages of running requests keep their names); watchers hear of it."""

@@ -160,7 +160,7 @@ class PrefillWorker(PrefillRuns):
             return WorkerStats(role=Role.PREFILL, host=self.host, running=len(self.queue), queued_tokens=queued,
                                pages_total=a.num_pages, pages_used=a.num_used, pages_cached=c.cached_pages,
                                cache_hits=c.hit_pages, cache_misses=c.miss_pages, cache_evictions=c.evicted_pages,
-                               cache_salt=self.engine.salt.hex() if self.caching else "",
+                               engine_salt=self.engine.salt.hex() if self.caching else "",
                                pages_held=self.holds.pages() if self.holds is not None else 0)
 
     def flush(self) -> Ack:

@@ -10,7 +10,7 @@ import pytest
 
 from tandem.kv_layout import KVLayout
 from tandem.prefix import (HASH_BYTES, PrefixHashError, engine_salt, extend_page_hashes, hashes_from_hex,
-                           hashes_to_hex, next_page_hash, page_hashes)
+                           hashes_to_hex, next_page_hash, page_hashes, tenant_salt)
 
 LAYOUT = KVLayout(num_layers=30, num_kv_heads=3, head_dim=64, dtype="float32", tokens_per_page=4)
 SALT = engine_salt("sha256:" + "ab" * 32, LAYOUT.to_dict())
@@ -53,6 +53,18 @@ def test_the_engine_salt_separates_weights_and_layouts():
     assert len({SALT, other_weights, other_layout}) == 3
     hs = [page_hashes(TOKENS, 4, s) for s in (SALT, other_weights, other_layout)]
     assert not set(hs[0]) & set(hs[1]) and not set(hs[0]) & set(hs[2])
+
+
+def test_a_cache_salt_starts_a_chain_of_its_own():
+    """No salt is the engine's chain itself; each salt a chain sharing no page with any other."""
+    assert tenant_salt(SALT, "") == SALT
+    salts = [tenant_salt(SALT, t) for t in ("tenant-a", "tenant-b", "tenant-a ")]
+    assert tenant_salt(SALT, "tenant-a") == salts[0] and len({SALT, *salts}) == 4
+    other_engine = tenant_salt(engine_salt("sha256:" + "cd" * 32, LAYOUT.to_dict()), "tenant-a")
+    chains = [set(page_hashes(TOKENS, 4, s)) for s in (SALT, *salts, other_engine)]
+    assert all(not a & b for i, a in enumerate(chains) for b in chains[i + 1:])
+    with pytest.raises(PrefixHashError, match="cache_salt must be a string"):
+        tenant_salt(SALT, b"tenant-a")
 
 
 @pytest.mark.parametrize("digest, layout, match", [

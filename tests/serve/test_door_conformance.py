@@ -228,6 +228,8 @@ BAD = [
     Bad("a schema that is not an object", 400, "INVALID_ARGUMENT", "json_schema guide must be a JSON object",
         {"guided_json": "[1]"}, {"guided_decoding_guide_type": (["json_schema"], "BYTES"),
                                  "guided_decoding_guide": (["[1]"], "BYTES")}),
+    Bad("a cache salt too long", 400, "INVALID_ARGUMENT", "of at most 256 characters", {"cache_salt": "s" * 257},
+        {"cache_salt": (["s" * 257], "BYTES")}),
 ]
 
 

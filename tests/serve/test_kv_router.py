@@ -21,7 +21,7 @@ def worker(view: PrefixView, name: str, role: str, holds: list[int] = (), runnin
            free: int = 1000) -> WorkerState:
     w = WorkerState(name, role, "unused:1", client=None, healthy=True, running=running)
     w.stats = WorkerStats(role=role, pages_total=free, pages_used=0, queued_tokens=queued, resync=True,
-                          stored=[h.hex() for h in page_hashes(list(holds), TPP, SALT)], cache_salt=SALT.hex())
+                          stored=[h.hex() for h in page_hashes(list(holds), TPP, SALT)], engine_salt=SALT.hex())
     view.observe(name, w.stats)
     return w
 
@@ -85,7 +85,7 @@ def test_conditional_disaggregation_follows_the_threshold():
         assert router.pick_pair([], [d0], demand(view, NEXT_TURN))[1] is None  # co-located: always itself
 
 
-@pytest.mark.parametrize("bad", [{"stored": ["zz" * 16]}, {"stored": ["ab"]}, {"cache_salt": "nothex"},
+@pytest.mark.parametrize("bad", [{"stored": ["zz" * 16]}, {"stored": ["ab"]}, {"engine_salt": "nothex"},
                                  {"resync": False, "stored": ["ab" * 16], "removed": ["ab" * 16]}])
 def test_a_malformed_report_makes_the_view_forget_the_worker(bad):
     view = PrefixView(TPP)
@@ -98,7 +98,7 @@ def test_a_worker_with_its_cache_off_holds_nothing_and_a_snapshot_replaces():
     view = PrefixView(TPP)
     w = worker(view, "d0", "decode", holds=CONVERSATION)
     view.observe("d0", WorkerStats(role="decode", resync=True, stored=[h.hex() for h in page_hashes(NEXT_TURN, TPP, SALT)[:3]],
-                                   cache_salt=SALT.hex()))
+                                   engine_salt=SALT.hex()))
     assert view.lookup(NEXT_TURN).tokens("d0") == 3 * TPP
-    view.observe("d0", WorkerStats(role="decode", cache_salt=""))
+    view.observe("d0", WorkerStats(role="decode", engine_salt=""))
     assert view.lookup(NEXT_TURN).tokens("d0") == 0 and w.name not in view.salts

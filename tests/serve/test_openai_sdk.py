@@ -169,6 +169,26 @@ def test_stop_reason_names_the_stop_string_or_stop_token_that_ended_the_answer(c
     assert chunks[-1]["stop_reason"] == full[3:7] and all(c["stop_reason"] is None for c in chunks[:-1])
 
 
+def test_chat_echo_starts_the_answer_with_the_assistant_message_it_continues(client):
+    """vLLM's chat echo: the final message, when it is the assistant's, comes first in the answer (whole
+    and streamed); any other final message is not echoed; with tool calls echo is a 400."""
+    start = "The capital of France is"
+    msgs = [{"role": "user", "content": QUESTION}, {"role": "assistant", "content": start}]
+    kw = dict(model="smollm2-135m", messages=msgs, max_tokens=8, temperature=0,
+              extra_body={"continue_final_message": True, "add_generation_prompt": False})
+    plain = client.chat.completions.create(**kw).choices[0].message.content
+    echo = dict(kw, extra_body=kw["extra_body"] | {"echo": True})
+    assert plain and client.chat.completions.create(**echo).choices[0].message.content == start + plain
+    parts = [c.choices[0].delta.content or "" for c in client.chat.completions.create(**echo, stream=True)]
+    assert "".join(parts) == start + plain and next(p for p in parts if p).startswith(start)
+    ask = dict(model="smollm2-135m", messages=msgs[:1], max_tokens=8, temperature=0)
+    assert client.chat.completions.create(**ask, extra_body={"echo": True}).choices[0].message.content == \
+        client.chat.completions.create(**ask).choices[0].message.content
+    tool = {"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}
+    with pytest.raises(openai.BadRequestError, match="echo and tool calls exclude each other"):
+        client.chat.completions.create(**ask, tools=[tool], tool_choice="required", extra_body={"echo": True})
+
+
 def test_typed_errors(client):
     with pytest.raises(openai.NotFoundError, match="does not exist"):
         client.completions.create(model="gpt-4", prompt=PROMPT, max_tokens=4)

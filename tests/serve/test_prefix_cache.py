@@ -62,8 +62,8 @@ def reference(engine, prompt: str) -> str:
     return run_generation(engine, engine.tokenizer.encode(prompt), SamplingParams(max_tokens=MAX_TOKENS)).text
 
 
-def complete(url: str, prompt: str) -> tuple[str, dict]:
-    status, body = post(url, "/v1/completions", {"prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0})
+def complete(url: str, prompt: str, **extra) -> tuple[str, dict]:
+    status, body = post(url, "/v1/completions", {"prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0} | extra)
     assert status == 200, body
     return body["choices"][0]["text"], body["usage"]
 
@@ -98,6 +98,22 @@ def test_multi_turn_conversations_answer_as_without_a_cache(stack, default_engin
             elif k > 0:  # the earlier turns' pages were cached (by whichever worker served them)
                 assert 0 < cached < use["prompt_tokens"] and cached % 16 == 0, (stack.variant, use)
             history = prompt + text + "\n"
+
+
+def test_a_cache_salt_shares_cached_pages_only_with_its_own_salt(stack, default_engine):
+    """vLLM's cache_salt: a salted request takes nothing from pages cached without it or under another
+    salt, and what it caches serves its own salt again (routing included); answers never change."""
+    prompt = "System: the ledger of salted fish, kept apart for each merchant.\n" + SYSTEM + TURNS[1]
+    want = reference(default_engine, prompt)
+    cached = []
+    for salt in (None, None, "merchant-a", "merchant-a", "merchant-b"):
+        text, use = complete(stack.http, prompt, **({"cache_salt": salt} if salt else {}))
+        assert text == want, (stack.variant, salt)
+        cached.append(use["prompt_tokens_details"]["cached_tokens"])
+    if stack.variant == "cache-off":
+        assert cached == [0] * 5
+    else:  # the first of each salt (and of no salt) computes every page; a repeat takes them from the cache
+        assert cached[0] == cached[2] == cached[4] == 0 and cached[1] > 0 and cached[3] > 0, (stack.variant, cached)
 
 
 def test_concurrent_requests_sharing_a_prefix_and_diverging_inside_a_page(stack, default_engine):

@@ -52,6 +52,9 @@ def test_truncate_prompt_tokens_answers_the_prompts_last_tokens(openai_client, d
     ({"priority": 1}, "priority", "first come, first served"),
     ({"priority": "high"}, "priority", "integer"),
     ({"spaces_between_special_tokens": "no"}, "spaces_between_special_tokens", "boolean"),
+    ({"cache_salt": ""}, "cache_salt", "non-empty string"),
+    ({"cache_salt": 7}, "cache_salt", "non-empty string"),
+    ({"cache_salt": "s" * 257}, "cache_salt", "at most 256 characters"),
 ])
 def test_a_prompt_option_we_cannot_honour_is_a_400_naming_it(served, extra, param, says):
     body = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4} | extra
@@ -84,6 +87,26 @@ def test_chat_template_kwargs_reach_the_template(templated, default_engine, buil
     status, body, _ = http(stack.http, "/tokenize",
                            {"messages": ask, "chat_template_kwargs": {"enable_thinking": False}})
     assert status == 200 and body["tokens"] == quiet, body
+
+
+def test_documents_reach_the_template(templated, default_engine, built_engines):
+    """vLLM's `documents`: the template's variable of that name (chat and /tokenize alike); a
+    `chat_template_kwargs` entry of the same name wins, as in vLLM."""
+    client, template, stack = templated
+    ask = [{"role": "user", "content": "When did the river flood?"}]
+    docs = [{"title": "Town ledger", "text": "The river flooded in the spring of 1911."}]
+    plain, shown = templated_ids(built_engines, template, ask), templated_ids(built_engines, template, ask,
+                                                                              documents=docs)
+    assert len(shown) > len(plain) + 10  # the template shows the documents
+    kw = dict(model=MODEL, messages=ask, max_tokens=12, temperature=0)
+    got = client.chat.completions.create(**kw, extra_body={"documents": docs})
+    assert got.choices[0].message.content == _greedy(default_engine, shown, 12)
+    assert got.usage.prompt_tokens == len(shown)
+    status, body, _ = http(stack.http, "/tokenize", {"messages": ask, "documents": [{"title": "x", "text": "y"}],
+                                                     "chat_template_kwargs": {"documents": docs}})
+    assert status == 200 and body["tokens"] == shown, body
+    status, body, _ = http(stack.http, "/v1/chat/completions", kw | {"documents": [{"title": 1911}]})
+    assert status == 400 and body["error"]["param"] == "documents", body
 
 
 @pytest.fixture(scope="module")

@@ -178,7 +178,7 @@ def test_decode_workers_that_report_no_pages_are_routed_by_running_requests():
 @pytest.mark.parametrize("field, value", [("top_logprobs", 2), ("prompt_logprobs", True), ("repetition_penalty", 1.2),
                                           ("min_p", 0.1), ("presence_penalty", 0.5), ("frequency_penalty", 0.5),
                                           ("logit_bias", ((5, 1.0),)), ("guide", Guide(GuideKind.REGEX, "[0-9]+")),
-                                          ("bad_words", ((5,), (6, 7)))])
+                                          ("bad_words", ((5,), (6, 7))), ("cache_salt", "tenant-a")])
 def test_a_sampling_field_tensorrt_llm_is_not_given_is_refused_before_any_worker_is_asked(field, value):
     a, p, d = attempt(prefilled(), [])
     extra = {"logprobs": True} if field == "top_logprobs" else {}

@@ -89,7 +89,7 @@ def test_a_shared_prefix_is_reused_on_both_sides_and_only_the_missing_pages_move
     assert got1 == complete(default_engine, first_ids, PARAMS).output_ids
     assert got2 == complete(default_engine, second_ids, PARAMS).output_ids
     stats = decode.stats()
-    assert stats.cache_hits == hit // tpp and stats.pages_cached > 0 and stats.cache_salt == default_engine.salt.hex()
+    assert stats.cache_hits == hit // tpp and stats.pages_cached > 0 and stats.engine_salt == default_engine.salt.hex()
 
 
 def test_each_side_sends_or_computes_what_the_other_lacks(default_engine, cached_pair):

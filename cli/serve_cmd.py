@@ -14,7 +14,7 @@ import urllib.request
 
 import click
 
-from frontdoor.tool_call_text import PARSER_NAMES
+from frontdoor.tool_parsers import PARSER_NAMES
 from tandem.logs import FORMATS, setup_logging
 from tandem.modes import HandoffMode, Mode
 from ops.startup import StartupError, one_line

@@ -14,6 +14,7 @@ from frontdoor.openai_fields import (CHAT_FIELDS, COMPLETION_FIELDS, MAX_ANSWERS
                                      truncate_prompt_tokens, unknown_fields)
 from frontdoor.openai_tokens import Shown
 from frontdoor.openai_tools import ToolChoice, tool_choice
+from frontdoor.tool_parsers import KEEPS_SPECIAL_TOKENS
 from control.requests import GenerationRequest
 from tandem.request_context import current_id
 from tandem.sampling_params import MAX_SEED, MAX_TOP_LOGPROBS
@@ -150,6 +151,8 @@ def chat_request(body: dict, models: tuple[str, ...], request_id: str, unknown: 
             raise InvalidArgument("a tool call is already structured output: send tool_choice or response_format "
                                   "(or a guided_* field), not both", "tool_choice")
         common["guide"] = calls.guide
+    if calls is not None and calls.parser in KEEPS_SPECIAL_TOKENS:  # its call markers are special tokens
+        common["skip_special_tokens"] = False
     echo = boolean(body, "echo")  # vLLM's: the answer starts with the final message when it is the assistant's
     if echo and calls is not None:
         raise InvalidArgument("echo and tool calls exclude each other (the echoed text would be read as the "

@@ -132,7 +132,7 @@ def chat_template_kwargs(body: dict) -> dict:
     v = body.get("chat_template_kwargs")
     docs = body.get("documents")
     if docs is not None and (not isinstance(docs, list) or len(docs) > MAX_DOCUMENTS or not all(
-            isinstance(d, dict) and all(isinstance(k, str) and isinstance(t, str) for k, t in d.items()) for d in docs)):
+            isinstance(d, dict) and all(isinstance(t, str) for t in d.values()) for d in docs)):
         raise InvalidArgument(f"'documents' must be a list of at most {MAX_DOCUMENTS} objects whose values are strings "
                               f"(e.g. {{\"title\": ..., \"text\": ...}})", "documents")
     if v is None:

@@ -1,7 +1,7 @@
 """Tool calls on the chat door, made as vLLM makes them. With `tool_choice` "required" or a named
 function, a guide (tandem/guides.py) forces the answer to be the call's JSON, and the reply shapes it as
 OpenAI `tool_calls`. With "auto" (the default with tools) the model decides: its text is read for calls
-in its own format by the parser the deployment names (tool_call_text.py); without one, "auto" is
+in its own format by the parser the deployment names (tool_parsers.py); without one, "auto" is
 refused, as vLLM refuses it unless started with a parser. "none" shows the tools to the chat template
 and answers text.
 """
@@ -13,7 +13,8 @@ import re
 import secrets
 from dataclasses import dataclass
 
-from frontdoor.tool_call_text import PARSER_NAMES, Call, CallReader, reader
+from frontdoor.tool_call_text import Call
+from frontdoor.tool_parsers import PARSER_NAMES, CallReader, reader
 from tandem.guides import Guide, GuideKind
 from tandem.status import InvalidArgument
 
@@ -25,7 +26,7 @@ _NO_ARGUMENTS = {"type": "object", "properties": {}}
 class ToolChoice:
     """The answer is one call of `name` (the answer's JSON is its arguments); with `name` None and a
     guide, a JSON list of {"name", "parameters"} calls, at least one (exactly one without parallel tool
-    calls); with no guide ("auto"), text in which `parser` (tool_call_text.PARSER_NAMES) finds calls of
+    calls); with no guide ("auto"), text in which `parser` (tool_parsers.PARSER_NAMES) finds calls of
     `names`, if any."""
 
     name: str | None
@@ -36,7 +37,7 @@ class ToolChoice:
 
 def tool_choice(body: dict, tools: tuple[dict, ...], parser: str | None = None) -> ToolChoice | None:
     """The request's tool calls, or None for a text answer (no tools, or tool_choice "none"). `parser`:
-    the deployment's tool-call parser (tool_call_text.PARSER_NAMES), which "auto" needs."""
+    the deployment's tool-call parser (tool_parsers.PARSER_NAMES), which "auto" needs."""
     choice = body.get("tool_choice")
     if not tools:
         if choice in (None, "none", "auto"):

@@ -2,7 +2,8 @@
 
 With "auto" the model decides between answering and calling, so nothing forces the answer's shape:
 the calls are read out of the text afterwards, by a parser of the model's own call format, named by
-the deployment (`front_door.tool_call_parser`, as vLLM's `--tool-call-parser`). Three formats are known:
+the deployment (`front_door.tool_call_parser`, as vLLM's `--tool-call-parser`; tool_parsers.py names
+them). Three formats are read here, `mistral` in tool_call_mistral.py:
 
 - `hermes` (Hermes 2 Pro, Qwen 2.5 and 3, SmolLM3 and others): each call is a block
   `<tool_call>{"name": "...", "arguments": {...}}</tool_call>` anywhere in the answer.
@@ -77,7 +78,7 @@ class HermesReader:
                 self._buf, self._in_call = self._buf[start + len(_OPEN):], True
                 self._before, self._blank = self._blank, ""
                 continue
-            keep = _partial_open(self._buf)  # the tail that may become "<tool_call>"
+            keep = partial_tag(self._buf, _OPEN)  # the tail that may become "<tool_call>"
             out.append(self._content(self._buf[:len(self._buf) - keep]))
             self._buf = self._buf[len(self._buf) - keep:]
             break
@@ -112,7 +113,7 @@ class HermesReader:
 
     def _call(self, body: str) -> Call | None:
         try:
-            return _call(json.loads(body), self.names)
+            return json_call(json.loads(body), self.names)
         except ValueError:
             return None
 
@@ -169,7 +170,7 @@ class Llama3JsonReader(_WholeAnswerReader):
                 made, at = decoder.raw_decode(text, at)
             except ValueError:
                 return None
-            call = _call(made, self.names)
+            call = json_call(made, self.names)
             if call is None:
                 return None
             calls.append(call)
@@ -204,22 +205,13 @@ class PythonicReader(_WholeAnswerReader):
             return None
         args = {k.arg: ast.literal_eval(k.value) for k in node.keywords}
         json.dumps(args, allow_nan=False)  # TypeError, ValueError: a value JSON has no form of (a set, bytes, inf)
-        return _call({"name": node.func.id, "arguments": args}, self.names)
+        return json_call({"name": node.func.id, "arguments": args}, self.names)
 
 
 _PYTHON_TAG = "<|python_tag|>"  # Llama 3's marker of a tool call (a special token: often not in the text)
-CallReader = HermesReader | Llama3JsonReader | PythonicReader
-PARSERS: dict[str, type[CallReader]] = {"hermes": HermesReader, "llama3_json": Llama3JsonReader,
-                                        "pythonic": PythonicReader}
-PARSER_NAMES = tuple(PARSERS)
 
 
-def reader(parser: str, names: frozenset[str]) -> CallReader:
-    """A reader of one answer in the format `parser` (one of PARSER_NAMES) that finds calls of `names`."""
-    return PARSERS[parser](names)
-
-
-def _call(made, names: frozenset[str]) -> Call | None:
+def json_call(made, names: frozenset[str]) -> Call | None:
     """The call the JSON value `made` is: an object naming one of `names`, with `arguments` (or
     `parameters`) an object or a string holding one; None if it is not."""
     if not isinstance(made, dict) or made.get("name") not in names:
@@ -241,9 +233,9 @@ def _skip_blank(text: str, at: int) -> int:
     return at
 
 
-def _partial_open(text: str) -> int:
-    """The length of the longest tail of `text` that is a proper prefix of "<tool_call>"."""
-    for n in range(min(len(text), len(_OPEN) - 1), 0, -1):
-        if _OPEN.startswith(text[-n:]):
+def partial_tag(text: str, tag: str) -> int:
+    """The length of the longest tail of `text` that is a proper prefix of `tag`."""
+    for n in range(min(len(text), len(tag) - 1), 0, -1):
+        if tag.startswith(text[-n:]):
             return n
     return 0

@@ -29,7 +29,7 @@
                  open_probes: true,         # /health, /metrics, gRPC ServerLive/Ready without a key
                  tls: null,                 # {cert, key, client_ca}: both doors serve TLS (frontdoor/tls.py)
                  chat_template: null,       # a Jinja file, or one of the model's named templates; null: its own
-                 tool_call_parser: null}    # hermes, llama3_json, pythonic: "auto" tool calls; null: refused
+                 tool_call_parser: null}    # hermes, llama3_json, pythonic, mistral: "auto" tool calls; null: refused
     worker_tls: null               # {ca, server_name, cert, key}: TLS to the workers (control/worker_tls.py);
                                    # cert/key: what the local workers serve with
     limits: {max_in_flight: 64, max_queued_tokens: 32768, request_timeout_s: 600}
@@ -51,7 +51,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from frontdoor.tool_call_text import PARSER_NAMES
+from frontdoor.tool_parsers import PARSER_NAMES
 from tandem.modes import HandoffMode, Mode
 
 
@@ -98,7 +98,7 @@ class FrontDoor(_Strict):
     open_probes: bool = True  # health and metrics answer without a key
     tls: TlsFiles | None = None
     chat_template: str | None = Field(None, min_length=1)  # a Jinja file or a named template (default: the model's)
-    tool_call_parser: Literal[PARSER_NAMES] | None = None  # the model's tool-call format (frontdoor/tool_call_text.py)
+    tool_call_parser: Literal[PARSER_NAMES] | None = None  # the model's tool-call format (frontdoor/tool_parsers.py)
 
 
 class TlsFiles(_Strict):

@@ -21,10 +21,10 @@ def templated(built_engines, tmp_path_factory):
     yield from _templated(built_engines, tmp_path_factory, "hermes")
 
 
-@pytest.fixture(scope="module", params=["llama3_json", "pythonic"])
+@pytest.fixture(scope="module", params=["llama3_json", "pythonic", "mistral"])
 def templated_whole(request, built_engines, tmp_path_factory):
-    """The same stack with a tool-call parser whose calls are the whole answer: (parser name, the SDK,
-    the template's path)."""
+    """The same stack with a tool-call parser whose calls are (or may be) the whole answer: (parser name,
+    the SDK, the template's path)."""
     for c, template, _ in _templated(built_engines, tmp_path_factory, request.param):
         yield request.param, c, template
 

@@ -4,8 +4,8 @@ that shows the model its tools (tests/serve/templated.py): the model's own text 
 calls (made to, here, by a regex guide in the Hermes format: the small default model was not trained to
 call tools) comes back as OpenAI `tool_calls` with the engine's arguments, its words before the call as
 content, finish_reason "tool_calls", streamed and not. The same on stacks started with
-`--tool-call-parser llama3_json` and `pythonic`, whose answer is the call itself. And each parser's
-reader, piece by piece, on the texts a model may write."""
+`--tool-call-parser llama3_json`, `pythonic` and `mistral`, whose answer is (or here is) the call
+itself. And each parser's reader, piece by piece, on the texts a model may write."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import json
 
 import pytest
 
-from frontdoor.tool_call_text import reader
+from frontdoor.tool_parsers import reader
 from tandem.guides import Guide, GuideKind
 from tandem.sampling_params import SamplingParams
 from tests.conftest import complete
@@ -67,7 +67,9 @@ def test_a_call_in_the_text_is_a_tool_call_with_the_engines_arguments(templated,
 WHOLE = {"llama3_json": (r'\{"name": "get_weather", "parameters": \{"city": "[A-Z][a-z]{2,12}", "unit": "celsius"\}\}',
                          lambda text: json.loads(text)["parameters"]["city"]),
          "pythonic": (r'\[get_weather\(city="[A-Z][a-z]{2,12}", unit="celsius"\)\]',
-                      lambda text: text.split('"')[1])}
+                      lambda text: text.split('"')[1]),
+         "mistral": (r'\[TOOL_CALLS\]\[\{"name": "get_weather", "arguments": \{"city": "[A-Z][a-z]{2,12}", '
+                     r'"unit": "celsius"\}\}\]', lambda text: json.loads(text[12:])[0]["arguments"]["city"])}
 
 
 def test_a_whole_answer_call_is_a_tool_call_with_the_engines_arguments(templated_whole, default_engine, built_engines):
@@ -146,8 +148,27 @@ PYTHONIC = [
 ]
 
 
+V3_CALLS = '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Oslo"}}, ' \
+           '{"name": "get_weather", "arguments": {"city": "Rome"}}]'
+V11_CALLS = '[TOOL_CALLS]get_weather[ARGS]{"city": "Oslo"}[TOOL_CALLS]get_weather[ARGS]{"city": "Rome"}'
+MISTRAL = [
+    ("Plain text [with brackets] and [TOOL_ but no tag.\n", "Plain text [with brackets] and [TOOL_ but no tag.\n",
+     []),  # unchanged
+    (V3_CALLS, "", [("get_weather", {"city": "Oslo"}), ("get_weather", {"city": "Rome"})]),  # before v11
+    (V11_CALLS, "", [("get_weather", {"city": "Oslo"}), ("get_weather", {"city": "Rome"})]),  # v11 and later
+    ('Let me look. [TOOL_CALLS][{"name": "get_weather", "arguments": "{\\"city\\": \\"Oslo\\"}"}]', "Let me look. ",
+     [("get_weather", {"city": "Oslo"})]),  # content first; arguments as a JSON string
+    ('[TOOL_CALLS][{"name": "delete_all", "arguments": {}}]', '[TOOL_CALLS][{"name": "delete_all", "arguments": {}}]',
+     []),  # not one of the tools: text
+    ('[TOOL_CALLS]get_weather{"city": "Oslo"}', '[TOOL_CALLS]get_weather{"city": "Oslo"}', []),  # no [ARGS]
+    ('[TOOL_CALLS][{"name": "get_weather", "argu', '[TOOL_CALLS][{"name": "get_weather", "argu', []),  # cut short
+    ("[TOOL_CALLS]", "[TOOL_CALLS]", []),
+]
+
+
 @pytest.mark.parametrize("parser, text, content, calls", [("hermes", *c) for c in HERMES]
-                         + [("llama3_json", *c) for c in LLAMA3_JSON] + [("pythonic", *c) for c in PYTHONIC])
+                         + [("llama3_json", *c) for c in LLAMA3_JSON] + [("pythonic", *c) for c in PYTHONIC]
+                         + [("mistral", *c) for c in MISTRAL])
 def test_each_reader_finds_the_same_calls_however_the_text_is_cut(parser, text, content, calls):
     for step in (1, 2, 5, len(text)):
         assert _read(parser, text, step) == (content, calls), step

@@ -151,8 +151,8 @@ def chat_request(body: dict, models: tuple[str, ...], request_id: str, unknown: 
             raise InvalidArgument("a tool call is already structured output: send tool_choice or response_format "
                                   "(or a guided_* field), not both", "tool_choice")
         common["guide"] = calls.guide
-    if calls is not None and calls.parser in KEEPS_SPECIAL_TOKENS:  # its call markers are special tokens
-        common["skip_special_tokens"] = False
+    if calls is not None and calls.guide is None and calls.parser in KEEPS_SPECIAL_TOKENS:
+        common["skip_special_tokens"] = False  # "auto" reads call markers that are special tokens
     echo = boolean(body, "echo")  # vLLM's: the answer starts with the final message when it is the assistant's
     if echo and calls is not None:
         raise InvalidArgument("echo and tool calls exclude each other (the echoed text would be read as the "

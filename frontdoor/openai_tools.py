@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import json
 import re
-import secrets
 from dataclasses import dataclass
 
 from frontdoor.tool_call_text import Call
-from frontdoor.tool_parsers import PARSER_NAMES, CallReader, reader
+from frontdoor.tool_parsers import PARSER_NAMES, CallReader, call_id, reader
 from tandem.guides import Guide, GuideKind
 from tandem.status import InvalidArgument
 
@@ -27,7 +26,7 @@ class ToolChoice:
     """The answer is one call of `name` (the answer's JSON is its arguments); with `name` None and a
     guide, a JSON list of {"name", "parameters"} calls, at least one (exactly one without parallel tool
     calls); with no guide ("auto"), text in which `parser` (tool_parsers.PARSER_NAMES) finds calls of
-    `names`, if any."""
+    `names`, if any. `parser` (the deployment's, if any) also decides the form of the calls' ids."""
 
     name: str | None
     guide: Guide | None
@@ -62,13 +61,13 @@ def tool_choice(body: dict, tools: tuple[dict, ...], parser: str | None = None) 
                   "required": ["name", "parameters"], "additionalProperties": False} for n, p in functions.items()]
         schema = {"type": "array", "minItems": 1, "items": {"anyOf": calls}} | ({"maxItems": 1} if parallel is False
                                                                                  else {})
-        return ToolChoice(None, Guide(GuideKind.JSON_SCHEMA, json.dumps(schema)))
+        return ToolChoice(None, Guide(GuideKind.JSON_SCHEMA, json.dumps(schema)), parser=parser or "")
     fn = choice.get("function") if isinstance(choice, dict) and choice.get("type") == "function" else None
     name = fn.get("name") if isinstance(fn, dict) else None
     if name not in functions:
         raise InvalidArgument(f"tool_choice must be \"none\", \"required\" or {{\"type\": \"function\", \"function\": "
                               f"{{\"name\": one of {sorted(functions)}}}}}, got {choice!r}"[:400], "tool_choice")
-    return ToolChoice(name, Guide(GuideKind.JSON_SCHEMA, json.dumps(functions[name])))
+    return ToolChoice(name, Guide(GuideKind.JSON_SCHEMA, json.dumps(functions[name])), parser=parser or "")
 
 
 def _functions(tools: tuple[dict, ...]) -> dict[str, dict]:
@@ -136,7 +135,7 @@ class ToolCallShape:
             content, calls = content + rest, calls + more
             body = self.chat(rid, model, "", _reason(reason, read), usage_, chunk, first, logprobs, index)
             body["choices"][0]["message"] = {"role": "assistant", "content": content if content or not calls
-                                             else None, "tool_calls": [_shaped(c) for c in calls]}
+                                             else None, "tool_calls": [self._shaped(c) for c in calls]}
             return body
         read = self._readers.setdefault(index, reader(self.choice.parser, self.choice.names))
         made_before = read.calls
@@ -148,7 +147,7 @@ class ToolCallShape:
         if text and not (content or calls or reason):
             return None  # all of it may be (part of) a call: held
         body = self.chat(rid, model, "", _reason(reason, read), usage_, chunk, first, logprobs, index)
-        shaped = [{"index": made_before + i} | _shaped(c) for i, c in enumerate(calls)]
+        shaped = [{"index": made_before + i} | self._shaped(c) for i, c in enumerate(calls)]
         body["choices"][0]["delta"] = ({"role": "assistant"} if first else {}) \
             | ({"content": content} if content else {}) | ({"tool_calls": shaped} if shaped else {})
         return body
@@ -158,30 +157,27 @@ class ToolCallShape:
         id, type and name come with the choice's first piece)."""
         if streamed and index in self._ids:
             return [{"index": 0, "function": {"arguments": text}}] if text else []
-        self._ids[index] = _call_id()
+        self._ids[index] = call_id(self.choice.parser)
         call = {"id": self._ids[index], "type": "function", "function": {"name": self.choice.name, "arguments": text}}
         return [{"index": 0} | call] if streamed else [call]
 
-    @staticmethod
-    def _listed(text: str, streamed: bool = False) -> list[dict]:
+    def _listed(self, text: str, streamed: bool = False) -> list[dict]:
         """The calls of a "required" answer's list; [] when it is not a complete list (cut short)."""
         try:
             made = json.loads(text)
         except ValueError:
             return []
-        calls = [{"id": _call_id(), "type": "function",
+        calls = [{"id": call_id(self.choice.parser), "type": "function",
                   "function": {"name": c["name"], "arguments": json.dumps(c["parameters"], ensure_ascii=False)}}
                  for c in made]
         return [{"index": i} | c for i, c in enumerate(calls)] if streamed else calls
+
+    def _shaped(self, call: Call) -> dict:
+        return {"id": call_id(self.choice.parser), "type": "function",
+                "function": {"name": call.name, "arguments": call.arguments}}
 
 
 def _reason(reason: str | None, read: CallReader) -> str | None:
     return "tool_calls" if reason == "stop" and read.calls else reason
 
 
-def _shaped(call: Call) -> dict:
-    return {"id": _call_id(), "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
-
-
-def _call_id() -> str:
-    return f"call_{secrets.token_hex(12)}"

@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import secrets
+import string
+
 from frontdoor.tool_call_mistral import MistralReader
 from frontdoor.tool_call_text import HermesReader, Llama3JsonReader, PythonicReader
 
@@ -16,3 +19,14 @@ KEEPS_SPECIAL_TOKENS = frozenset({"mistral"})  # its markers are special tokens:
 def reader(parser: str, names: frozenset[str]) -> CallReader:
     """A reader of one answer in the format `parser` (one of PARSER_NAMES) that finds calls of `names`."""
     return PARSERS[parser](names)
+
+
+def call_id(parser: str) -> str:
+    """A new id for a call the reply names: OpenAI's `call_` and 24 hex digits; 9 letters and digits under
+    the `mistral` parser, the only form Mistral's chat templates take back in the conversation."""
+    if parser == "mistral":
+        return "".join(secrets.choice(_ALNUM) for _ in range(9))
+    return f"call_{secrets.token_hex(12)}"
+
+
+_ALNUM = string.ascii_letters + string.digits

@@ -10,6 +10,7 @@ itself. And each parser's reader, piece by piece, on the texts a model may write
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -72,6 +73,9 @@ WHOLE = {"llama3_json": (r'\{"name": "get_weather", "parameters": \{"city": "[A-
                      r'"unit": "celsius"\}\}\]', lambda text: json.loads(text[12:])[0]["arguments"]["city"])}
 
 
+ID_FORM = {"mistral": r"[A-Za-z0-9]{9}"}
+
+
 def test_a_whole_answer_call_is_a_tool_call_with_the_engines_arguments(templated_whole, default_engine, built_engines):
     parser, client, template = templated_whole
     regex, city_of = WHOLE[parser]
@@ -83,6 +87,8 @@ def test_a_whole_answer_call_is_a_tool_call_with_the_engines_arguments(templated
     got = client.chat.completions.create(**kw).choices[0]
     assert got.message.content is None and got.finish_reason == "tool_calls"
     assert [(c.function.name, json.loads(c.function.arguments)) for c in got.message.tool_calls] == [want]
+    ids = ID_FORM.get(parser, r"call_[0-9a-f]{24}")  # Mistral's templates take back only their own form
+    assert re.fullmatch(ids, got.message.tool_calls[0].id), got.message.tool_calls[0].id
     chunks = list(client.chat.completions.create(stream=True, **kw))
     streamed = _streamed_calls(chunks)
     assert [(streamed[0]["name"], json.loads(streamed[0]["arguments"]))] == [want] and list(streamed) == [0]

@@ -74,6 +74,8 @@ def _env(name: str) -> dict:
               help="API keys, one a line; TANDEM_API_KEY adds one. Required beyond loopback.")
 @click.option("--no-api-key", is_flag=True, default=None, **_env("NO_API_KEY"),
               help="Serve beyond loopback without API keys (anyone who reaches the doors may use them).")
+@click.option("--prefix-cache-per-api-key", is_flag=True, default=None, **_env("PREFIX_CACHE_PER_API_KEY"),
+              help="Each API key's requests share cached prefixes only among themselves (needs API keys).")
 @click.option("--tls-cert", default=None, **_env("TLS_CERT"), help="PEM certificate: both doors serve TLS.")
 @click.option("--tls-key", default=None, **_env("TLS_KEY"), help="PEM private key of --tls-cert.")
 @click.option("--tls-client-ca", default=None, **_env("TLS_CLIENT_CA"),
@@ -93,7 +95,7 @@ def serve_command(model, dtype, config_path, mode, prefill, decode, replicas, tr
                   router, host,
                   grpc_port, http_port, model_name, served_model_name, chat_template, tool_call_parser, kv_pool_bytes,
                   chunk_tokens,
-                  api_key_file, no_api_key, tls_cert, tls_key, tls_client_ca, worker_tls_ca, worker_tls_server_name,
+                  api_key_file, no_api_key, prefix_cache_per_api_key, tls_cert, tls_key, tls_client_ca, worker_tls_ca, worker_tls_server_name,
                   otlp_endpoint, log_format, workdir):
     """Serve a model: prefill and decode workers in Triton, behind Triton gRPC and OpenAI HTTP.
 
@@ -109,6 +111,7 @@ def serve_command(model, dtype, config_path, mode, prefill, decode, replicas, tr
         "front_door.host": host, "front_door.grpc_port": grpc_port, "front_door.http_port": http_port,
         "front_door.model_name": model_name, "kv_pool_bytes": kv_pool_bytes, "chunk_tokens": chunk_tokens,
         "front_door.api_key_file": api_key_file, "front_door.no_api_key": no_api_key,
+        "prefix_cache.per_api_key": prefix_cache_per_api_key,
         "front_door.tls.cert": tls_cert, "front_door.tls.key": tls_key, "front_door.tls.client_ca": tls_client_ca,
         "worker_tls.ca": worker_tls_ca, "worker_tls.server_name": worker_tls_server_name,
         "tracing.otlp_endpoint": otlp_endpoint,

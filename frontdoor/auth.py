@@ -12,10 +12,17 @@ need no key. `/admin/*` has its own stronger rule (the deployment secret, frontd
 
 A door that listens beyond loopback needs keys unless they are switched off explicitly
 (`--no-api-key`); `resolve_keys` refuses to start otherwise.
+
+Per-key prefix-cache isolation (`prefix_cache.per_api_key`): each request is scoped to the key it
+presented (`key_scope`: a digest of the key, never the key), and the front-door core serves it under a
+cache salt within that scope (tandem/prefix.scoped_salt), so one key's cached prompts never serve, nor
+can be timed by, another key's requests. It needs keys; a rotated key starts a scope of its own.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import hmac
 import os
 from collections.abc import Callable
@@ -24,6 +31,8 @@ from dataclasses import dataclass
 import grpc
 from aiohttp import web
 
+from frontdoor.grpc_calls import around_calls, behavior_kind
+from tandem.request_context import set_cache_scope
 from tandem.secret import is_loopback
 from tandem.status import TandemError, Unauthenticated
 
@@ -42,20 +51,31 @@ class ApiKeyError(ValueError):
 class ApiKeys:
     keys: tuple[bytes, ...]
     open_probes: bool = True
+    per_key_cache: bool = False  # each key's requests share cached prefixes only among themselves
 
-    def accepts(self, authorization: str | None) -> bool:
-        """True when `authorization` is 'Bearer <a configured key>'. Compares against every key."""
+    def accepted(self, authorization: str | None) -> bytes | None:
+        """The key when `authorization` is 'Bearer <a configured key>', else None. Compares against every key."""
         scheme, _, given = (authorization or "").strip().partition(" ")
         token = given.strip().encode() if scheme.lower() == "bearer" else b""
         ok = False
         for key in self.keys:
             ok |= hmac.compare_digest(token, key)
-        return ok and bool(token)
+        return token if ok and token else None
 
-    def check(self, authorization: str | None) -> None:
-        if not self.accepts(authorization):
-            why = "no API key was sent" if not authorization else "the API key is not valid"
-            raise Unauthenticated(f"{why}; {_HINT}")
+    def scope(self, key: bytes) -> str:
+        """The cache scope of requests that present `key` ("": none, when keys are not isolated)."""
+        return key_scope(key) if self.per_key_cache else ""
+
+
+def refusal(authorization: str | None) -> Unauthenticated:
+    """The error for a request whose `authorization` names no configured key."""
+    why = "no API key was sent" if not authorization else "the API key is not valid"
+    return Unauthenticated(f"{why}; {_HINT}")
+
+
+def key_scope(key: bytes) -> str:
+    """The cache scope of the requests that present `key`: 'key-' and 32 hex digits of its BLAKE2b digest."""
+    return "key-" + hashlib.blake2b(key, digest_size=16, person=b"tandem-api-key").hexdigest()
 
 
 def read_keys(key_file: str | None, environ=os.environ) -> tuple[bytes, ...]:
@@ -77,10 +97,14 @@ def read_keys(key_file: str | None, environ=os.environ) -> tuple[bytes, ...]:
 
 
 def resolve_keys(host: str, key_file: str | None, disabled: bool, open_probes: bool = True,
-                 environ=os.environ) -> ApiKeys | None:
+                 per_key_cache: bool = False, environ=os.environ) -> ApiKeys | None:
     """The keys the doors on `host` require, or None (no keys). Off loopback, keys are required unless
-    `disabled`; keys given while `disabled` is a contradiction, refused too."""
+    `disabled`; keys given while `disabled` is a contradiction, refused too; so is `per_key_cache`
+    (prefix-cache isolation per key) without keys."""
     keys = read_keys(key_file, environ)
+    if per_key_cache and (disabled or not keys):
+        raise ApiKeyError("prefix_cache.per_api_key isolates cached prefixes per API key and no keys are "
+                          "configured: set TANDEM_API_KEY or --api-key-file, or leave per_api_key off")
     if disabled:
         if keys:
             raise ApiKeyError("API keys are given (TANDEM_API_KEY or an API key file) and switched off "
@@ -91,7 +115,7 @@ def resolve_keys(host: str, key_file: str | None, disabled: bool, open_probes: b
             raise ApiKeyError(f"the front doors listen on {host}, beyond loopback, without API keys: set "
                               f"TANDEM_API_KEY or --api-key-file, or pass --no-api-key to serve without keys")
         return None
-    return ApiKeys(keys, open_probes)
+    return ApiKeys(keys, open_probes, per_key_cache)
 
 
 def http_middleware(keys: ApiKeys, respond: Callable[[TandemError], web.StreamResponse]):
@@ -102,12 +126,15 @@ def http_middleware(keys: ApiKeys, respond: Callable[[TandemError], web.StreamRe
         path = request.path
         exempt = path.startswith("/admin/") or (keys.open_probes and path in OPEN_HTTP_PATHS)
         if not exempt:
-            try:
-                keys.check(request.headers.get("Authorization"))
-            except Unauthenticated as e:
-                resp = respond(e)
+            given = request.headers.get("Authorization")
+            key = keys.accepted(given)
+            if key is None:
+                resp = respond(refusal(given))
                 resp.headers["WWW-Authenticate"] = 'Bearer realm="tandem"'
                 return resp
+            scope = keys.scope(key)
+            if scope:  # this middleware runs inside frontdoor/request_ids.py's, in the same task
+                set_cache_scope(scope)
         return await handler(request)
 
     return require_key
@@ -125,11 +152,18 @@ class GrpcKeyInterceptor(grpc.aio.ServerInterceptor):
         if handler is None or (self.keys.open_probes and method in OPEN_GRPC_METHODS):
             return handler
         given = dict(details.invocation_metadata or ()).get("authorization")
-        try:
-            self.keys.check(given)
-        except Unauthenticated as e:
-            return _refusing(handler, str(e))
-        return handler
+        key = self.keys.accepted(given)
+        if key is None:
+            return _refusing(handler, str(refusal(given)))
+        scope = self.keys.scope(key)
+        return around_calls(handler, lambda context: _scoped(scope)) if scope else handler
+
+
+@contextlib.asynccontextmanager
+async def _scoped(scope: str):
+    """A call's request (begun by frontdoor/request_ids.py, the outer interceptor) is scoped to `scope`."""
+    set_cache_scope(scope)
+    yield
 
 
 def _refusing(handler: grpc.RpcMethodHandler, message: str) -> grpc.RpcMethodHandler:
@@ -142,6 +176,4 @@ def _refusing(handler: grpc.RpcMethodHandler, message: str) -> grpc.RpcMethodHan
         await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
         yield  # never reached (abort raises): it makes this an async generator, as a streaming handler is
 
-    kind = {(False, False): "unary_unary", (False, True): "unary_stream", (True, False): "stream_unary",
-            (True, True): "stream_stream"}[(handler.request_streaming, handler.response_streaming)]
-    return handler._replace(**{kind: refuse_stream if handler.response_streaming else refuse})
+    return handler._replace(**{behavior_kind(handler): refuse_stream if handler.response_streaming else refuse})

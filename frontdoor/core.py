@@ -12,6 +12,9 @@ serving path's token stream (control/serving_path.py: the one generator below th
 into text incrementally and records the latencies clients see. Failures are tandem.status exceptions;
 each door shapes them for its protocol through the one status table. Nothing is ever streamed twice.
 
+The scope rule: under per-key isolation a request's cache salt is scoped to its caller's API key
+(frontdoor/auth.py, tandem/prefix.scoped_salt) before it is prepared.
+
 The echo rule: the text a prepared request echoes (`Prepared.echo`, control/requests.py: its prompt, or
 a chat's final assistant message) goes in front of the first delta's text, and so of a collected answer.
 
@@ -38,7 +41,8 @@ from engine.detokenizer import TextStream
 from frontdoor.model_contract import INPUTS, MAX_BATCH_SIZE, OUTPUTS
 from control.requests import GenerationRequest
 from tandem.logprobs import Logprob
-from tandem.request_context import client_traceparent, note_tokens
+from tandem.prefix import scoped_salt
+from tandem.request_context import cache_scope, client_traceparent, note_tokens
 from tandem.status import Status, TandemError, status_of
 
 _ADMITTED, _DONE = object(), object()  # FrontDoor._merged's markers: an answer was admitted, an answer ended
@@ -156,7 +160,8 @@ class FrontDoor:
         span = svc.tracer.start("tandem.request", client_traceparent(), request_id=req.request_id,
                                 model=self.served.served_name, mode=svc.mode)
         try:
-            with span.child("tandem.admission") as admission:
+            with span.child("tandem.admission") as admission:  # salted within the caller's scope, if any
+                req = dataclasses.replace(req, cache_salt=scoped_salt(cache_scope(), req.cache_salt))
                 prep = await svc.prepare(req, admission)
                 n_in = len(prep.prompt_ids)
                 ticket = svc.admission.admit(n_in)  # refused at once when full

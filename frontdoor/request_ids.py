@@ -18,12 +18,12 @@ before this: it carries no id and writes no access line; the 429 counters count 
 from __future__ import annotations
 
 import contextlib
-import inspect
 import time
 
 import grpc
 from aiohttp import web
 
+from frontdoor.grpc_calls import around_calls
 from tandem.logs import log_access
 from tandem.request_context import begin, end, is_valid_id, new_request_id
 
@@ -82,12 +82,8 @@ class GrpcRequestIds(grpc.aio.ServerInterceptor):
             return None
         metadata = dict(details.invocation_metadata or ())
         given = (metadata.get(METADATA), metadata.get(TRACEPARENT, ""))
-        method = details.method
-        if handler.response_streaming:
-            kind = "stream_stream" if handler.request_streaming else "unary_stream"
-            return handler._replace(**{kind: _streaming(getattr(handler, kind), given, method)})
-        kind = "stream_unary" if handler.request_streaming else "unary_unary"
-        return handler._replace(**{kind: _unary(getattr(handler, kind), given, method)})
+        restore = not handler.response_streaming
+        return around_calls(handler, lambda context: _recorded(context, given, details.method, restore))
 
 
 def _failed_status(context) -> str:
@@ -114,25 +110,3 @@ async def _recorded(context, given: tuple[str | None, str], method: str, restore
         log_access("grpc", method, status, started, record, context.peer())
         if restore:
             end(token)
-
-
-def _unary(behavior, given: tuple[str | None, str], method: str):
-    async def wrapped(request, context):
-        async with _recorded(context, given, method, restore=True):
-            return await behavior(request, context)
-    return wrapped
-
-
-def _streaming(behavior, given: tuple[str | None, str], method: str):
-    """A streaming method either yields its responses or writes them (context.write) and returns."""
-    if inspect.isasyncgenfunction(behavior):
-        async def wrapped(request, context):
-            async with _recorded(context, given, method, restore=False):
-                async for response in behavior(request, context):
-                    yield response
-        return wrapped
-
-    async def writing(request, context):
-        async with _recorded(context, given, method, restore=False):
-            await behavior(request, context)
-    return writing

@@ -20,7 +20,8 @@
     router: least-loaded           # or round-robin, or kv-aware (prefix-cache overlap against load)
     local_prefill_tokens: 0        # a decode worker lacking at most this many prompt tokens prefills them
                                    # itself, no prefill worker involved (conditional disaggregation; 0: never)
-    prefix_cache: {enabled: true, prefill_pool_bytes: null}   # pages kept for reuse in every worker's pool
+    prefix_cache: {enabled: true, prefill_pool_bytes: null,   # pages kept for reuse in every worker's pool
+                   per_api_key: false}   # true: each API key's requests share cached prefixes only among themselves
     chunk_tokens: 256              # chunked mode: prompt tokens mixed into each decode step
     front_door: {host: 127.0.0.1, grpc_port: 8001, http_port: 8000, model_name: ensemble,
                  served_model_name: null,   # OpenAI model id; null: the model's own name
@@ -157,6 +158,7 @@ class Tracing(_Strict):
 class PrefixCacheConfig(_Strict):
     enabled: bool = True  # off: a pool keeps no page after its request (every prompt is computed in full)
     prefill_pool_bytes: int | None = Field(None, ge=1 << 20)  # a prefill worker's own pool; null: the decode pool's
+    per_api_key: bool = False  # cached prefixes shared only among requests of one API key (frontdoor/auth.py)
 
 
 class Deployment(_Strict):
@@ -222,6 +224,9 @@ class Deployment(_Strict):
         if self.local_prefill_tokens:
             raise ValueError("backend tensorrt-llm decode workers do not prefill prompts themselves; "
                              "local_prefill_tokens must be 0")
+        if self.prefix_cache.per_api_key:
+            raise ValueError("backend tensorrt-llm roles take no cache salt, so they cannot keep cached prefixes "
+                             "apart per API key; leave prefix_cache.per_api_key off")
         for role in ("prefill", "decode"):
             pool = getattr(self, role)
             if pool.count and self.role_device(role) == "cpu":

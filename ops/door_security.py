@@ -31,7 +31,7 @@ class DoorSecurity:
 def door_security(dep: Deployment) -> DoorSecurity:
     fd = dep.front_door
     try:
-        keys = resolve_keys(fd.host, fd.api_key_file, fd.no_api_key, fd.open_probes)
+        keys = resolve_keys(fd.host, fd.api_key_file, fd.no_api_key, fd.open_probes, dep.prefix_cache.per_api_key)
         tls = ServerTls(fd.tls.cert, fd.tls.key, fd.tls.client_ca) if fd.tls else None
         ctx, creds = (tls.ssl_context(), tls.grpc_credentials()) if tls else (None, None)
     except (ApiKeyError, TlsError) as e:

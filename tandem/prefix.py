@@ -7,7 +7,8 @@ including the page's last token. So a page is named by a hash chained over the p
 
 where `salt = engine_salt(weights digest, KV layout)` keeps pages of different weights or layouts from
 ever matching (a request's `cache_salt` is mixed in on top: `tenant_salt`, so pages are shared only
-between requests that give the same one), and H is BLAKE2b with a 16-byte digest and a project-specific personalization string.
+between requests that give the same one; under per-key isolation the salt is first scoped to the caller's
+API key: `scoped_salt`), and H is BLAKE2b with a 16-byte digest and a project-specific personalization string.
 Only full pages are named; a partial last page is never cached.
 
 Collision odds: with N distinct pages ever named, the chance that any two share a hash is about
@@ -33,6 +34,7 @@ HASH_BYTES = 16  # 128-bit page hashes; see the collision odds above
 HEX_CHARS = 2 * HASH_BYTES
 _PAGE_PERSON = b"tandem-page-v1"  # bump the version if the page encoding ever changes
 _SALT_PERSON = b"tandem-salt-v1"
+_SCOPE_PERSON = b"tandem-scope-v1"
 _TENANT_PERSON = b"tandem-tenant-v1"
 _TOKEN_MAX = 2**32 - 1  # token ids are encoded as little-endian uint32
 _HEX_DIGITS = frozenset("0123456789abcdef")
@@ -75,6 +77,20 @@ def tenant_salt(salt: bytes, cache_salt: str) -> bytes:
     if not cache_salt:
         return salt
     return hashlib.blake2b(salt + cache_salt.encode(), digest_size=HASH_BYTES, person=_TENANT_PERSON).digest()
+
+
+def scoped_salt(scope: str, cache_salt: str) -> str:
+    """The cache salt a request is served under when its caller's cache scope is `scope` (an API key's id
+    under per-key isolation, frontdoor/auth.py; "" for none): its own `cache_salt` when there is no
+    scope, else the scope, followed by a digest of its own salt when it has one. Every salt under a scope
+    starts with that scope and no client-chosen salt reaches the workers, so one caller cannot name
+    another's pages. At most len(scope) + 33 characters.
+    """
+    if not scope:
+        return cache_salt
+    if not cache_salt:
+        return scope
+    return scope + "." + hashlib.blake2b(cache_salt.encode(), digest_size=HASH_BYTES, person=_SCOPE_PERSON).hexdigest()
 
 
 def next_page_hash(prev: bytes, page_tokens: Sequence[int]) -> bytes:

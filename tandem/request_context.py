@@ -23,6 +23,7 @@ class RequestRecord:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     traceparent: str = ""  # the client's W3C `traceparent` (HTTP header or gRPC metadata), if it sent one
+    cache_scope: str = ""  # whose cached prefixes it may share: its API key's id under per-key isolation, else ""
 
 
 _current: contextvars.ContextVar[RequestRecord | None] = contextvars.ContextVar("tandem_request", default=None)
@@ -61,6 +62,21 @@ def client_traceparent() -> str:
     """The current request's W3C traceparent as its client sent it ("" when none, or outside a request)."""
     record = _current.get()
     return record.traceparent if record is not None else ""
+
+
+def set_cache_scope(scope: str) -> None:
+    """The current request shares cached prefixes only within `scope` (frontdoor/auth.py sets it).
+    Raises RuntimeError outside a request: an isolation that silently did nothing would be worse."""
+    record = _current.get()
+    if record is None:
+        raise RuntimeError("a cache scope needs a current request (frontdoor/request_ids.py begins it first)")
+    record.cache_scope = scope
+
+
+def cache_scope() -> str:
+    """The current request's cache scope ("" when none, or outside a request)."""
+    record = _current.get()
+    return record.cache_scope if record is not None else ""
 
 
 def note_tokens(prompt: int, completion: int) -> None:

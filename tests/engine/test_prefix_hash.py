@@ -10,7 +10,8 @@ import pytest
 
 from tandem.kv_layout import KVLayout
 from tandem.prefix import (HASH_BYTES, PrefixHashError, engine_salt, extend_page_hashes, hashes_from_hex,
-                           hashes_to_hex, next_page_hash, page_hashes, tenant_salt)
+                           hashes_to_hex, next_page_hash, page_hashes, scoped_salt, tenant_salt)
+from tandem.sampling_params import MAX_CACHE_SALT
 
 LAYOUT = KVLayout(num_layers=30, num_kv_heads=3, head_dim=64, dtype="float32", tokens_per_page=4)
 SALT = engine_salt("sha256:" + "ab" * 32, LAYOUT.to_dict())
@@ -65,6 +66,19 @@ def test_a_cache_salt_starts_a_chain_of_its_own():
     assert all(not a & b for i, a in enumerate(chains) for b in chains[i + 1:])
     with pytest.raises(PrefixHashError, match="cache_salt must be a string"):
         tenant_salt(SALT, b"tenant-a")
+
+
+def test_a_scoped_salt_stays_inside_its_scope():
+    """Per-key isolation: every salt under a scope starts with it, a client's own salt only splits the
+    scope further (and never reaches the workers as it was sent), and no scope leaves salts as they are."""
+    a, b = "key-" + "a" * 32, "key-" + "b" * 32
+    assert scoped_salt("", "merchant") == "merchant" and scoped_salt("", "") == ""
+    assert scoped_salt(a, "") == a
+    under_a = {scoped_salt(a, s) for s in ("", "merchant", "merchant ", b)}
+    assert len(under_a) == 4 and all(s.startswith(a) for s in under_a) and "merchant" not in "".join(under_a)
+    assert scoped_salt(a, "merchant") == scoped_salt(a, "merchant") != scoped_salt(b, "merchant")
+    assert not under_a & {scoped_salt(b, s) for s in ("", "merchant", a)}
+    assert len(scoped_salt(a, "x" * MAX_CACHE_SALT)) == len(a) + 33 <= MAX_CACHE_SALT
 
 
 @pytest.mark.parametrize("digest, layout, match", [

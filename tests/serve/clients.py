@@ -35,11 +35,12 @@ def grpc_infer(url: str, prompt: str, max_tokens: int, model: str = "ensemble") 
         c.close()
 
 
-def grpc_stream(url: str, prompt: str, max_tokens: int, extra: dict | None = None) -> list[str]:
+def grpc_stream(url: str, prompt: str, max_tokens: int, extra: dict | None = None,
+                headers: dict | None = None) -> list[str]:
     """Each streamed response's text_output, in order (ends at Triton's final-response flag)."""
     c = grpcclient.InferenceServerClient(url)
     q: queue.Queue = queue.Queue()
-    c.start_stream(callback=lambda result, error: q.put((result, error)))
+    c.start_stream(callback=lambda result, error: q.put((result, error)), headers=headers)
     try:
         c.async_stream_infer("ensemble", ensemble_inputs(grpcclient, prompt, max_tokens, True, extra),
                              request_id="s", enable_empty_final_response=True)

@@ -71,6 +71,16 @@ def test_serve_beyond_loopback_needs_keys_or_says_so(built_engines, tmp_path):
     assert code != 0 and "choose one" in one_error_line(err)
 
 
+def test_per_key_cache_isolation_needs_keys(built_engines):
+    ports = ["--http-port", str(free_port()), "--grpc-port", str(free_port())]
+    code, err = run("serve", "--model", str(built_engines), "--prefix-cache-per-api-key", *ports)
+    line = one_error_line(err)
+    assert code != 0 and "per_api_key" in line and "no keys are configured" in line and "TANDEM_API_KEY" in line
+    code, err = run("serve", "--model", str(built_engines), *ports, env={"TANDEM_PREFIX_CACHE_PER_API_KEY": "1",
+                                                                        "TANDEM_NO_API_KEY": "1"})
+    assert code != 0 and "per_api_key" in one_error_line(err)
+
+
 def test_serve_refuses_to_send_the_secret_in_the_clear(built_engines, tmp_path):
     cfg = tmp_path / "dep.yaml"
     cfg.write_text(yaml.safe_dump({"decode": {"count": 0, "urls": ["10.255.255.1:8001"]}}))

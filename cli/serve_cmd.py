@@ -133,16 +133,15 @@ def serve_command(model, dtype, config_path, mode, prefill, decode, replicas, tr
 
 
 async def _reload(stack, config_path, overrides) -> None:
-    """SIGHUP: read the deployment file again and follow its remote workers."""
+    """SIGHUP: read the deployment file again: its API keys and its remote workers."""
     from ops.deployment import DeploymentError, load_deployment
 
     try:
-        dep = load_deployment(config_path, overrides)
+        said = await stack.reload(load_deployment(config_path, overrides))
     except DeploymentError as e:
         logging.getLogger("tandem.serve").warning("reload refused, keeping the running deployment: %s", e)
         return
-    await stack.reload(dep)
-    logging.getLogger("tandem.serve").info("reloaded the deployment's worker list")
+    logging.getLogger("tandem.serve").info("reloaded: %s", said)
 
 
 async def _serve(dep, workdir, config_path=None, overrides=None, log_format: str = "text") -> None:

@@ -13,6 +13,10 @@ need no key. `/admin/*` has its own stronger rule (the deployment secret, frontd
 A door that listens beyond loopback needs keys unless they are switched off explicitly
 (`--no-api-key`); `resolve_keys` refuses to start otherwise.
 
+Keys are read again on SIGHUP (ops/stack.py: `Stack.reload`), so a key is added and retired without a
+restart: add the new one to the file, reload, move clients over, remove the old one, reload. A reload
+that would leave no keys, or keys that fail the rules above, is refused and the running keys kept.
+
 Per-key prefix-cache isolation (`prefix_cache.per_api_key`): each request is scoped to the key it
 presented (`key_scope`: a digest of the key, never the key), and the front-door core serves it under a
 cache salt within that scope (tandem/prefix.scoped_salt), so one key's cached prompts never serve, nor
@@ -47,11 +51,27 @@ class ApiKeyError(ValueError):
     """Keys are configured wrongly: the message says what and how to fix it."""
 
 
-@dataclass(frozen=True)
+@dataclass
 class ApiKeys:
+    """The doors' keys. `keys` may be replaced while serving (`rotate`, on SIGHUP); every request reads
+    the set once, so it is checked against the old set or the new one, never a mix."""
+
     keys: tuple[bytes, ...]
     open_probes: bool = True
     per_key_cache: bool = False  # each key's requests share cached prefixes only among themselves
+
+    def rotate(self, new: "ApiKeys | None") -> str:
+        """Take the keys of `new` (the deployment's keys read again); returns what changed, in words
+        (never a key). Raises ApiKeyError when `new` would switch keys off or change a rule that only
+        a restart changes (open probes, per-key caching): the running keys are then kept."""
+        if new is None:
+            raise ApiKeyError("the reloaded deployment has no API keys; switching them off needs a restart")
+        if (new.open_probes, new.per_key_cache) != (self.open_probes, self.per_key_cache):
+            raise ApiKeyError("front_door.open_probes and prefix_cache.per_api_key change only with a restart")
+        kept = len(set(new.keys) & set(self.keys))
+        said = f"{len(new.keys)} API keys ({len(new.keys) - kept} new, {len(self.keys) - kept} removed)"
+        self.keys = new.keys
+        return said
 
     def accepted(self, authorization: str | None) -> bytes | None:
         """The key when `authorization` is 'Bearer <a configured key>', else None. Compares against every key."""

@@ -47,6 +47,19 @@ def door_security(dep: Deployment) -> DoorSecurity:
     return DoorSecurity(keys, ctx, creds, worker_tls, local)
 
 
+def rotate_keys(keys: ApiKeys | None, dep: Deployment) -> str:
+    """SIGHUP: the running `keys` take the deployment's keys read again (frontdoor/auth.py: ApiKeys.rotate);
+    returns what changed, in words. DeploymentError, the running keys kept, when they cannot be taken."""
+    if keys is None:
+        return "API keys stay off (switching them on needs a restart)"
+    fd = dep.front_door
+    try:
+        return keys.rotate(resolve_keys(fd.host, fd.api_key_file, fd.no_api_key, fd.open_probes,
+                                        dep.prefix_cache.per_api_key))
+    except ApiKeyError as e:
+        raise DeploymentError(str(e)) from None
+
+
 def check_secret_links(dep: Deployment, secret: str | None, worker_tls: WorkerTls | None) -> None:
     """Refuse a deployment that would send its secret in the clear to a worker it lists by address.
     (Workers found by DNS are held to the same rule by each channel, control/worker_tls.py.)"""

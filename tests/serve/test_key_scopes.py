@@ -2,16 +2,23 @@
 key's repeated prompt is served from its own cached pages; the other key's identical prompt computes
 every page (so its latency says nothing of the first key's prompts); a cache_salt splits a key's scope
 further and never crosses keys; the answers never change. The gRPC door scopes its calls exactly as the
-HTTP door does: what a key cached over gRPC serves the same key over HTTP, and nobody else."""
+HTTP door does: what a key cached over gRPC serves the same key over HTTP, and nobody else. Keys rotate
+on SIGHUP without a restart (a new key starts with a cold scope of its own); a reload that would break
+the keys is refused and the running keys kept."""
 
 from __future__ import annotations
 
+import signal
+import time
+
+import grpc
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import yaml
 
 from engine.generate import run_generation
+from frontdoor.auth import ApiKeyError, ApiKeys
 from tandem.sampling_params import SamplingParams
 from tests.conftest import start_serve, stop_serve
 from tests.serve.clients import ensemble_inputs, grpc_stream, post
@@ -30,6 +37,7 @@ def scoped(built_engines, tmp_path_factory):
     (work / "dep.yaml").write_text(yaml.safe_dump({"front_door": {"api_key_file": str(work / "keys")},
                                                    "prefix_cache": {"per_api_key": True}}))
     s = start_serve(built_engines, work, "--config", str(work / "dep.yaml"))
+    s.key_file = work / "keys"
     yield s
     stop_serve(s)
 
@@ -88,3 +96,60 @@ def test_the_grpc_door_scopes_its_calls_to_their_key(scoped, default_engine):
     assert "".join(parts) == reference(default_engine, prompt)
     (_, cached_a), (_, cached_b) = complete(scoped, KEY_A, prompt), complete(scoped, KEY_B, prompt)
     assert cached_a == 0 and cached_b > 0, (cached_a, cached_b)
+
+
+def reloaded(s, keys: str, says: str) -> None:
+    """Write `keys` as the key file, send SIGHUP, and wait for the log line of that reload, which says `says`."""
+    before = open(s.log_path).read().count("reload")
+    s.key_file.write_text(keys)
+    s.proc.send_signal(signal.SIGHUP)
+    deadline = time.monotonic() + 60
+    while open(s.log_path).read().count("reload") == before:
+        assert time.monotonic() < deadline, s.log_tail()
+        time.sleep(0.1)
+    assert says in s.log_tail(3), s.log_tail(3)
+
+
+def status_with(s, key: str) -> int:
+    status, _ = post(s.http, "/v1/completions", {"prompt": "Hi", "max_tokens": 1},
+                     headers={"Authorization": f"Bearer {key}"})
+    return status
+
+
+def grpc_code_with(s, key: str) -> grpc.StatusCode:
+    with grpc.insecure_channel(s.grpc) as ch:
+        call = ch.unary_unary("/inference.GRPCInferenceService/ModelMetadata")
+        try:
+            call(b"\n\x08ensemble", metadata=(("authorization", f"Bearer {key}"),), timeout=30)
+            return grpc.StatusCode.OK
+        except grpc.RpcError as e:
+            return e.code()
+
+
+def test_keys_rotate_on_sighup_and_a_broken_reload_keeps_the_running_ones(scoped, default_engine):
+    """Last in this module: it rewrites the key file (and leaves it as it found it)."""
+    key_c = "tenant-c-key-0123456789"
+    assert status_with(scoped, key_c) == 401 and grpc_code_with(scoped, key_c) == grpc.StatusCode.UNAUTHENTICATED
+    reloaded(scoped, f"{KEY_A}\n{KEY_B}\n{key_c}\n", "reloaded: 3 API keys (1 new, 0 removed)")
+    assert status_with(scoped, key_c) == 200 and grpc_code_with(scoped, key_c) == grpc.StatusCode.OK
+    prompt = "System: at the tide office, " + PREAMBLE + "User: When is high tide on Sunday?\nAssistant:"
+    assert complete(scoped, key_c, prompt)[1] == 0  # key A cached it: the new key's scope starts cold
+    for broken, says in (("short\n", "at least 8 characters"), ("# every key removed\n", "no keys are configured")):
+        reloaded(scoped, broken, "reload refused")
+        assert says in scoped.log_tail(3)
+        assert [status_with(scoped, k) for k in (KEY_A, key_c)] == [200, 200]
+    reloaded(scoped, f"{KEY_A}\n{KEY_B}\n", "reloaded: 2 API keys (0 new, 1 removed)")
+    assert status_with(scoped, key_c) == 401 and grpc_code_with(scoped, key_c) == grpc.StatusCode.UNAUTHENTICATED
+    assert status_with(scoped, KEY_A) == 200 and grpc_code_with(scoped, KEY_B) == grpc.StatusCode.OK
+
+
+def test_a_rotation_that_would_change_more_than_the_keys_is_refused():
+    running = ApiKeys((b"k" * 8,), open_probes=True, per_key_cache=True)
+    for new, says in ((None, "switching them off needs a restart"),
+                      (ApiKeys((b"n" * 8,), open_probes=False, per_key_cache=True), "only with a restart"),
+                      (ApiKeys((b"n" * 8,), open_probes=True, per_key_cache=False), "only with a restart")):
+        with pytest.raises(ApiKeyError, match=says):
+            running.rotate(new)
+        assert running.keys == (b"k" * 8,)
+    assert running.rotate(ApiKeys((b"k" * 8, b"n" * 8), True, True)) == "2 API keys (1 new, 0 removed)"
+    assert running.accepted("Bearer " + "n" * 8) == b"n" * 8

@@ -3,7 +3,12 @@
     front_door: {tls: {cert: /etc/tandem/tls.crt, key: /etc/tandem/tls.key, client_ca: null}}
 
 `client_ca` set: clients must present a certificate signed by it (mutual TLS). TLS 1.2 at least.
-Files are read once at start; a missing or unreadable one stops the start with its name.
+A missing or unreadable file stops the start with its name.
+
+The files are read again on SIGHUP (`DoorTls.reload`), so a renewed certificate (cert-manager's, say)
+is served without a restart: each new connection, on either door, is handshaken with the newest
+certificate, key and client CA; connections already open keep theirs. A reload whose files cannot be
+used is refused and the running ones kept. Switching TLS or mutual TLS on or off needs a restart.
 """
 
 from __future__ import annotations
@@ -46,9 +51,41 @@ class ServerTls:
                            f"{f' and client CA {self.client_ca}' if self.client_ca else ''}: {e}") from None
         return ctx
 
-    def grpc_credentials(self) -> grpc.ServerCredentials:
-        """For the gRPC door. Checked with ssl first, so a bad pair fails here with its file names."""
+    def grpc_config(self) -> grpc.ServerCertificateConfiguration:
+        """The files as the gRPC door's certificate configuration. Checked with ssl first, so a bad pair
+        fails here with its file names."""
         self.ssl_context()
         pair = (read_pem(self.key, "TLS key"), read_pem(self.cert, "TLS certificate"))
         ca = read_pem(self.client_ca, "client CA") if self.client_ca else None
-        return grpc.ssl_server_credentials([pair], root_certificates=ca, require_client_auth=ca is not None)
+        return grpc.ssl_server_certificate_configuration([pair], root_certificates=ca)
+
+
+class DoorTls:
+    """Both doors' TLS, live: `ssl_context` (HTTP) and `grpc_credentials` are made once and serve every
+    connection with the newest files `reload` has read. TlsError (from the constructor or `reload`)
+    names a file that cannot be used."""
+
+    def __init__(self, files: ServerTls):
+        self.files = files
+        self._newest = files.ssl_context()
+        self._grpc_next: grpc.ServerCertificateConfiguration | None = None  # taken by the next gRPC handshake
+        self.ssl_context = files.ssl_context()
+        self.ssl_context.sni_callback = self._newest_context  # called on every ClientHello, SNI or not
+        self.grpc_credentials = grpc.dynamic_ssl_server_credentials(
+            files.grpc_config(), self._next_grpc_config, require_client_authentication=files.client_ca is not None)
+
+    def reload(self, files: ServerTls) -> str:
+        """Serve `files` from the next handshake on; returns what was read, in words."""
+        if (files.client_ca is None) != (self.files.client_ca is None):
+            raise TlsError("switching mutual TLS (front_door.tls.client_ca) on or off needs a restart")
+        newest, grpc_config = files.ssl_context(), files.grpc_config()  # both usable, or nothing changes
+        self.files, self._newest, self._grpc_next = files, newest, grpc_config
+        return f"TLS certificate {files.cert} read again"
+
+    def _newest_context(self, connection, server_name, context) -> None:
+        connection.context = self._newest
+
+    def _next_grpc_config(self) -> grpc.ServerCertificateConfiguration | None:
+        """gRPC asks before every handshake: a new configuration once after a reload, else None (keep)."""
+        config, self._grpc_next = self._grpc_next, None
+        return config

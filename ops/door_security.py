@@ -3,6 +3,7 @@
 Everything here fails with a DeploymentError whose message is one line naming the cause, before any
 worker is started: keys required beyond loopback and missing, a certificate that cannot be read, a
 front-door port another process holds, the secret about to go to a worker beyond loopback in the clear.
+On SIGHUP (`reload_doors`) the doors' keys and TLS files are read again under the same rules.
 """
 
 from __future__ import annotations
@@ -15,25 +16,31 @@ import grpc
 
 from control.worker_tls import WorkerTls, secret_refusal
 from frontdoor.auth import ApiKeyError, ApiKeys, resolve_keys
-from frontdoor.tls import ServerTls, TlsError
+from frontdoor.tls import DoorTls, ServerTls, TlsError
 from ops.deployment import Deployment, DeploymentError
 
 
 @dataclass(frozen=True)
 class DoorSecurity:
     keys: ApiKeys | None = None
-    ssl_context: ssl.SSLContext | None = None  # the HTTP door's TLS
-    grpc_credentials: grpc.ServerCredentials | None = None  # the gRPC door's TLS
+    tls: DoorTls | None = None  # both doors' TLS
     worker_tls: WorkerTls | None = None  # the orchestrator's channel to the workers
     local_worker_tls: tuple[str, str] | None = None  # (cert, key) the local workers serve with
+
+    @property
+    def ssl_context(self) -> ssl.SSLContext | None:
+        return self.tls.ssl_context if self.tls else None
+
+    @property
+    def grpc_credentials(self) -> grpc.ServerCredentials | None:
+        return self.tls.grpc_credentials if self.tls else None
 
 
 def door_security(dep: Deployment) -> DoorSecurity:
     fd = dep.front_door
     try:
         keys = resolve_keys(fd.host, fd.api_key_file, fd.no_api_key, fd.open_probes, dep.prefix_cache.per_api_key)
-        tls = ServerTls(fd.tls.cert, fd.tls.key, fd.tls.client_ca) if fd.tls else None
-        ctx, creds = (tls.ssl_context(), tls.grpc_credentials()) if tls else (None, None)
+        tls = DoorTls(ServerTls(fd.tls.cert, fd.tls.key, fd.tls.client_ca)) if fd.tls else None
     except (ApiKeyError, TlsError) as e:
         raise DeploymentError(str(e)) from None
     wt = dep.worker_tls
@@ -44,20 +51,30 @@ def door_security(dep: Deployment) -> DoorSecurity:
         except OSError as e:
             raise DeploymentError(f"cannot read worker_tls.ca {wt.ca}: {e.strerror}") from None
         local = (wt.cert, wt.key) if wt.cert else None
-    return DoorSecurity(keys, ctx, creds, worker_tls, local)
+    return DoorSecurity(keys, tls, worker_tls, local)
 
 
-def rotate_keys(keys: ApiKeys | None, dep: Deployment) -> str:
-    """SIGHUP: the running `keys` take the deployment's keys read again (frontdoor/auth.py: ApiKeys.rotate);
-    returns what changed, in words. DeploymentError, the running keys kept, when they cannot be taken."""
-    if keys is None:
-        return "API keys stay off (switching them on needs a restart)"
-    fd = dep.front_door
+def reload_doors(security: DoorSecurity, dep: Deployment) -> str:
+    """SIGHUP: the running doors take the deployment's API keys and TLS files read again
+    (frontdoor/auth.py: ApiKeys.rotate; frontdoor/tls.py: DoorTls.reload); returns what changed, in words.
+    DeploymentError, and nothing changed, when either cannot be taken."""
+    fd, said = dep.front_door, []
     try:
-        return keys.rotate(resolve_keys(fd.host, fd.api_key_file, fd.no_api_key, fd.open_probes,
-                                        dep.prefix_cache.per_api_key))
-    except ApiKeyError as e:
+        files = ServerTls(fd.tls.cert, fd.tls.key, fd.tls.client_ca) if fd.tls else None
+        if (files is None) != (security.tls is None):
+            raise TlsError("switching the front doors' TLS on or off needs a restart")
+        if files is not None:
+            files.ssl_context(), files.grpc_config()  # usable, before the keys change
+        if security.keys is None:
+            said.append("API keys stay off (switching them on needs a restart)")
+        else:
+            said.append(security.keys.rotate(resolve_keys(fd.host, fd.api_key_file, fd.no_api_key, fd.open_probes,
+                                                          dep.prefix_cache.per_api_key)))
+        if files is not None:
+            said.append(security.tls.reload(files))
+    except (ApiKeyError, TlsError) as e:
         raise DeploymentError(str(e)) from None
+    return "; ".join(said)
 
 
 def check_secret_links(dep: Deployment, secret: str | None, worker_tls: WorkerTls | None) -> None:

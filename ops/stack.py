@@ -24,7 +24,7 @@ from engine.shm_region import remove_orphaned_triton_regions, remove_stale_segme
 from engine.tokenizer import Tokenizer
 from control.admission import Admission
 from ops.deployment import Deployment, DeploymentError
-from ops.door_security import DoorSecurity, check_ports_free, check_secret_links, door_security, rotate_keys
+from ops.door_security import DoorSecurity, check_ports_free, check_secret_links, door_security, reload_doors
 from control.discovery import Discovery
 from control.fleet import Fleet
 from control.worker_client import CLIENTS, TRTLLM_CLIENTS
@@ -223,10 +223,10 @@ class Stack:
         self.served = served
 
     async def reload(self, dep: Deployment) -> str:
-        """A new deployment file: read the API keys again and follow its remote workers (everything else
-        needs a restart); returns what it did, in words. Keys that cannot be taken raise DeploymentError
-        before anything changes."""
-        said = rotate_keys(self.security.keys, dep)
+        """A new deployment file: read the API keys and TLS files again and follow its remote workers
+        (everything else needs a restart); returns what it did, in words. Keys or files that cannot be
+        taken raise DeploymentError before anything changes."""
+        said = reload_doors(self.security, dep)
         await self.discovery.apply(dep)
         self.dep = dep
         return f"{said}; the worker list followed"

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import secrets
+import signal
+import time
 
 import pytest
 import torch
@@ -154,6 +156,17 @@ def stop_serve(s) -> None:
     """Stop it as Ctrl-C would, and check that nothing of it is left behind."""
     assert s.stop() == 0, s.log_tail()
     assert leak_check(s.leak_baseline) == []
+
+
+def sighup(s, says: str, timeout_s: float = 60.0) -> None:
+    """Make `tandem serve` `s` reload (SIGHUP) and wait for the reload's log line, which must say `says`."""
+    before = open(s.log_path).read().count("reload")
+    s.proc.send_signal(signal.SIGHUP)
+    deadline = time.monotonic() + timeout_s
+    while open(s.log_path).read().count("reload") == before:
+        assert time.monotonic() < deadline, s.log_tail()
+        time.sleep(0.1)
+    assert says in s.log_tail(3), s.log_tail(3)
 
 
 def worker_events(s) -> list[str]:

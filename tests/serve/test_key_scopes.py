@@ -8,9 +8,6 @@ the keys is refused and the running keys kept."""
 
 from __future__ import annotations
 
-import signal
-import time
-
 import grpc
 import numpy as np
 import pytest
@@ -20,7 +17,7 @@ import yaml
 from engine.generate import run_generation
 from frontdoor.auth import ApiKeyError, ApiKeys
 from tandem.sampling_params import SamplingParams
-from tests.conftest import start_serve, stop_serve
+from tests.conftest import sighup, start_serve, stop_serve
 from tests.serve.clients import ensemble_inputs, grpc_stream, post
 
 KEY_A, KEY_B = "tenant-a-key-0123456789", "tenant-b-key-0123456789"
@@ -99,15 +96,9 @@ def test_the_grpc_door_scopes_its_calls_to_their_key(scoped, default_engine):
 
 
 def reloaded(s, keys: str, says: str) -> None:
-    """Write `keys` as the key file, send SIGHUP, and wait for the log line of that reload, which says `says`."""
-    before = open(s.log_path).read().count("reload")
+    """Write `keys` as the key file and reload (SIGHUP); the reload's log line says `says`."""
     s.key_file.write_text(keys)
-    s.proc.send_signal(signal.SIGHUP)
-    deadline = time.monotonic() + 60
-    while open(s.log_path).read().count("reload") == before:
-        assert time.monotonic() < deadline, s.log_tail()
-        time.sleep(0.1)
-    assert says in s.log_tail(3), s.log_tail(3)
+    sighup(s, says)
 
 
 def status_with(s, key: str) -> int:

@@ -1,6 +1,7 @@
 """API keys and TLS on both front doors and on the worker channel, request ids and the access log:
 one `tandem serve` whose doors and workers all speak TLS with certificates from the test's own CA,
-whose doors require a key, and which writes JSON logs. Unmodified clients: urllib, tritonclient, grpc."""
+whose doors require a key, and which writes JSON logs; its door certificate is renewed by a reload (SIGHUP).
+Unmodified clients: urllib, tritonclient, grpc."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from tritonclient.utils import InferenceServerException
 
 from engine.generate import run_generation
 from tandem.sampling_params import SamplingParams
-from tests.conftest import start_serve, stop_serve
+from tests.conftest import sighup, start_serve, stop_serve
 from tests.serve.certs import TestCA
 from tests.serve.clients import ensemble_inputs
 
@@ -46,6 +47,7 @@ def secured(built_engines, tmp_path_factory, ca):
         "worker_tls": {"ca": ca.path, "server_name": "tandem-worker", "cert": worker.cert, "key": worker.key}}))
     s = start_serve(built_engines, work, "--config", str(cfg), "--log-format", "json",
                     env={"TANDEM_SECRET": SECRET}, ca=ca.path)
+    s.door = door
     yield s
     stop_serve(s)
 
@@ -149,3 +151,43 @@ def test_workers_serve_tls_only(secured):
     creds = grpc.ssl_channel_credentials(open(secured.ca, "rb").read())
     with grpc.secure_channel(url, creds, options=[("grpc.ssl_target_name_override", "tandem-worker")]) as ch:
         assert pb_grpc.GRPCInferenceServiceStub(ch).ServerLive(pb.ServerLiveRequest(), timeout=10).live
+
+
+def _trusted_by(s, ca_path: str) -> dict[str, bool]:
+    """Whether a new connection on each door verifies against `ca_path` alone (and is answered)."""
+    ok = {}
+    try:
+        with urllib.request.urlopen(s.http + "/health", timeout=10, context=ssl.create_default_context(cafile=ca_path)):
+            ok["http"] = True
+    except urllib.error.URLError:
+        ok["http"] = False
+    creds = grpc.ssl_channel_credentials(open(ca_path, "rb").read())
+    with grpc.secure_channel(s.grpc, creds, options=[("grpc.use_local_subchannel_pool", 1)]) as ch:  # a new connection
+        try:
+            ok["grpc"] = pb_grpc.GRPCInferenceServiceStub(ch).ServerLive(pb.ServerLiveRequest(), timeout=10).live
+        except grpc.RpcError:
+            ok["grpc"] = False
+    return ok
+
+
+def test_a_renewed_door_certificate_is_served_after_a_reload_without_a_restart(secured, ca, tmp_path):
+    """Last in this module: it swaps the door's certificate files (and puts the first ones back)."""
+    first = {p: open(p, "rb").read() for p in (secured.door.cert, secured.door.key)}
+    ca2 = TestCA(str(tmp_path), "tandem renewal CA")
+    renewed = ca2.issue("door")
+    assert _trusted_by(secured, ca2.path) == {"http": False, "grpc": False}
+    try:
+        for src, dst in ((renewed.cert, secured.door.cert), (renewed.key, secured.door.key)):
+            open(dst, "wb").write(open(src, "rb").read())
+        sighup(secured, "TLS certificate")
+        assert _trusted_by(secured, ca2.path) == {"http": True, "grpc": True}  # new connections: the new one
+        assert _trusted_by(secured, ca.path) == {"http": False, "grpc": False}
+        open(secured.door.cert, "wb").write(b"not a certificate")
+        sighup(secured, "reload refused")
+        assert "cannot use the TLS certificate" in secured.log_tail(3)
+        assert _trusted_by(secured, ca2.path) == {"http": True, "grpc": True}  # the running one stays
+    finally:
+        for path, pem in first.items():
+            open(path, "wb").write(pem)
+        sighup(secured, "TLS certificate")
+    assert _trusted_by(secured, ca.path) == {"http": True, "grpc": True}

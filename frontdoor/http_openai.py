@@ -1,4 +1,5 @@
-"""The OpenAI-compatible routes: /v1/models[/{id}], /v1/completions, /v1/chat/completions (SSE when streaming).
+"""The OpenAI-compatible routes: /v1/models[/{id}], /v1/completions, /v1/chat/completions, /v1/responses (SSE
+when streaming).
 
 A codec over the front-door core (frontdoor/core.py): parse (openai_api.py), answer or collect, shape
 the reply. A request's answers (a batch of prompts, `n` each) are served concurrently
@@ -26,6 +27,7 @@ from frontdoor.http_body import read_object, request_timeout
 from frontdoor.openai_fields import UnknownFields
 from frontdoor.openai_tokens import Shown, TokenTrail, chunk_extras, whole_extras
 from frontdoor.openai_tools import ToolCallShape
+from frontdoor.responses_shape import Shaper
 from tandem.status import Internal, TandemError, status_of
 
 log = logging.getLogger("tandem.http")
@@ -77,21 +79,27 @@ class OpenAIRoutes:
         return await self._answer(request, parsed, rid, shape, body, chat=True)
 
     async def responses(self, request):
-        """OpenAI's Responses API: the chat request it amounts to, shaped as a response (openai_responses.py)."""
+        """OpenAI's Responses API: the chat request it amounts to (openai_responses.py), its answer shaped
+        as a response (responses_shape.py) from the chat reply it would have had."""
         self.service.refuse_if_closed()
         body = await read_object(request)
         with rs.named_as_responses():
             chat, extra = rs.chat_request_of(body)
             if extra:
                 self.unknown.note(extra, "/v1/responses")
-            shaper = rs.Shaper(body, oa.new_id("resp"), self.served.served_name)
-            parsed = oa.chat_request(chat, self.names, shaper.id, self.unknown)
+            rid = oa.new_id("resp")
+            parsed = oa.chat_request(chat, self.names, rid, self.unknown, self.served.tool_call_parser)
+            shaper = Shaper(body, rid, self.served.served_name, calls=parsed.tools is not None)
+            shape = oa.chat_body if parsed.tools is None else ToolCallShape(parsed.tools, oa.chat_body)
             reqs = [dataclasses.replace(r, timeout_s=request_timeout(request)) for r in parsed.answers]
             if not parsed.stream:
                 a = (await self.door.collect_all(reqs))[0]
-                return web.json_response(shaper.response(a.text, a.finish_reason,
-                                                         oa.usage(a.prompt_tokens, a.tokens, a.cached_tokens)))
-            events = _ResponseEvents(request, shaper)
+                use = oa.usage(a.prompt_tokens, a.tokens, a.cached_tokens)
+                choice = shape(shaper.id, shaper.model, a.text, a.finish_reason, use, chunk=False)["choices"][0]
+                message = choice["message"]
+                return web.json_response(shaper.whole(message["content"], message.get("tool_calls") or [],
+                                                      choice["finish_reason"], use))
+            events = _ResponseEvents(request, shaper, shape)
             async with contextlib.aclosing(self.door.answer_all(reqs)) as deltas:
                 await events.send(deltas)
         if events.resp is None:
@@ -204,35 +212,46 @@ class _Events:
 
 class _ResponseEvents:
     """One Responses API stream: its opening events with the first delta (so a refusal before it is
-    still an HTTP status), a text delta per piece, its closing events; a failure after the start is an
-    `error` event. A client that leaves cancels the request."""
+    still an HTTP status), then each piece of the chat reply's stream (`shape`: its text, its calls) as
+    Responses events, then the closing ones; a failure after the start is an `error` event. A client
+    that leaves cancels the request."""
 
-    def __init__(self, request, shaper: rs.Shaper):
-        self.request, self.shaper = request, shaper
+    def __init__(self, request, shaper: Shaper, shape):
+        self.request, self.shaper, self.shape = request, shaper, shape
         self.resp: web.StreamResponse | None = None
 
     async def send(self, deltas) -> None:
-        text, reason, seen = [], None, [0, 0, 0]  # prompt, completion and cached tokens
+        reason, seen = None, [0, 0, 0]  # prompt, completion and cached tokens
         try:
             async for d in deltas:
                 if self.resp is None:
                     self.resp = await _event_stream(self.request)
-                    for e in self.shaper.opening():
-                        await self._sse(e)
+                    await self._sse(self.shaper.opening())
                 _count(seen, d)
-                reason = d.finish_reason or reason
-                if d.text:
-                    text.append(d.text)
-                    await self._sse(self.shaper.delta(d.text))
-            for e in self.shaper.closing("".join(text), reason, oa.usage(*seen)):
-                await self._sse(e)
+                if not d.text and not d.finish_reason:
+                    continue
+                chunk = self.shape(self.shaper.id, self.shaper.model, d.text, d.finish_reason, None, chunk=True)
+                if chunk is not None:  # None: held (what may be a tool call)
+                    reason = chunk["choices"][0]["finish_reason"] or reason
+                    await self._sse(self._events(chunk["choices"][0]["delta"]))
+            await self._sse(self.shaper.closing(reason, oa.usage(*seen)))
         except TandemError as e:
             if self.resp is None:
                 raise
             with contextlib.suppress(*_GONE):
-                await self._sse(self.shaper.event("error", code=status_of(e).value, message=str(e), param=None))
+                await self._sse([self.shaper.event("error", code=status_of(e).value, message=str(e), param=None)])
         except _GONE:
             log.debug("client of %s disconnected after %d tokens; request cancelled", self.shaper.id, seen[1])
 
-    async def _sse(self, obj: dict) -> None:
-        await self.resp.write(f"event: {obj['type']}\ndata: ".encode() + json.dumps(obj).encode() + b"\n\n")
+    def _events(self, delta: dict) -> list[dict]:
+        """A chat chunk's delta as Responses events: its text, then its calls (new ones, or pieces of one)."""
+        events = self.shaper.text(delta["content"]) if delta.get("content") else []
+        for call in delta.get("tool_calls") or ():
+            fn = call["function"]
+            events += self.shaper.call(call["id"], fn["name"], fn.get("arguments") or "") if call.get("id") \
+                else self.shaper.arguments(fn.get("arguments") or "")
+        return events
+
+    async def _sse(self, events: list[dict]) -> None:
+        for obj in events:
+            await self.resp.write(f"event: {obj['type']}\ndata: ".encode() + json.dumps(obj).encode() + b"\n\n")

@@ -1,35 +1,33 @@
-"""OpenAI's Responses API (POST /v1/responses), text in and text out, as a codec over the chat door.
+"""OpenAI's Responses API (POST /v1/responses): its requests, read as the chat door's.
 
 A Responses request is read into the chat completions request it amounts to (`chat_request_of`), so it
-is prepared, admitted and served exactly as that chat is, by the same core; only the shapes differ:
+is prepared, admitted and served exactly as that chat is, by the same core; only the shapes differ
+(the replies: responses_shape.py):
 
-- `input`: a string (one user message) or a list of messages, `{"role", "content"}` with an optional
-  `"type": "message"`, content a string or `input_text` / `output_text` parts; `developer` is a system
-  message. `instructions` is a system message before them.
+- `input`: a string (one user message) or a list of items: messages, `{"role", "content"}` with an
+  optional `"type": "message"`, content a string or `input_text` / `output_text` parts (`developer` is
+  a system message); `function_call` items (`call_id`, `name`, `arguments`: an assistant's tool calls,
+  joined to the assistant message just before them, if any) and `function_call_output` items
+  (`call_id`, `output`: a tool message). `instructions` is a system message before them.
+- `tools` (function tools, `{"type": "function", "name", "description", "parameters"}`),
+  `tool_choice` ("none", "auto", "required", or `{"type": "function", "name"}`) and
+  `parallel_tool_calls` are chat's, so calls are made, forced and parsed as on the chat door.
 - `max_output_tokens` is max_tokens; `temperature`, `top_p` as in chat; vLLM's sampling fields (top_k,
   seed, min_p, guided_json, ...) too. `text.format` (`text`, `json_object`, `json_schema`) is chat's
   response_format.
-- Refused with a 400 naming the field: `tools` (non-empty), `previous_response_id`, `background: true`,
-  `truncation: "auto"`, a non-empty `include`, `top_logprobs` above 0, input items that are not text
-  messages. Responses are not stored: the reply says `"store": false`, whatever the request said.
-  `reasoning`, `parallel_tool_calls`, `stream_options` and bookkeeping (`metadata`, `user`, ...) change
-  nothing. Errors name the Responses fields (max_output_tokens, input, text), not chat's.
-- The reply: a `response` whose `output` is one assistant message of one `output_text` part; `status`
-  "completed", or "incomplete" with `incomplete_details.reason` "max_output_tokens" when the answer hit
-  it. Streamed: the Responses events (`response.created`, `response.in_progress`,
-  `response.output_item.added`, `response.content_part.added`, `response.output_text.delta`...,
-  `response.output_text.done`, `response.content_part.done`, `response.output_item.done`,
-  `response.completed`), each with its `sequence_number`; a failure after the stream began is an
-  `error` event.
+- Refused with a 400 naming the field: tools other than functions (hosted tools), `previous_response_id`,
+  `background: true`, `truncation: "auto"`, a non-empty `include`, `top_logprobs` above 0, input items
+  other than the above. Responses are not stored: the reply says `"store": false`, whatever the request
+  said. `reasoning`, `stream_options` and bookkeeping (`metadata`, `user`, ...) change nothing. Errors
+  name the Responses fields (max_output_tokens, input, text), not chat's.
 """
 
 from __future__ import annotations
 
 import contextlib
-import secrets
-import time
 
 from frontdoor.openai_fields import CHAT_FIELDS
+from frontdoor.openai_tools import FUNCTION_NAME
 from tandem.status import InvalidArgument, TandemError
 
 _SHAPE = {"model", "input", "instructions", "max_output_tokens", "temperature", "top_p", "stream", "store", "text",
@@ -52,7 +50,9 @@ def chat_request_of(body: dict) -> tuple[dict, list[str]]:
         if body.get("instructions") is not None else []
     messages += _messages(body.get("input"))
     chat = {"model": body.get("model"), "messages": messages, "max_tokens": body.get("max_output_tokens"),
-            "temperature": body.get("temperature"), "top_p": body.get("top_p"), "stream": body.get("stream")}
+            "temperature": body.get("temperature"), "top_p": body.get("top_p"), "stream": body.get("stream"),
+            "tools": [{"type": "function", "function": t} for t in _functions(body.get("tools"))],
+            "tool_choice": _tool_choice(body.get("tool_choice")), "parallel_tool_calls": body.get("parallel_tool_calls")}
     fmt = (body.get("text") or {}).get("format")
     if fmt is not None:
         chat["response_format"] = _response_format(fmt)
@@ -75,8 +75,7 @@ _RENAMED = {"max_tokens": "max_output_tokens", "messages": "input", "prompt": "i
 
 def _refuse(body: dict) -> None:
     """Fields whose values would change the answer in ways not served: refused, never ignored."""
-    refused = {"tools": "tools are not served on /v1/responses; send them to /v1/chat/completions",
-               "previous_response_id": "responses are not stored, so none can be continued; send the whole "
+    refused = {"previous_response_id": "responses are not stored, so none can be continued; send the whole "
                                        "conversation as input",
                "include": "include is not served (no logprobs, reasoning or tool outputs to add)"}
     for name, why in refused.items():
@@ -91,8 +90,6 @@ def _refuse(body: dict) -> None:
     if body.get("top_logprobs") not in (None, 0):
         raise InvalidArgument("top_logprobs: logprobs are not served on /v1/responses; use /v1/chat/completions",
                               "top_logprobs")
-    if body.get("tool_choice") not in (None, "none", "auto"):
-        raise InvalidArgument("tool_choice: there are no tools here; leave it out", "tool_choice")
     if not isinstance(body.get("text") or {}, dict):
         raise InvalidArgument("text must be an object such as {\"format\": {\"type\": \"text\"}}", "text")
     n = body.get("max_output_tokens")
@@ -100,18 +97,68 @@ def _refuse(body: dict) -> None:
         raise InvalidArgument(f"max_output_tokens must be an integer >= 1 or null, got {n!r}", "max_output_tokens")
 
 
+def _functions(tools) -> list[dict]:
+    """The request's function tools as chat's function objects ({"name", "description", "parameters"})."""
+    if tools in (None, []):
+        return []
+    if not isinstance(tools, list):
+        raise InvalidArgument("tools must be a list of function tools", "tools")
+    out, names = [], set()
+    for i, t in enumerate(tools):
+        if not isinstance(t, dict) or t.get("type") != "function":
+            raise InvalidArgument(f"tools[{i}]: only function tools ({{\"type\": \"function\", \"name\", \"parameters\"}}) "
+                                  f"are served, not hosted ones (web search, file search, MCP, ...)", "tools")
+        name = t.get("name")
+        if not isinstance(name, str) or not FUNCTION_NAME.fullmatch(name) or name in names:
+            raise InvalidArgument(f"tools[{i}].name must be a distinct name of 1-64 letters, digits, '_' or '-'", "tools")
+        names.add(name)
+        out.append({k: t[k] for k in ("name", "description", "parameters") if k in t})
+    return out
+
+
+def _tool_choice(choice):
+    """tool_choice in chat's form."""
+    if choice is None or choice in ("none", "auto", "required"):
+        return choice
+    if isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("name"), str):
+        return {"type": "function", "function": {"name": choice["name"]}}
+    raise InvalidArgument(f"tool_choice must be \"none\", \"auto\", \"required\" or {{\"type\": \"function\", "
+                          f"\"name\": ...}}, got {choice!r:.80}", "tool_choice")
+
+
 def _messages(items) -> list[dict]:
     if isinstance(items, str):
         return [{"role": "user", "content": items}]
     if not isinstance(items, list) or not items:
-        raise InvalidArgument("input must be a string or a non-empty list of messages", "input")
-    out = []
+        raise InvalidArgument("input must be a string or a non-empty list of items", "input")
+    out: list[dict] = []
     for i, m in enumerate(items):
-        if not isinstance(m, dict) or m.get("type", "message") != "message" or m.get("role") not in _ROLES:
-            raise InvalidArgument(f"input[{i}] must be a message {{\"role\": one of {sorted(_ROLES)}, \"content\"}}; "
-                                  f"other items (function calls and outputs, references) are not served", "input")
-        out.append({"role": _ROLES[m["role"]], "content": _text(m.get("content"), f"input[{i}].content")})
+        kind = m.get("type", "message") if isinstance(m, dict) else None
+        if kind == "function_call":
+            call = {"id": _field(m, "call_id", i), "type": "function",
+                    "function": {"name": _field(m, "name", i), "arguments": _field(m, "arguments", i)}}
+            if out and out[-1]["role"] == "assistant":
+                out[-1].setdefault("tool_calls", []).append(call)
+            else:
+                out.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        elif kind == "function_call_output":
+            out.append({"role": "tool", "tool_call_id": _field(m, "call_id", i),
+                        "content": _text(m.get("output"), f"input[{i}].output")})
+        elif kind == "message" and m.get("role") in _ROLES:
+            out.append({"role": _ROLES[m["role"]], "content": _text(m.get("content"), f"input[{i}].content")})
+        else:
+            raise InvalidArgument(f"input[{i}] must be a message {{\"role\": one of {sorted(_ROLES)}, \"content\"}}, "
+                                  f"a function_call or a function_call_output; other items (references, reasoning, "
+                                  f"hosted tools' calls) are not served", "input")
     return out
+
+
+def _field(item: dict, name: str, i: int) -> str:
+    value = item.get(name)
+    if not isinstance(value, str) or (not value and name != "arguments"):
+        raise InvalidArgument(f"input[{i}].{name} must be a{' non-empty' if name != 'arguments' else ''} string",
+                              "input")
+    return value
 
 
 def _text(content, where: str) -> str:
@@ -133,72 +180,3 @@ def _response_format(fmt) -> dict:
         return {"type": "json_schema", "json_schema": {k: fmt[k] for k in ("name", "schema", "strict") if k in fmt}}
     raise InvalidArgument("text.format must be {\"type\": \"text\"}, {\"type\": \"json_object\"} or {\"type\": "
                           "\"json_schema\", \"name\", \"schema\"}", "text")
-
-
-class Shaper:
-    """One response's objects: the whole reply, and the streamed events in order."""
-
-    def __init__(self, body: dict, rid: str, model: str):
-        self.body, self.id, self.model = body, rid, model
-        self.item = f"msg_{secrets.token_hex(12)}"
-        self.created, self.seq = int(time.time()), 0
-
-    def response(self, text: str | None, reason: str | None, usage: dict | None) -> dict:
-        """The response object: in progress (text None), or ended with `reason` (chat's finish reason)."""
-        done = text is not None
-        cut = reason == "length"
-        body = self.body
-        fmt = (body.get("text") or {}).get("format") or {"type": "text"}
-        return {"id": self.id, "object": "response", "created_at": self.created,
-                "status": ("incomplete" if cut else "completed") if done else "in_progress", "error": None,
-                "incomplete_details": {"reason": "max_output_tokens"} if cut else None,
-                "instructions": body.get("instructions"), "max_output_tokens": body.get("max_output_tokens"),
-                "model": self.model, "output": [self.message(text, reason)] if done else [],
-                "parallel_tool_calls": True, "previous_response_id": None, "reasoning": None, "store": False,
-                "temperature": body.get("temperature"), "top_p": body.get("top_p"), "text": {"format": fmt},
-                "tool_choice": body.get("tool_choice") or "auto", "tools": [], "truncation": "disabled",
-                "usage": _usage(usage) if usage else None, "metadata": body.get("metadata") or {},
-                "user": body.get("user")}
-
-    def message(self, text: str | None, reason: str | None) -> dict:
-        content = [] if text is None else [self.part(text)]
-        status = "in_progress" if text is None else "incomplete" if reason == "length" else "completed"
-        return {"type": "message", "id": self.item, "status": status, "role": "assistant", "content": content}
-
-    @staticmethod
-    def part(text: str) -> dict:
-        return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
-
-    def event(self, kind: str, **fields) -> dict:
-        out = {"type": kind, "sequence_number": self.seq} | fields
-        self.seq += 1
-        return out
-
-    def opening(self) -> list[dict]:
-        """The events before the first delta."""
-        where = {"item_id": self.item, "output_index": 0, "content_index": 0}
-        return [self.event("response.created", response=self.response(None, None, None)),
-                self.event("response.in_progress", response=self.response(None, None, None)),
-                self.event("response.output_item.added", output_index=0, item=self.message(None, None)),
-                self.event("response.content_part.added", **where, part=self.part(""))]
-
-    def delta(self, text: str) -> dict:
-        return self.event("response.output_text.delta", item_id=self.item, output_index=0, content_index=0,
-                          delta=text, logprobs=[])
-
-    def closing(self, text: str, reason: str | None, usage: dict) -> list[dict]:
-        where = {"item_id": self.item, "output_index": 0, "content_index": 0}
-        done = self.response(text, reason, usage)
-        return [self.event("response.output_text.done", **where, text=text, logprobs=[]),
-                self.event("response.content_part.done", **where, part=self.part(text)),
-                self.event("response.output_item.done", output_index=0, item=self.message(text, reason)),
-                self.event("response.incomplete" if done["status"] == "incomplete" else "response.completed",
-                           response=done)]
-
-
-def _usage(u: dict) -> dict:
-    """Chat's usage object in the Responses API's names."""
-    return {"input_tokens": u["prompt_tokens"], "output_tokens": u["completion_tokens"],
-            "total_tokens": u["total_tokens"],
-            "input_tokens_details": {"cached_tokens": u["prompt_tokens_details"]["cached_tokens"]},
-            "output_tokens_details": {"reasoning_tokens": 0}}

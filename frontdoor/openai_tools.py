@@ -17,7 +17,7 @@ from frontdoor.tool_parsers import PARSER_NAMES, CallReader, call_id, reader
 from tandem.guides import Guide, GuideKind
 from tandem.status import InvalidArgument
 
-_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # OpenAI's rule for function names
+FUNCTION_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # OpenAI's rule for function names
 _NO_ARGUMENTS = {"type": "object", "properties": {}}
 
 
@@ -76,7 +76,7 @@ def _functions(tools: tuple[dict, ...]) -> dict[str, dict]:
     for i, t in enumerate(tools):
         fn = t.get("function") if t.get("type") == "function" else None
         name = fn.get("name") if isinstance(fn, dict) else None
-        if not isinstance(name, str) or not _NAME.fullmatch(name) or name in out:
+        if not isinstance(name, str) or not FUNCTION_NAME.fullmatch(name) or name in out:
             raise InvalidArgument(f"tools[{i}] must be {{\"type\": \"function\", \"function\": {{\"name\": ...}}}} "
                                   f"with a distinct name of 1-64 letters, digits, '_' or '-'", "tools")
         params = fn.get("parameters", _NO_ARGUMENTS)

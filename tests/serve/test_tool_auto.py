@@ -5,7 +5,8 @@ calls (made to, here, by a regex guide in the Hermes format: the small default m
 call tools) comes back as OpenAI `tool_calls` with the engine's arguments, its words before the call as
 content, finish_reason "tool_calls", streamed and not. The same on stacks started with
 `--tool-call-parser llama3_json`, `pythonic` and `mistral`, whose answer is (or here is) the call
-itself. And each parser's reader, piece by piece, on the texts a model may write."""
+itself. The Responses API reads the same calls (as a message item and function_call items). And each
+parser's reader, piece by piece, on the texts a model may write."""
 
 from __future__ import annotations
 
@@ -61,6 +62,32 @@ def test_a_call_in_the_text_is_a_tool_call_with_the_engines_arguments(templated,
     assert [(streamed[0]["name"], json.loads(streamed[0]["arguments"]))] == [want] and list(streamed) == [0]
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "Checking."
     assert chunks[0].choices[0].delta.role == "assistant" and chunks[-1].choices[0].finish_reason == "tool_calls"
+
+
+def test_the_responses_api_reads_the_same_calls_in_the_text(templated, default_engine, built_engines):
+    """/v1/responses with function tools, "auto": the same text read the same way, as a message item
+    ("Checking.") then a function_call item, whole and streamed (each item closed before the next)."""
+    hermes, template, _ = templated
+    text = _engine_text(default_engine, built_engines, template, Guide(GuideKind.REGEX, CALL_REGEX), max_tokens=60,
+                        temperature=0.8, seed=4)
+    block = json.loads(text[text.index("<tool_call>") + len("<tool_call>"):text.index("</tool_call>")])
+    tools = [{"type": "function", **t["function"]} for t in (WEATHER, TIME)]
+    kw = dict(model=MODEL, input=ASK, tools=tools, max_output_tokens=60, temperature=0.8,
+              extra_body={"seed": 4, "guided_regex": CALL_REGEX})  # vLLM's fields, carried as on chat
+    got = hermes.responses.create(**kw)
+    assert [o.type for o in got.output] == ["message", "function_call"] and got.status == "completed"
+    assert got.output_text == "Checking." and got.output[1].name == "get_weather"
+    assert json.loads(got.output[1].arguments) == block["arguments"]
+    events = list(hermes.responses.create(stream=True, **kw))
+    kinds = [e.type for e in events if e.type not in ("response.output_text.delta",
+                                                      "response.function_call_arguments.delta")]
+    assert kinds == ["response.created", "response.in_progress",
+                     "response.output_item.added", "response.content_part.added",  # the message ...
+                     "response.output_text.done", "response.content_part.done", "response.output_item.done",
+                     "response.output_item.added", "response.function_call_arguments.done",  # ... then the call
+                     "response.output_item.done", "response.completed"]
+    final = events[-1].response
+    assert final.output_text == "Checking." and json.loads(final.output[1].arguments) == block["arguments"]
 
 
 # a call of get_weather with a city the model picks, as the whole answer: in each whole-answer format,

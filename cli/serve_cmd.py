@@ -75,7 +75,8 @@ def _env(name: str) -> dict:
 @click.option("--no-api-key", is_flag=True, default=None, **_env("NO_API_KEY"),
               help="Serve beyond loopback without API keys (anyone who reaches the doors may use them).")
 @click.option("--prefix-cache-per-api-key", is_flag=True, default=None, **_env("PREFIX_CACHE_PER_API_KEY"),
-              help="Each API key's requests share cached prefixes only among themselves (needs API keys).")
+              help="Each key holder's requests (keys of one name are one holder) share cached prefixes only among "
+                   "themselves (needs API keys).")
 @click.option("--tls-cert", default=None, **_env("TLS_CERT"), help="PEM certificate: both doors serve TLS.")
 @click.option("--tls-key", default=None, **_env("TLS_KEY"), help="PEM private key of --tls-cert.")
 @click.option("--tls-client-ca", default=None, **_env("TLS_CLIENT_CA"),

@@ -21,6 +21,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 from frontdoor.triton_metrics import TritonSeries
 from frontdoor.worker_metrics import WorkerCollector
+from tandem.request_context import api_key_name
 from tandem.status import Status
 
 _LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
@@ -63,6 +64,11 @@ class Metrics:
         self.requests = Counter("tandem_worker_requests", "Requests sent to a worker", ["worker", "role"], registry=r)
         self.prompt_tokens = Counter("tandem_prompt_tokens", "Prompt tokens of admitted requests", m, registry=r)
         self.tokens = Counter("tandem_output_tokens", "Tokens streamed to clients", m + ["mode"], registry=r)
+        # by caller: the name of the API key a request came with (frontdoor/api_keys.py); only with keys
+        self.key_prompt_tokens = Counter("tandem_api_key_prompt_tokens", "Prompt tokens of admitted requests, "
+                                         "by the name of their API key", ["api_key"], registry=r)
+        self.key_output_tokens = Counter("tandem_api_key_output_tokens", "Tokens streamed to clients, by the name "
+                                         "of their API key", ["api_key"], registry=r)
         self.finished = Counter("tandem_request_finished", "Requests that ended with a finish reason "
                                 "(stop, length)", m + ["reason"], registry=r)
         self.failures = Counter("tandem_request_failures", "Requests that ended in an error, refusals at the "
@@ -133,6 +139,8 @@ class RequestMeter:
 
     def __init__(self, metrics: Metrics, arrived: float):
         self.m, self.t0 = metrics, arrived
+        name = api_key_name()  # the caller, when the doors take keys: its tokens are counted under its name
+        self.by_key = (metrics.key_prompt_tokens.labels(name), metrics.key_output_tokens.labels(name)) if name else None
         self.first = self.last = None
         self.tokens, self.streaming, self.ended = 0, False, False
         self.m.waiting.labels(self.m.model).inc()
@@ -141,6 +149,8 @@ class RequestMeter:
     def admitted(self, prompt_tokens: int) -> None:
         self.m.in_flight.labels(self.m.model).inc()
         self.m.prompt_tokens.labels(self.m.model).inc(prompt_tokens)
+        if self.by_key:
+            self.by_key[0].inc(prompt_tokens)
         self.streaming = True
 
     def token(self) -> bool:
@@ -148,6 +158,8 @@ class RequestMeter:
         m, now = self.m, time.perf_counter()
         self.tokens += 1
         m.tokens.labels(m.model, m.mode).inc()
+        if self.by_key:
+            self.by_key[1].inc()
         if self.first is None:
             self.first = now
             m.ttft.labels(m.model, m.mode).observe(now - self.t0)

@@ -20,7 +20,8 @@ import grpc
 from tritonclient.grpc import service_pb2 as pb
 from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
-from frontdoor.auth import ApiKeys, GrpcKeyInterceptor
+from frontdoor.api_keys import ApiKeys
+from frontdoor.auth import GrpcKeyInterceptor
 from frontdoor.core import FrontDoor
 from frontdoor.kserve_codec import InferCall, decode_call, grpc_inputs, output_tensors, to_raw
 from frontdoor.model_contract import INPUTS, OUTPUTS

@@ -26,7 +26,8 @@ from collections.abc import Callable
 from aiohttp import web
 
 from frontdoor import openai_api as oa
-from frontdoor.auth import ApiKeys, http_middleware
+from frontdoor.api_keys import ApiKeys
+from frontdoor.auth import http_middleware
 from frontdoor.http_admin import add_admin_routes
 from frontdoor.http_generate import add_generate_routes
 from frontdoor.http_gate import Gate, Turnstile, arrived, generation_line, raw_response

@@ -52,7 +52,8 @@ def chat_request_of(body: dict) -> tuple[dict, list[str]]:
     chat = {"model": body.get("model"), "messages": messages, "max_tokens": body.get("max_output_tokens"),
             "temperature": body.get("temperature"), "top_p": body.get("top_p"), "stream": body.get("stream"),
             "tools": [{"type": "function", "function": t} for t in _functions(body.get("tools"))],
-            "tool_choice": _tool_choice(body.get("tool_choice")), "parallel_tool_calls": body.get("parallel_tool_calls")}
+            "tool_choice": _tool_choice(body.get("tool_choice")),
+            "parallel_tool_calls": body.get("parallel_tool_calls")}
     fmt = (body.get("text") or {}).get("format")
     if fmt is not None:
         chat["response_format"] = _response_format(fmt)
@@ -106,11 +107,13 @@ def _functions(tools) -> list[dict]:
     out, names = [], set()
     for i, t in enumerate(tools):
         if not isinstance(t, dict) or t.get("type") != "function":
-            raise InvalidArgument(f"tools[{i}]: only function tools ({{\"type\": \"function\", \"name\", \"parameters\"}}) "
-                                  f"are served, not hosted ones (web search, file search, MCP, ...)", "tools")
+            raise InvalidArgument(f"tools[{i}]: only function tools ({{\"type\": \"function\", \"name\", "
+                                  f"\"parameters\"}}) are served, not hosted ones (web search, file search, MCP, ...)",
+                                  "tools")
         name = t.get("name")
         if not isinstance(name, str) or not FUNCTION_NAME.fullmatch(name) or name in names:
-            raise InvalidArgument(f"tools[{i}].name must be a distinct name of 1-64 letters, digits, '_' or '-'", "tools")
+            raise InvalidArgument(f"tools[{i}].name must be a distinct name of 1-64 letters, digits, '_' or '-'",
+                                  "tools")
         names.add(name)
         out.append({k: t[k] for k in ("name", "description", "parameters") if k in t})
     return out

@@ -75,7 +75,8 @@ class Shaper:
                 "model": self.model, "output": [self._final(i, reason) for i in self.items] if done else [],
                 "parallel_tool_calls": body.get("parallel_tool_calls", True), "previous_response_id": None,
                 "reasoning": None, "store": False, "temperature": body.get("temperature"), "top_p": body.get("top_p"),
-                "text": {"format": fmt}, "tool_choice": body.get("tool_choice") or "auto", "tools": body.get("tools") or [],
+                "text": {"format": fmt}, "tool_choice": body.get("tool_choice") or "auto",
+                "tools": body.get("tools") or [],
                 "truncation": "disabled", "usage": _usage(usage) if usage else None,
                 "metadata": body.get("metadata") or {}, "user": body.get("user")}
 

@@ -21,7 +21,8 @@
     local_prefill_tokens: 0        # a decode worker lacking at most this many prompt tokens prefills them
                                    # itself, no prefill worker involved (conditional disaggregation; 0: never)
     prefix_cache: {enabled: true, prefill_pool_bytes: null,   # pages kept for reuse in every worker's pool
-                   per_api_key: false}   # true: each API key's requests share cached prefixes only among themselves
+                   per_api_key: false}   # true: each API key holder's requests share cached prefixes
+                                         # only among themselves
     chunk_tokens: 256              # chunked mode: prompt tokens mixed into each decode step
     front_door: {host: 127.0.0.1, grpc_port: 8001, http_port: 8000, model_name: ensemble,
                  served_model_name: null,   # OpenAI model id; null: the model's own name
@@ -94,7 +95,8 @@ class FrontDoor(_Strict):
     http_port: int = Field(8000, ge=0, le=65535)
     model_name: str = Field("ensemble", min_length=1)  # the Triton model name (gRPC, KServe HTTP)
     served_model_name: str | None = Field(None, min_length=1)  # the OpenAI model id (default: the model's name)
-    api_key_file: str | None = None  # API keys, one a line (frontdoor/auth.py); TANDEM_API_KEY adds one
+    # API keys, one a line with its holder's name if any (frontdoor/api_keys.py); TANDEM_API_KEY adds one
+    api_key_file: str | None = None
     no_api_key: bool = False  # serve beyond loopback without keys: only when said explicitly
     open_probes: bool = True  # health and metrics answer without a key
     tls: TlsFiles | None = None
@@ -158,7 +160,7 @@ class Tracing(_Strict):
 class PrefixCacheConfig(_Strict):
     enabled: bool = True  # off: a pool keeps no page after its request (every prompt is computed in full)
     prefill_pool_bytes: int | None = Field(None, ge=1 << 20)  # a prefill worker's own pool; null: the decode pool's
-    per_api_key: bool = False  # cached prefixes shared only among requests of one API key (frontdoor/auth.py)
+    per_api_key: bool = False  # cached prefixes shared only among one key holder's requests (frontdoor/api_keys.py)
 
 
 class Deployment(_Strict):

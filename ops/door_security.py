@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import grpc
 
 from control.worker_tls import WorkerTls, secret_refusal
-from frontdoor.auth import ApiKeyError, ApiKeys, resolve_keys
+from frontdoor.api_keys import ApiKeyError, ApiKeys, resolve_keys
 from frontdoor.tls import DoorTls, ServerTls, TlsError
 from ops.deployment import Deployment, DeploymentError
 
@@ -56,7 +56,7 @@ def door_security(dep: Deployment) -> DoorSecurity:
 
 def reload_doors(security: DoorSecurity, dep: Deployment) -> str:
     """SIGHUP: the running doors take the deployment's API keys and TLS files read again
-    (frontdoor/auth.py: ApiKeys.rotate; frontdoor/tls.py: DoorTls.reload); returns what changed, in words.
+    (frontdoor/api_keys.py: ApiKeys.rotate; frontdoor/tls.py: DoorTls.reload); returns what changed, in words.
     DeploymentError, and nothing changed, when either cannot be taken."""
     fd, said = dep.front_door, []
     try:

@@ -79,6 +79,8 @@ def log_access(method: str, route: str, status: int | str, started: float, recor
               "duration_ms": round((time.perf_counter() - started) * 1000, 1),
               "prompt_tokens": record.prompt_tokens if record else 0,
               "completion_tokens": record.completion_tokens if record else 0, "peer": peer}
+    if record is not None and record.api_key:
+        fields["api_key"] = record.api_key  # the key's name (frontdoor/api_keys.py), never the key
     text = " ".join(f"{k}={v}" for k, v in fields.items() if k not in ("method", "route", "status"))
     access_log.info("%s %s %s %s", method, route, status, text,
                     extra=dict(fields, request_id=record.request_id if record else ""))

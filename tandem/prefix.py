@@ -80,8 +80,8 @@ def tenant_salt(salt: bytes, cache_salt: str) -> bytes:
 
 
 def scoped_salt(scope: str, cache_salt: str) -> str:
-    """The cache salt a request is served under when its caller's cache scope is `scope` (an API key's id
-    under per-key isolation, frontdoor/auth.py; "" for none): its own `cache_salt` when there is no
+    """The cache salt a request is served under when its caller's cache scope is `scope` (its API key
+    holder's under per-key isolation, frontdoor/api_keys.py; "" for none): its own `cache_salt` when there is no
     scope, else the scope, followed by a digest of its own salt when it has one. Every salt under a scope
     starts with that scope and no client-chosen salt reaches the workers, so one caller cannot name
     another's pages. At most len(scope) + 33 characters.

@@ -23,7 +23,8 @@ class RequestRecord:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     traceparent: str = ""  # the client's W3C `traceparent` (HTTP header or gRPC metadata), if it sent one
-    cache_scope: str = ""  # whose cached prefixes it may share: its API key's id under per-key isolation, else ""
+    api_key: str = ""  # the name of the API key it presented (frontdoor/api_keys.py), "" without keys
+    cache_scope: str = ""  # whose cached prefixes it may share: its key's scope under per-key isolation, else ""
 
 
 _current: contextvars.ContextVar[RequestRecord | None] = contextvars.ContextVar("tandem_request", default=None)
@@ -64,13 +65,20 @@ def client_traceparent() -> str:
     return record.traceparent if record is not None else ""
 
 
-def set_cache_scope(scope: str) -> None:
-    """The current request shares cached prefixes only within `scope` (frontdoor/auth.py sets it).
-    Raises RuntimeError outside a request: an isolation that silently did nothing would be worse."""
+def set_caller(api_key: str, cache_scope: str) -> None:
+    """The current request came with the API key named `api_key`, and shares cached prefixes only within
+    `cache_scope` (frontdoor/auth.py sets both). Raises RuntimeError outside a request: an isolation
+    that silently did nothing would be worse."""
     record = _current.get()
     if record is None:
-        raise RuntimeError("a cache scope needs a current request (frontdoor/request_ids.py begins it first)")
-    record.cache_scope = scope
+        raise RuntimeError("a caller needs a current request (frontdoor/request_ids.py begins it first)")
+    record.api_key, record.cache_scope = api_key, cache_scope
+
+
+def api_key_name() -> str:
+    """The name of the current request's API key ("" when none, or outside a request)."""
+    record = _current.get()
+    return record.api_key if record is not None else ""
 
 
 def cache_scope() -> str:

@@ -8,6 +8,9 @@ the keys is refused and the running keys kept."""
 
 from __future__ import annotations
 
+import re
+import urllib.request
+
 import grpc
 import numpy as np
 import pytest
@@ -15,12 +18,13 @@ import tritonclient.grpc as grpcclient
 import yaml
 
 from engine.generate import run_generation
-from frontdoor.auth import ApiKeyError, ApiKeys
+from frontdoor.api_keys import ApiKeyError, ApiKeys, Caller, read_keys
 from tandem.sampling_params import SamplingParams
 from tests.conftest import sighup, start_serve, stop_serve
 from tests.serve.clients import ensemble_inputs, grpc_stream, post
 
 KEY_A, KEY_B = "tenant-a-key-0123456789", "tenant-b-key-0123456789"
+KEYS = f"{KEY_A} tenant-a\n{KEY_B} tenant-b\n"  # the key file: each key with its holder's name
 MAX_TOKENS = 8
 # each test's prompts start with words of their own, so no test finds pages another one cached
 PREAMBLE = ("you keep the harbour's tide tables and the names of every boat that ever moored at the "
@@ -30,7 +34,7 @@ PREAMBLE = ("you keep the harbour's tide tables and the names of every boat that
 @pytest.fixture(scope="module")
 def scoped(built_engines, tmp_path_factory):
     work = tmp_path_factory.mktemp("serve-key-scopes")
-    (work / "keys").write_text(f"{KEY_A}\n{KEY_B}\n")
+    (work / "keys").write_text(KEYS)
     (work / "dep.yaml").write_text(yaml.safe_dump({"front_door": {"api_key_file": str(work / "keys")},
                                                    "prefix_cache": {"per_api_key": True}}))
     s = start_serve(built_engines, work, "--config", str(work / "dep.yaml"))
@@ -95,6 +99,37 @@ def test_the_grpc_door_scopes_its_calls_to_their_key(scoped, default_engine):
     assert cached_a == 0 and cached_b > 0, (cached_a, cached_b)
 
 
+def key_counters(s) -> dict[tuple[str, str], float]:
+    """(prompt | output, key name) -> tokens, from the door's /metrics (open without a key)."""
+    with urllib.request.urlopen(s.http + "/metrics", timeout=30) as r:
+        text = r.read().decode()
+    return {(m.group(1), m.group(2)): float(m.group(3)) for m in
+            re.finditer(r'^tandem_api_key_(prompt|output)_tokens_total\{api_key="([^"]+)"\} (\S+)$', text, re.M)}
+
+
+def test_each_callers_tokens_are_counted_and_logged_under_its_keys_name(scoped):
+    before = key_counters(scoped)
+    status, body = post(scoped.http, "/v1/completions", {"prompt": "Name a boat.", "max_tokens": 5},
+                        headers={"Authorization": f"Bearer {KEY_B}", "X-Request-Id": "counted-b-1"})
+    assert status == 200
+    c = grpcclient.InferenceServerClient(scoped.grpc)
+    try:
+        out = c.infer("ensemble", ensemble_inputs(grpcclient, "Name a boat.", 4, False), request_id="counted-b-2",
+                      headers={"authorization": f"Bearer {KEY_B}", "x-request-id": "counted-b-2"})
+    finally:
+        c.close()
+    grpc_in, grpc_out = (int(np.asarray(out.as_numpy(n)).ravel()[0]) for n in ("num_input_tokens", "num_output_tokens"))
+    after = key_counters(scoped)
+    use = body["usage"]
+    assert after[("prompt", "tenant-b")] - before.get(("prompt", "tenant-b"), 0) == use["prompt_tokens"] + grpc_in
+    assert after[("output", "tenant-b")] - before.get(("output", "tenant-b"), 0) == use["completion_tokens"] + grpc_out
+    assert all(after[k] == v for k, v in before.items() if k[1] != "tenant-b")  # nobody else's
+    log = open(scoped.log_path).read()
+    lines = [ln for ln in log.splitlines() if "counted-b-" in ln and "tandem.access" in ln]
+    assert len(lines) == 2 and all("api_key=tenant-b" in ln for ln in lines), lines
+    assert KEY_B not in log and KEY_A not in log
+
+
 def reloaded(s, keys: str, says: str) -> None:
     """Write `keys` as the key file and reload (SIGHUP); the reload's log line says `says`."""
     s.key_file.write_text(keys)
@@ -121,26 +156,45 @@ def test_keys_rotate_on_sighup_and_a_broken_reload_keeps_the_running_ones(scoped
     """Last in this module: it rewrites the key file (and leaves it as it found it)."""
     key_c = "tenant-c-key-0123456789"
     assert status_with(scoped, key_c) == 401 and grpc_code_with(scoped, key_c) == grpc.StatusCode.UNAUTHENTICATED
-    reloaded(scoped, f"{KEY_A}\n{KEY_B}\n{key_c}\n", "reloaded: 3 API keys (1 new, 0 removed)")
+    key_a2 = "tenant-a-new-key-0123456789"  # tenant-a's next key, beside its current one
+    reloaded(scoped, KEYS + f"{key_c}\n{key_a2} tenant-a\n", "reloaded: 4 API keys (2 new, 0 removed)")
     assert status_with(scoped, key_c) == 200 and grpc_code_with(scoped, key_c) == grpc.StatusCode.OK
     prompt = "System: at the tide office, " + PREAMBLE + "User: When is high tide on Sunday?\nAssistant:"
-    assert complete(scoped, key_c, prompt)[1] == 0  # key A cached it: the new key's scope starts cold
+    assert complete(scoped, key_c, prompt)[1] == 0  # key A cached it: an unnamed new key's scope starts cold
+    assert complete(scoped, key_a2, prompt)[1] > 0  # tenant-a's new key shares tenant-a's scope: warm
     for broken, says in (("short\n", "at least 8 characters"), ("# every key removed\n", "no keys are configured")):
         reloaded(scoped, broken, "reload refused")
         assert says in scoped.log_tail(3)
         assert [status_with(scoped, k) for k in (KEY_A, key_c)] == [200, 200]
-    reloaded(scoped, f"{KEY_A}\n{KEY_B}\n", "reloaded: 2 API keys (0 new, 1 removed)")
+    reloaded(scoped, KEYS, "reloaded: 2 API keys (0 new, 2 removed)")
     assert status_with(scoped, key_c) == 401 and grpc_code_with(scoped, key_c) == grpc.StatusCode.UNAUTHENTICATED
     assert status_with(scoped, KEY_A) == 200 and grpc_code_with(scoped, KEY_B) == grpc.StatusCode.OK
 
 
 def test_a_rotation_that_would_change_more_than_the_keys_is_refused():
-    running = ApiKeys((b"k" * 8,), open_probes=True, per_key_cache=True)
+    running = ApiKeys((b"k" * 8,), ("tenant-k",), open_probes=True, per_key_cache=True)
     for new, says in ((None, "switching them off needs a restart"),
                       (ApiKeys((b"n" * 8,), open_probes=False, per_key_cache=True), "only with a restart"),
                       (ApiKeys((b"n" * 8,), open_probes=True, per_key_cache=False), "only with a restart")):
         with pytest.raises(ApiKeyError, match=says):
             running.rotate(new)
         assert running.keys == (b"k" * 8,)
-    assert running.rotate(ApiKeys((b"k" * 8, b"n" * 8), True, True)) == "2 API keys (1 new, 0 removed)"
-    assert running.accepted("Bearer " + "n" * 8) == b"n" * 8
+    assert running.rotate(ApiKeys((b"k" * 8, b"n" * 8), ("tenant-k", ""), open_probes=True,
+                                  per_key_cache=True)) == "2 API keys (1 new, 0 removed)"
+    assert running.caller("Bearer " + "k" * 8) == Caller("tenant-k", "name-tenant-k")
+    unnamed = running.caller("Bearer " + "n" * 8)
+    assert re.fullmatch(r"key-[0-9a-f]{8}", unnamed.name) and re.fullmatch(r"[0-9a-f]{32}", unnamed.scope)
+    assert running.caller("Bearer " + "x" * 8) is None and running.caller("Basic " + "k" * 8) is None
+
+
+def test_a_key_file_names_each_keys_holder_and_refuses_what_it_cannot_read(tmp_path):
+    f = tmp_path / "keys"
+    f.write_text(f"# holders\n{KEY_A} tenant-a\n\n{KEY_B}\n{'c' * 12} tenant-a\n")
+    assert read_keys(str(f), environ={}) == ((KEY_A.encode(), "tenant-a"), (KEY_B.encode(), ""),
+                                            (b"c" * 12, "tenant-a"))
+    assert read_keys(None, environ={"TANDEM_API_KEY": KEY_A})[0] == (KEY_A.encode(), "")
+    for bad in (f"{KEY_A} two names", f"{KEY_A} bad/name", "short tenant-a"):
+        f.write_text(bad + "\n")
+        with pytest.raises(ApiKeyError, match="at least 8 characters") as e:
+            read_keys(str(f), environ={})
+        assert KEY_A not in str(e.value)  # a key never appears in a message

@@ -33,6 +33,8 @@ from frontdoor.http_generate import add_generate_routes
 from frontdoor.http_gate import Gate, Turnstile, arrived, generation_line, raw_response
 from frontdoor.http_kserve import add_kserve_routes
 from frontdoor.http_openai import add_openai_routes
+from frontdoor.http_responses import add_responses_routes
+from frontdoor.response_store import ResponseStore
 from frontdoor.http_tokens import add_token_routes
 from frontdoor.protocol_status import http_headers, http_status
 from frontdoor.core import FrontDoor
@@ -84,9 +86,11 @@ def raw_refusal(refuse_if_closed: Callable[[int], None], ahead: int, path: str =
 
 
 class HttpFrontend:
-    def __init__(self, door: FrontDoor, max_body_bytes: int = MAX_BODY_BYTES, keys: ApiKeys | None = None):
+    def __init__(self, door: FrontDoor, max_body_bytes: int = MAX_BODY_BYTES, keys: ApiKeys | None = None,
+                 responses_kept: int = 0):
         """`keys`: only callers holding one are served (frontdoor/auth.py); every request gets an id and an
-        access line (frontdoor/request_ids.py)."""
+        access line (frontdoor/request_ids.py). `responses_kept`: how many /v1/responses responses are
+        kept for follow-ups (frontdoor/response_store.py)."""
         self.door, self.served = door, door.served
         self.service = door.service
         guard = [http_middleware(keys, error_response)] if keys is not None else []
@@ -97,6 +101,7 @@ class HttpFrontend:
         r.add_get("/health", self.health)
         r.add_get("/metrics", self.metrics)
         add_openai_routes(r, door)
+        add_responses_routes(r, door, ResponseStore(responses_kept))  # /v1/responses (frontdoor/http_responses.py)
         add_kserve_routes(r, door)
         add_generate_routes(r, door)  # Triton's generate extension and /stats (frontdoor/http_generate.py)
         add_admin_routes(r, door.service)  # POST /admin/flush (frontdoor/http_admin.py)

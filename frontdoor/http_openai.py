@@ -1,5 +1,5 @@
-"""The OpenAI-compatible routes: /v1/models[/{id}], /v1/completions, /v1/chat/completions, /v1/responses (SSE
-when streaming).
+"""The OpenAI-compatible routes: /v1/models[/{id}], /v1/completions, /v1/chat/completions (SSE when
+streaming); /v1/responses is http_responses.py, over the same chat reading and shaping.
 
 A codec over the front-door core (frontdoor/core.py): parse (openai_api.py), answer or collect, shape
 the reply. A request's answers (a batch of prompts, `n` each) are served concurrently
@@ -21,17 +21,15 @@ import logging
 from aiohttp import web
 
 from frontdoor import openai_api as oa
-from frontdoor import openai_responses as rs
 from frontdoor.core import FrontDoor
 from frontdoor.http_body import read_object, request_timeout
 from frontdoor.openai_fields import UnknownFields
 from frontdoor.openai_tokens import Shown, TokenTrail, chunk_extras, whole_extras
 from frontdoor.openai_tools import ToolCallShape
-from frontdoor.responses_shape import Shaper
 from tandem.status import Internal, TandemError, status_of
 
 log = logging.getLogger("tandem.http")
-_GONE = (ConnectionResetError, ConnectionError)
+GONE = (ConnectionResetError, ConnectionError)  # the client went away
 
 
 def add_openai_routes(router, door: FrontDoor) -> None:
@@ -40,7 +38,6 @@ def add_openai_routes(router, door: FrontDoor) -> None:
     router.add_get("/v1/models/{model}", api.model)
     router.add_post("/v1/completions", api.completions)
     router.add_post("/v1/chat/completions", api.chat)
-    router.add_post("/v1/responses", api.responses)
 
 
 class OpenAIRoutes:
@@ -78,34 +75,6 @@ class OpenAIRoutes:
         shape = oa.chat_body if parsed.tools is None else ToolCallShape(parsed.tools, oa.chat_body)
         return await self._answer(request, parsed, rid, shape, body, chat=True)
 
-    async def responses(self, request):
-        """OpenAI's Responses API: the chat request it amounts to (openai_responses.py), its answer shaped
-        as a response (responses_shape.py) from the chat reply it would have had."""
-        self.service.refuse_if_closed()
-        body = await read_object(request)
-        with rs.named_as_responses():
-            chat, extra = rs.chat_request_of(body)
-            if extra:
-                self.unknown.note(extra, "/v1/responses")
-            rid = oa.new_id("resp")
-            parsed = oa.chat_request(chat, self.names, rid, self.unknown, self.served.tool_call_parser)
-            shaper = Shaper(body, rid, self.served.served_name, calls=parsed.tools is not None)
-            shape = oa.chat_body if parsed.tools is None else ToolCallShape(parsed.tools, oa.chat_body)
-            reqs = [dataclasses.replace(r, timeout_s=request_timeout(request)) for r in parsed.answers]
-            if not parsed.stream:
-                a = (await self.door.collect_all(reqs))[0]
-                use = oa.usage(a.prompt_tokens, a.tokens, a.cached_tokens)
-                choice = shape(shaper.id, shaper.model, a.text, a.finish_reason, use, chunk=False)["choices"][0]
-                message = choice["message"]
-                return web.json_response(shaper.whole(message["content"], message.get("tool_calls") or [],
-                                                      choice["finish_reason"], use))
-            events = _ResponseEvents(request, shaper, shape)
-            async with contextlib.aclosing(self.door.answer_all(reqs)) as deltas:
-                await events.send(deltas)
-        if events.resp is None:
-            raise Internal(f"the answer of {shaper.id} ended before its first delta")
-        return events.resp
-
     def _trail(self, req, chat: bool, shown: Shown) -> TokenTrail | None:
         """The answer's token reports, when the request asked for any (openai_tokens.py)."""
         if not shown.any(req.logprobs):
@@ -134,19 +103,19 @@ class OpenAIRoutes:
         if events.resp is None:  # the core yields at least the delta with the finish reason
             raise Internal(f"the answer of {rid} ended before its first delta")
         if done:
-            with contextlib.suppress(*_GONE):
+            with contextlib.suppress(*GONE):
                 await events.resp.write(b"data: [DONE]\n\n")
                 await events.resp.write_eof()
         return events.resp
 
 
-async def _event_stream(request) -> web.StreamResponse:
+async def event_stream(request) -> web.StreamResponse:
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
     await resp.prepare(request)
     return resp
 
 
-def _count(seen: list[int], d) -> None:
+def count(seen: list[int], d) -> None:
     """One choice's prompt, completion and cached tokens, after delta `d`."""
     seen[:] = d.prompt_tokens, seen[1] + (d.token is not None), seen[2] or d.cached_tokens
 
@@ -174,9 +143,9 @@ class _Events:
         try:
             async for d in deltas:
                 if self.resp is None:
-                    self.resp = await _event_stream(self.request)
+                    self.resp = await event_stream(self.request)
                 seen, trail = counts[d.index], self.trails[d.index]
-                _count(seen, d)
+                count(seen, d)
                 if trail:
                     trail.add(d)
                 if not d.text and not d.finish_reason:
@@ -198,9 +167,9 @@ class _Events:
         except TandemError as e:
             if self.resp is None:
                 raise
-            with contextlib.suppress(*_GONE):
+            with contextlib.suppress(*GONE):
                 await self._sse(oa.error_body(str(e), kind="server_error") | {"status": status_of(e).value})
-        except _GONE:
+        except GONE:
             log.debug("client of %s disconnected after %d tokens; request cancelled", self.rid,
                       sum(c[1] for c in counts))
             return False
@@ -208,50 +177,3 @@ class _Events:
 
     async def _sse(self, obj: dict) -> None:
         await self.resp.write(b"data: " + json.dumps(obj).encode() + b"\n\n")
-
-
-class _ResponseEvents:
-    """One Responses API stream: its opening events with the first delta (so a refusal before it is
-    still an HTTP status), then each piece of the chat reply's stream (`shape`: its text, its calls) as
-    Responses events, then the closing ones; a failure after the start is an `error` event. A client
-    that leaves cancels the request."""
-
-    def __init__(self, request, shaper: Shaper, shape):
-        self.request, self.shaper, self.shape = request, shaper, shape
-        self.resp: web.StreamResponse | None = None
-
-    async def send(self, deltas) -> None:
-        reason, seen = None, [0, 0, 0]  # prompt, completion and cached tokens
-        try:
-            async for d in deltas:
-                if self.resp is None:
-                    self.resp = await _event_stream(self.request)
-                    await self._sse(self.shaper.opening())
-                _count(seen, d)
-                if not d.text and not d.finish_reason:
-                    continue
-                chunk = self.shape(self.shaper.id, self.shaper.model, d.text, d.finish_reason, None, chunk=True)
-                if chunk is not None:  # None: held (what may be a tool call)
-                    reason = chunk["choices"][0]["finish_reason"] or reason
-                    await self._sse(self._events(chunk["choices"][0]["delta"]))
-            await self._sse(self.shaper.closing(reason, oa.usage(*seen)))
-        except TandemError as e:
-            if self.resp is None:
-                raise
-            with contextlib.suppress(*_GONE):
-                await self._sse([self.shaper.event("error", code=status_of(e).value, message=str(e), param=None)])
-        except _GONE:
-            log.debug("client of %s disconnected after %d tokens; request cancelled", self.shaper.id, seen[1])
-
-    def _events(self, delta: dict) -> list[dict]:
-        """A chat chunk's delta as Responses events: its text, then its calls (new ones, or pieces of one)."""
-        events = self.shaper.text(delta["content"]) if delta.get("content") else []
-        for call in delta.get("tool_calls") or ():
-            fn = call["function"]
-            events += self.shaper.call(call["id"], fn["name"], fn.get("arguments") or "") if call.get("id") \
-                else self.shaper.arguments(fn.get("arguments") or "")
-        return events
-
-    async def _sse(self, events: list[dict]) -> None:
-        for obj in events:
-            await self.resp.write(f"event: {obj['type']}\ndata: ".encode() + json.dumps(obj).encode() + b"\n\n")

@@ -17,9 +17,10 @@ is prepared, admitted and served exactly as that chat is, by the same core; only
   response_format.
 - Refused with a 400 naming the field: tools other than functions (hosted tools), `previous_response_id`,
   `background: true`, `truncation: "auto"`, a non-empty `include`, `top_logprobs` above 0, input items
-  other than the above. Responses are not stored: the reply says `"store": false`, whatever the request
-  said. `reasoning`, `stream_options` and bookkeeping (`metadata`, `user`, ...) change nothing. Errors
-  name the Responses fields (max_output_tokens, input, text), not chat's.
+  other than the above. `previous_response_id` continues a kept response's conversation (its
+  instructions aside), where the server keeps responses (response_store.py). `reasoning`,
+  `stream_options` and bookkeeping (`metadata`, `user`, ...) change nothing. Errors name the Responses
+  fields (max_output_tokens, input, text), not chat's.
 """
 
 from __future__ import annotations
@@ -43,12 +44,13 @@ _CARRIED = CHAT_FIELDS - {"model", "messages", "max_tokens", "max_completion_tok
 _ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
 
 
-def chat_request_of(body: dict) -> tuple[dict, list[str]]:
-    """(the chat completions body this Responses request amounts to, its fields neither shape knows)."""
+def chat_request_of(body: dict, earlier: tuple[dict, ...] = ()) -> tuple[dict, list[str]]:
+    """(the chat completions body this Responses request amounts to, its fields neither shape knows).
+    `earlier`: the chat messages of the conversation it continues (its previous response's)."""
     _refuse(body)
     messages = [{"role": "system", "content": _text(body["instructions"], "instructions")}] \
         if body.get("instructions") is not None else []
-    messages += _messages(body.get("input"))
+    messages += [*earlier, *_messages(body.get("input"))]
     chat = {"model": body.get("model"), "messages": messages, "max_tokens": body.get("max_output_tokens"),
             "temperature": body.get("temperature"), "top_p": body.get("top_p"), "stream": body.get("stream"),
             "tools": [{"type": "function", "function": t} for t in _functions(body.get("tools"))],
@@ -59,6 +61,12 @@ def chat_request_of(body: dict) -> tuple[dict, list[str]]:
         chat["response_format"] = _response_format(fmt)
     chat |= {k: v for k, v in body.items() if k in _CARRIED}
     return chat, sorted(set(body) - FIELDS - _CARRIED)
+
+
+def asked(chat: dict, body: dict) -> tuple[dict, ...]:
+    """The conversation a follow-up of this request continues, before its answer: the chat's messages
+    without the request's instructions (they do not carry over)."""
+    return tuple(chat["messages"][1:] if body.get("instructions") is not None else chat["messages"])
 
 
 @contextlib.contextmanager
@@ -76,12 +84,9 @@ _RENAMED = {"max_tokens": "max_output_tokens", "messages": "input", "prompt": "i
 
 def _refuse(body: dict) -> None:
     """Fields whose values would change the answer in ways not served: refused, never ignored."""
-    refused = {"previous_response_id": "responses are not stored, so none can be continued; send the whole "
-                                       "conversation as input",
-               "include": "include is not served (no logprobs, reasoning or tool outputs to add)"}
-    for name, why in refused.items():
-        if body.get(name) not in (None, [], ""):
-            raise InvalidArgument(f"{name}: {why}", name)
+    if body.get("include") not in (None, []):
+        raise InvalidArgument("include: include is not served (no logprobs, reasoning or tool outputs to add)",
+                              "include")
     if body.get("background") not in (None, False):
         raise InvalidArgument("background: responses are answered in the request, never in the background",
                               "background")

@@ -47,10 +47,10 @@ def part(text: str) -> dict:
 class Shaper:
     """One response: its items as the answer makes them, the whole reply, and the streamed events."""
 
-    def __init__(self, body: dict, rid: str, model: str, calls: bool):
+    def __init__(self, body: dict, rid: str, model: str, calls: bool, stored: bool = False):
         """`body`: the Responses request (its settings are echoed); `calls`: whether the answer may make
-        function calls (else it is always one message)."""
-        self.body, self.id, self.model, self.calls = body, rid, model, calls
+        function calls (else it is always one message); `stored`: whether the response is kept."""
+        self.body, self.id, self.model, self.calls, self.stored = body, rid, model, calls, stored
         self.created, self.seq = int(time.time()), 0
         self.items: list[_Item] = []
         self._open: _Item | None = None  # streaming: the item being written
@@ -73,12 +73,22 @@ class Shaper:
                 "incomplete_details": {"reason": "max_output_tokens"} if cut else None,
                 "instructions": body.get("instructions"), "max_output_tokens": body.get("max_output_tokens"),
                 "model": self.model, "output": [self._final(i, reason) for i in self.items] if done else [],
-                "parallel_tool_calls": body.get("parallel_tool_calls", True), "previous_response_id": None,
-                "reasoning": None, "store": False, "temperature": body.get("temperature"), "top_p": body.get("top_p"),
+                "parallel_tool_calls": body.get("parallel_tool_calls", True),
+                "previous_response_id": body.get("previous_response_id"), "reasoning": None, "store": self.stored,
+                "temperature": body.get("temperature"), "top_p": body.get("top_p"),
                 "text": {"format": fmt}, "tool_choice": body.get("tool_choice") or "auto",
                 "tools": body.get("tools") or [],
                 "truncation": "disabled", "usage": _usage(usage) if usage else None,
                 "metadata": body.get("metadata") or {}, "user": body.get("user")}
+
+    def answer(self) -> dict:
+        """The answer as the chat assistant message it was: its text and its calls (a follow-up's history)."""
+        text = "".join(i.text for i in self.items if i.kind == "message")
+        calls = [{"id": i.call_id, "type": "function", "function": {"name": i.name, "arguments": i.text}}
+                 for i in self.items if i.kind == "function_call"]
+        if not calls:
+            return {"role": "assistant", "content": text}
+        return {"role": "assistant", "content": text or None, "tool_calls": calls}
 
     def event(self, kind: str, **fields) -> dict:
         out = {"type": kind, "sequence_number": self.seq} | fields

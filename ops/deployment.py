@@ -31,7 +31,8 @@
                  open_probes: true,         # /health, /metrics, gRPC ServerLive/Ready without a key
                  tls: null,                 # {cert, key, client_ca}: both doors serve TLS (frontdoor/tls.py)
                  chat_template: null,       # a Jinja file, or one of the model's named templates; null: its own
-                 tool_call_parser: null}    # hermes, llama3_json, pythonic, mistral: "auto" tool calls; null: refused
+                 tool_call_parser: null,    # hermes, llama3_json, pythonic, mistral: "auto" tool calls; null: refused
+                 responses_kept: 0}         # /v1/responses kept in memory for previous_response_id (0: none)
     worker_tls: null               # {ca, server_name, cert, key}: TLS to the workers (control/worker_tls.py);
                                    # cert/key: what the local workers serve with
     limits: {max_in_flight: 64, max_queued_tokens: 32768, request_timeout_s: 600}
@@ -102,6 +103,7 @@ class FrontDoor(_Strict):
     tls: TlsFiles | None = None
     chat_template: str | None = Field(None, min_length=1)  # a Jinja file or a named template (default: the model's)
     tool_call_parser: Literal[PARSER_NAMES] | None = None  # the model's tool-call format (frontdoor/tool_parsers.py)
+    responses_kept: int = Field(0, ge=0, le=100_000)  # /v1/responses kept for follow-ups (frontdoor/response_store.py)
 
 
 class TlsFiles(_Strict):

@@ -216,8 +216,8 @@ class Stack:
         try:
             self.grpc = await start_grpc(TritonProtocolServicer(door), fd.host, fd.grpc_port,
                                          security.grpc_credentials, security.keys)
-            self.http = await start_http(HttpFrontend(door, lim.max_body_bytes, security.keys), fd.host,
-                                         fd.http_port, security.ssl_context)
+            self.http = await start_http(HttpFrontend(door, lim.max_body_bytes, security.keys, fd.responses_kept),
+                                         fd.host, fd.http_port, security.ssl_context)
         except OSError as e:  # taken since the check at the start
             raise DeploymentError(e.strerror or str(e)) from None
         self.served = served

@@ -1,0 +1,146 @@
+"""POST /v1/responses, GET and DELETE /v1/responses/{id}: OpenAI's Responses API over the chat door.
+
+A request is read into the chat it amounts to (openai_responses.py: after the conversation of its
+`previous_response_id`, when the server keeps responses: response_store.py), served by the core like
+that chat, and the chat reply it would have had (text, tool calls; openai_api.chat_body or
+openai_tools.ToolCallShape) is reshaped into the response's items (responses_shape.py), whole or as
+Responses events. A response made with `store` (the default) on a server that keeps responses is
+kept for its caller; GET reads it back, DELETE drops it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+
+from aiohttp import web
+
+from frontdoor import openai_api as oa
+from frontdoor import openai_responses as rs
+from frontdoor.core import FrontDoor
+from frontdoor.http_body import read_object, request_timeout
+from frontdoor.http_openai import GONE, count, event_stream
+from frontdoor.openai_fields import UnknownFields
+from frontdoor.openai_tools import ToolCallShape
+from frontdoor.response_store import Kept, ResponseStore
+from frontdoor.responses_shape import Shaper
+from tandem.request_context import api_key_name
+from tandem.status import Internal, InvalidArgument, TandemError, status_of
+
+log = logging.getLogger("tandem.http")
+
+
+def add_responses_routes(router, door: FrontDoor, store: ResponseStore) -> None:
+    api = ResponsesRoutes(door, store, UnknownFields())
+    router.add_post("/v1/responses", api.create)
+    router.add_get("/v1/responses/{id}", api.read)
+    router.add_delete("/v1/responses/{id}", api.delete)
+
+
+class ResponsesRoutes:
+    def __init__(self, door: FrontDoor, store: ResponseStore, unknown: UnknownFields):
+        self.door, self.store, self.unknown = door, store, unknown
+        self.served = door.served
+        self.names = (self.served.served_name, self.served.triton_name)
+
+    async def read(self, request):
+        return web.json_response(self.store.get(request.match_info["id"], api_key_name()).response)
+
+    async def delete(self, request):
+        rid = request.match_info["id"]
+        self.store.delete(rid, api_key_name())
+        return web.json_response({"id": rid, "object": "response", "deleted": True})
+
+    async def create(self, request):
+        self.door.service.refuse_if_closed()
+        body = await read_object(request)
+        with rs.named_as_responses():
+            earlier = self._earlier(body.get("previous_response_id"))
+            chat, extra = rs.chat_request_of(body, earlier)
+            if extra:
+                self.unknown.note(extra, "/v1/responses")
+            rid = oa.new_id("resp")
+            parsed = oa.chat_request(chat, self.names, rid, self.unknown, self.served.tool_call_parser)
+            keep = bool(self.store.capacity) and body.get("store") is not False
+            shaper = Shaper(body, rid, self.served.served_name, calls=parsed.tools is not None, stored=keep)
+            shape = oa.chat_body if parsed.tools is None else ToolCallShape(parsed.tools, oa.chat_body)
+            reqs = [dataclasses.replace(r, timeout_s=request_timeout(request)) for r in parsed.answers]
+            if not parsed.stream:
+                a = (await self.door.collect_all(reqs))[0]
+                use = oa.usage(a.prompt_tokens, a.tokens, a.cached_tokens)
+                choice = shape(rid, shaper.model, a.text, a.finish_reason, use, chunk=False)["choices"][0]
+                message = choice["message"]
+                done = shaper.whole(message["content"], message.get("tool_calls") or [], choice["finish_reason"], use)
+            else:
+                events = _ResponseEvents(request, shaper, shape)
+                async with contextlib.aclosing(self.door.answer_all(reqs)) as deltas:
+                    done = await events.send(deltas)
+        if keep and done is not None:
+            self.store.put(rid, Kept(api_key_name(), (*rs.asked(chat, body), shaper.answer()), done))
+        if not parsed.stream:
+            return web.json_response(done)
+        if events.resp is None:
+            raise Internal(f"the answer of {rid} ended before its first delta")
+        return events.resp
+
+    def _earlier(self, previous) -> tuple[dict, ...]:
+        """The conversation a follow-up continues: its previous response's, or none."""
+        if previous is None:
+            return ()
+        if not isinstance(previous, str):
+            raise InvalidArgument(f"previous_response_id must be a response's id (a string), got {previous!r:.80}",
+                                  "previous_response_id")
+        return self.store.get(previous, api_key_name(), "previous_response_id").conversation
+
+
+class _ResponseEvents:
+    """One Responses API stream: its opening events with the first delta (so a refusal before it is
+    still an HTTP status), then each piece of the chat reply's stream (`shape`: its text, its calls) as
+    Responses events, then the closing ones; a failure after the start is an `error` event. A client
+    that leaves cancels the request."""
+
+    def __init__(self, request, shaper: Shaper, shape):
+        self.request, self.shaper, self.shape = request, shaper, shape
+        self.resp: web.StreamResponse | None = None
+
+    async def send(self, deltas) -> dict | None:
+        """Write the events; the whole response once it ended well, else None."""
+        reason, seen = None, [0, 0, 0]  # prompt, completion and cached tokens
+        try:
+            async for d in deltas:
+                if self.resp is None:
+                    self.resp = await event_stream(self.request)
+                    await self._sse(self.shaper.opening())
+                count(seen, d)
+                if not d.text and not d.finish_reason:
+                    continue
+                chunk = self.shape(self.shaper.id, self.shaper.model, d.text, d.finish_reason, None, chunk=True)
+                if chunk is not None:  # None: held (what may be a tool call)
+                    reason = chunk["choices"][0]["finish_reason"] or reason
+                    await self._sse(self._events(chunk["choices"][0]["delta"]))
+            closing = self.shaper.closing(reason, oa.usage(*seen))
+            await self._sse(closing)
+            return closing[-1]["response"]
+        except TandemError as e:
+            if self.resp is None:
+                raise
+            with contextlib.suppress(*GONE):
+                await self._sse([self.shaper.event("error", code=status_of(e).value, message=str(e), param=None)])
+        except GONE:
+            log.debug("client of %s disconnected after %d tokens; request cancelled", self.shaper.id, seen[1])
+        return None
+
+    def _events(self, delta: dict) -> list[dict]:
+        """A chat chunk's delta as Responses events: its text, then its calls (new ones, or pieces of one)."""
+        events = self.shaper.text(delta["content"]) if delta.get("content") else []
+        for call in delta.get("tool_calls") or ():
+            fn = call["function"]
+            events += self.shaper.call(call["id"], fn["name"], fn.get("arguments") or "") if call.get("id") \
+                else self.shaper.arguments(fn.get("arguments") or "")
+        return events
+
+    async def _sse(self, events: list[dict]) -> None:
+        for obj in events:
+            await self.resp.write(f"event: {obj['type']}\ndata: ".encode() + json.dumps(obj).encode() + b"\n\n")

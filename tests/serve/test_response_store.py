@@ -1,0 +1,132 @@
+"""Kept responses (front_door.responses_kept) on a real stack with two API keys: a follow-up
+(`previous_response_id`) is answered as the whole conversation would be on the chat door, tool calls
+and their outputs included, whole and streamed; GET and DELETE /v1/responses/{id}; each response is
+its caller's alone; the oldest is dropped past the limit; `store: false` keeps nothing. And the store
+itself, without a server."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from frontdoor.response_store import Kept, ResponseStore
+from tandem.status import InvalidArgument, NotFound
+from tests.conftest import start_serve, stop_serve
+from tests.serve.test_tool_calls import ASK as TOOL_ASK
+from tests.serve.test_tool_calls import TIME, WEATHER
+
+openai = pytest.importorskip("openai")
+
+MODEL = "smollm2-135m"
+KEY_A, KEY_B = "holder-a-key-0123456789", "holder-b-key-0123456789"
+TOOLS = [{"type": "function", **t["function"]} for t in (WEATHER, TIME)]
+KEPT = 3
+
+
+@pytest.fixture(scope="module")
+def kept(built_engines, tmp_path_factory):
+    work = tmp_path_factory.mktemp("serve-kept-responses")
+    (work / "keys").write_text(f"{KEY_A} holder-a\n{KEY_B} holder-b\n")
+    (work / "dep.yaml").write_text(yaml.safe_dump({"front_door": {"api_key_file": str(work / "keys"),
+                                                                  "responses_kept": KEPT}}))
+    s = start_serve(built_engines, work, "--config", str(work / "dep.yaml"))
+    yield s
+    stop_serve(s)
+
+
+@pytest.fixture(scope="module")
+def clients(kept):
+    made = [openai.OpenAI(base_url=kept.http + "/v1", api_key=k, max_retries=0, timeout=120) for k in (KEY_A, KEY_B)]
+    yield made
+    for c in made:
+        c.close()
+
+
+def test_a_follow_up_is_answered_as_the_whole_conversation_on_the_chat_door(clients):
+    a, _ = clients
+    first = a.responses.create(model=MODEL, input="My name is Ada. Greet me.", instructions="Be brief.",
+                               max_output_tokens=12, temperature=0)
+    assert first.store
+    follow = a.responses.create(model=MODEL, previous_response_id=first.id, input="What is my name?",
+                                max_output_tokens=12, temperature=0)
+    chat = a.chat.completions.create(model=MODEL, max_tokens=12, temperature=0, messages=[  # instructions do not carry
+        {"role": "user", "content": "My name is Ada. Greet me."}, {"role": "assistant", "content": first.output_text},
+        {"role": "user", "content": "What is my name?"}])
+    assert follow.output_text == chat.choices[0].message.content and follow.previous_response_id == first.id
+    assert follow.usage.input_tokens == chat.usage.prompt_tokens
+    with a.responses.stream(model=MODEL, previous_response_id=follow.id, input="Say it again.",
+                            max_output_tokens=8, temperature=0) as stream:
+        streamed = list(stream)[-1].response  # completed or (cut at 8 tokens) incomplete: kept either way
+    again = a.responses.create(model=MODEL, previous_response_id=streamed.id, input="Once more.", max_output_tokens=8,
+                               temperature=0)  # the streamed one was kept too
+    chat = a.chat.completions.create(model=MODEL, max_tokens=8, temperature=0, messages=[
+        {"role": "user", "content": "My name is Ada. Greet me."}, {"role": "assistant", "content": first.output_text},
+        {"role": "user", "content": "What is my name?"}, {"role": "assistant", "content": follow.output_text},
+        {"role": "user", "content": "Say it again."}, {"role": "assistant", "content": streamed.output_text},
+        {"role": "user", "content": "Once more."}])
+    assert again.output_text == chat.choices[0].message.content
+
+
+def test_a_call_and_its_output_continue_the_conversation(clients):
+    a, _ = clients
+    called = a.responses.create(model=MODEL, input=TOOL_ASK, tools=TOOLS, tool_choice="required",
+                                max_output_tokens=120, temperature=0, parallel_tool_calls=False)
+    call = called.output[0]
+    assert call.type == "function_call" and len(called.output) == 1
+    follow = a.responses.create(model=MODEL, previous_response_id=called.id, tools=TOOLS, tool_choice="none",
+                                input=[{"type": "function_call_output", "call_id": call.call_id,
+                                        "output": "18 degrees, sunny"}], max_output_tokens=16, temperature=0)
+    chat = a.chat.completions.create(model=MODEL, tools=[WEATHER, TIME], tool_choice="none", max_tokens=16,
+                                     temperature=0, messages=TOOL_ASK + [
+                                         {"role": "assistant", "content": None, "tool_calls": [{
+                                             "id": call.call_id, "type": "function",
+                                             "function": {"name": call.name, "arguments": call.arguments}}]},
+                                         {"role": "tool", "tool_call_id": call.call_id, "content": "18 degrees, sunny"}])
+    assert follow.output_text == chat.choices[0].message.content and follow.output_text
+
+
+def test_a_kept_response_is_its_callers_alone_and_can_be_read_and_deleted(clients):
+    a, b = clients
+    made = a.responses.create(model=MODEL, input="Name a colour.", max_output_tokens=4, temperature=0)
+    read = a.responses.retrieve(made.id)
+    assert (read.id, read.output_text, read.usage.output_tokens) == (made.id, made.output_text, made.usage.output_tokens)
+    with pytest.raises(openai.NotFoundError):
+        b.responses.retrieve(made.id)  # holder-b's key: as if it never existed
+    with pytest.raises(openai.NotFoundError) as e:
+        b.responses.create(model=MODEL, previous_response_id=made.id, input="And another?", max_output_tokens=4)
+    assert e.value.body["param"] == "previous_response_id"
+    a.responses.delete(made.id)
+    with pytest.raises(openai.NotFoundError):
+        a.responses.retrieve(made.id)
+    unkept = a.responses.create(model=MODEL, input="Name a colour.", max_output_tokens=4, temperature=0, store=False)
+    assert not unkept.store
+    with pytest.raises(openai.NotFoundError):
+        a.responses.retrieve(unkept.id)
+
+
+def test_past_the_limit_the_oldest_is_dropped(clients):
+    a, _ = clients
+    ids = [a.responses.create(model=MODEL, input=f"Count to {i}.", max_output_tokens=2, temperature=0).id
+           for i in range(KEPT + 1)]
+    with pytest.raises(openai.NotFoundError):
+        a.responses.retrieve(ids[0])
+    assert [a.responses.retrieve(i).id for i in ids[1:]] == ids[1:]
+
+
+def test_the_store_keeps_the_last_ones_per_owner_and_none_when_off():
+    store = ResponseStore(2)
+    for i in range(3):
+        store.put(f"r{i}", Kept("a", ({"role": "user", "content": str(i)},), {"id": f"r{i}"}))
+    with pytest.raises(NotFound):
+        store.get("r0", "a")
+    assert store.get("r2", "a").response == {"id": "r2"}
+    with pytest.raises(NotFound, match="another API key's"):
+        store.get("r2", "b")
+    store.delete("r2", "a")
+    with pytest.raises(NotFound):
+        store.delete("r2", "a")
+    with pytest.raises(InvalidArgument, match="not kept by this server") as e:
+        ResponseStore(0).get("r1", "", "previous_response_id")
+    assert e.value.param == "previous_response_id"
+    with pytest.raises(NotFound):
+        ResponseStore(0).get("r1", "")

@@ -3,13 +3,15 @@
 Two limits, both deployment keys: requests in flight (being tokenized, or admitted and not finished), and prompt tokens
 queued (admitted requests that have not had their first token yet: the prefill backlog). A request
 over either is refused before any worker sees it, so an overload burst costs the accepted requests
-nothing and memory stays bounded.
+nothing and memory stays bounded. A third, optional, is per caller: the requests one API key holder
+may have in flight (`limits.max_in_flight_per_key`), so one tenant's burst leaves the others room.
 """
 
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 
 from tandem.status import InvalidArgument, ResourceExhausted
 
@@ -21,13 +23,19 @@ class Admission:
     in_flight: int = 0
     queued_tokens: int = 0
     preparing: int = 0  # passed `check`, being tokenized, not yet admitted (or refused)
+    max_in_flight_per_key: int | None = None  # admitted requests of one API key holder; None: no limit of its own
+    by_caller: Counter = field(default_factory=Counter)  # caller (the key's name) -> its admitted requests
 
-    def check_size(self, answers: int) -> None:
-        """Refuse, as a client error, a request of more answers than may ever be in flight at once:
-        waiting and retrying could never admit it."""
+    def check_size(self, answers: int, caller: str = "") -> None:
+        """Refuse, as a client error, a request of more answers than may ever be in flight at once (for
+        `caller`, the name of its API key, if any): waiting and retrying could never admit it."""
         if answers > self.max_in_flight:
             raise InvalidArgument(f"the request asks for {answers} answers at once; this server admits at most "
                                   f"{self.max_in_flight} requests at a time (limits.max_in_flight)")
+        if caller and self.max_in_flight_per_key and answers > self.max_in_flight_per_key:
+            raise InvalidArgument(f"the request asks for {answers} answers at once; this server admits at most "
+                                  f"{self.max_in_flight_per_key} requests of one API key holder at a time "
+                                  f"(limits.max_in_flight_per_key)")
 
     def check(self, ahead: int = 0) -> None:
         """Refuse at once, before any work (tokenizing) is spent on a request that cannot be admitted.
@@ -49,21 +57,28 @@ class Admission:
         finally:
             self.preparing -= 1
 
-    def admit(self, prompt_tokens: int) -> "Ticket":
+    def admit(self, prompt_tokens: int, caller: str = "") -> "Ticket":
+        """Admit a prepared request of `caller` (the name of its API key; "" without keys), or refuse it."""
         self.check()
         if self.queued_tokens and self.queued_tokens + prompt_tokens > self.max_queued_tokens:
             raise ResourceExhausted(f"{self.queued_tokens} prompt tokens are queued (limit {self.max_queued_tokens}); "
                                     f"retry after a moment")
+        mine = self.by_caller[caller] if caller else 0
+        if caller and self.max_in_flight_per_key and mine >= self.max_in_flight_per_key:
+            raise ResourceExhausted(f"API key holder {caller!r} has {mine} requests in flight, the most one holder "
+                                    f"may have (limits.max_in_flight_per_key); retry after a moment")
         self.in_flight += 1
         self.queued_tokens += prompt_tokens
-        return Ticket(self, prompt_tokens)
+        if caller:
+            self.by_caller[caller] += 1
+        return Ticket(self, prompt_tokens, caller)
 
 
 class Ticket:
     """One admitted request: `first_token()` when its prompt is done, `close()` when it ends."""
 
-    def __init__(self, admission: Admission, tokens: int):
-        self.admission, self.tokens, self.open = admission, tokens, True
+    def __init__(self, admission: Admission, tokens: int, caller: str = ""):
+        self.admission, self.tokens, self.caller, self.open = admission, tokens, caller, True
 
     def first_token(self) -> None:
         self.admission.queued_tokens -= self.tokens
@@ -74,3 +89,8 @@ class Ticket:
             self.open = False
             self.first_token()
             self.admission.in_flight -= 1
+            if self.caller:
+                held = self.admission.by_caller
+                held[self.caller] -= 1
+                if not held[self.caller]:
+                    del held[self.caller]

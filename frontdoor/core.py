@@ -42,7 +42,7 @@ from frontdoor.model_contract import INPUTS, MAX_BATCH_SIZE, OUTPUTS
 from control.requests import GenerationRequest
 from tandem.logprobs import Logprob
 from tandem.prefix import scoped_salt
-from tandem.request_context import cache_scope, client_traceparent, note_tokens
+from tandem.request_context import api_key_name, cache_scope, client_traceparent, note_tokens
 from tandem.status import Status, TandemError, status_of
 
 _ADMITTED, _DONE = object(), object()  # FrontDoor._merged's markers: an answer was admitted, an answer ended
@@ -164,7 +164,7 @@ class FrontDoor:
                 req = dataclasses.replace(req, cache_salt=scoped_salt(cache_scope(), req.cache_salt))
                 prep = await svc.prepare(req, admission)
                 n_in = len(prep.prompt_ids)
-                ticket = svc.admission.admit(n_in)  # refused at once when full
+                ticket = svc.admission.admit(n_in, api_key_name())  # refused at once when full
             meter.admitted(n_in)
             if on_admitted is not None:
                 on_admitted()
@@ -222,7 +222,7 @@ class FrontDoor:
         are refused (InvalidArgument) before any is served. Nothing is yielded before every answer has been
         admitted, so a refusal of any is raised before the first delta, as for one request; a failure
         after that ends them all (the others are cancelled and give back what they hold)."""
-        self.service.admission.check_size(len(reqs))
+        self.service.admission.check_size(len(reqs), api_key_name())
         return self.answer(reqs[0]) if len(reqs) == 1 else self._merged(reqs)
 
     async def _merged(self, reqs: Sequence[GenerationRequest]) -> AsyncIterator[Delta]:
@@ -283,7 +283,7 @@ class FrontDoor:
         """Whole answers of a batch, served concurrently; the first failure cancels the others (more
         answers than admission ever lets in at once are refused first). `on_deltas[i]`, when given, sees
         each delta of answer i."""
-        self.service.admission.check_size(len(reqs))
+        self.service.admission.check_size(len(reqs), api_key_name())
         watch = list(on_deltas) or [None] * len(reqs)
         if len(reqs) == 1:
             return [await self.collect(reqs[0], watch[0])]

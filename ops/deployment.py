@@ -35,7 +35,8 @@
                  responses_kept: 0}         # /v1/responses kept in memory for previous_response_id (0: none)
     worker_tls: null               # {ca, server_name, cert, key}: TLS to the workers (control/worker_tls.py);
                                    # cert/key: what the local workers serve with
-    limits: {max_in_flight: 64, max_queued_tokens: 32768, request_timeout_s: 600}
+    limits: {max_in_flight: 64, max_queued_tokens: 32768, request_timeout_s: 600,
+             max_in_flight_per_key: null}   # the most one API key holder may have in flight (null: no own limit)
     health: {heartbeat_s: 2.0, stall_s: 4.0, stall_restart_s: 10, drain_grace_s: 30}
     handoff: {mode: push, transfer_timeout_s: 30, fence_timeout_s: 60}   # the only timers left on the data path
                                    # mode push: prefill writes into pages decode reserved; pull: prefill
@@ -130,6 +131,7 @@ class Limits(_Strict):
     max_in_flight: int = Field(64, ge=1)
     # prompt tokens waiting for their first token (~1 minute of prefill on one core here)
     max_queued_tokens: int = Field(32768, ge=1)
+    max_in_flight_per_key: int | None = Field(None, ge=1)  # one API key holder's requests in flight (admission.py)
     request_timeout_s: float = Field(600.0, gt=0)  # default deadline of a request (every wait is bounded by it)
     max_body_bytes: int = Field(16 << 20, ge=1024)  # HTTP bodies over this are refused before being read whole
     max_prompt_chars: int = Field(1 << 20, ge=1)  # refused before tokenizing

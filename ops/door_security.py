@@ -43,6 +43,9 @@ def door_security(dep: Deployment) -> DoorSecurity:
         tls = DoorTls(ServerTls(fd.tls.cert, fd.tls.key, fd.tls.client_ca)) if fd.tls else None
     except (ApiKeyError, TlsError) as e:
         raise DeploymentError(str(e)) from None
+    if dep.limits.max_in_flight_per_key and keys is None:
+        raise DeploymentError("limits.max_in_flight_per_key limits each API key holder, and no API keys are "
+                              "configured: set TANDEM_API_KEY or --api-key-file, or leave it out")
     wt = dep.worker_tls
     worker_tls = local = None
     if wt is not None:

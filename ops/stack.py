@@ -207,7 +207,8 @@ class Stack:
         self.service = Orchestrator(path=path, tokenizer=tokenizer, metrics=metrics, mode=dep.mode,
                                     limits=Limits(cfg.max_position, cfg.vocab_size, lim.max_prompt_chars,
                                                   tuple(sorted(tokenizer.end_ids(cfg.eos_token_ids)))),
-                                    admission=Admission(lim.max_in_flight, lim.max_queued_tokens),
+                                    admission=Admission(lim.max_in_flight, lim.max_queued_tokens,
+                                                        max_in_flight_per_key=lim.max_in_flight_per_key),
                                     timeout_s=lim.request_timeout_s, tracer=self.tracer)
         if self.workers.servers:  # remote-only: /health says 503 until the workers answer, the front door is up
             await self._until_ready()

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from control.admission import Admission
-from tandem.status import ResourceExhausted
+from tandem.status import InvalidArgument, ResourceExhausted
 
 
 def test_a_request_being_prepared_holds_its_place_until_it_is_admitted():
@@ -37,3 +37,20 @@ def test_a_preparation_that_fails_gives_its_place_back():
             raise ValueError("a prompt over the limit, say")
     assert a.preparing == 0
     a.admit(3).close()
+
+
+def test_one_callers_requests_are_limited_apart_from_the_others():
+    a = Admission(max_in_flight=8, max_in_flight_per_key=2)
+    mine = [a.admit(1, "tenant-a"), a.admit(1, "tenant-a")]
+    with pytest.raises(ResourceExhausted, match="'tenant-a' has 2 requests in flight"):
+        a.admit(1, "tenant-a")
+    others = [a.admit(1, "tenant-b"), a.admit(1), a.admit(1)]  # another holder, and callers without keys
+    mine.pop().close()
+    mine.append(a.admit(1, "tenant-a"))  # its place is back
+    for t in mine + others:
+        t.close()
+        t.close()  # twice: no double count
+    assert (a.in_flight, dict(a.by_caller)) == (0, {})
+    with pytest.raises(InvalidArgument, match="max_in_flight_per_key"):
+        a.check_size(3, "tenant-a")
+    a.check_size(3)  # without a key only the server's limit counts

@@ -8,7 +8,9 @@ the keys is refused and the running keys kept."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import re
+import time
 import urllib.request
 
 import grpc
@@ -22,6 +24,7 @@ from frontdoor.api_keys import ApiKeyError, ApiKeys, Caller, read_keys
 from tandem.sampling_params import SamplingParams
 from tests.conftest import sighup, start_serve, stop_serve
 from tests.serve.clients import ensemble_inputs, grpc_stream, post
+from tests.serve.hold import held, in_flight
 
 KEY_A, KEY_B = "tenant-a-key-0123456789", "tenant-b-key-0123456789"
 KEYS = f"{KEY_A} tenant-a\n{KEY_B} tenant-b\n"  # the key file: each key with its holder's name
@@ -36,7 +39,8 @@ def scoped(built_engines, tmp_path_factory):
     work = tmp_path_factory.mktemp("serve-key-scopes")
     (work / "keys").write_text(KEYS)
     (work / "dep.yaml").write_text(yaml.safe_dump({"front_door": {"api_key_file": str(work / "keys")},
-                                                   "prefix_cache": {"per_api_key": True}}))
+                                                   "prefix_cache": {"per_api_key": True},
+                                                   "limits": {"max_in_flight_per_key": 1}}))
     s = start_serve(built_engines, work, "--config", str(work / "dep.yaml"))
     s.key_file = work / "keys"
     yield s
@@ -97,6 +101,26 @@ def test_the_grpc_door_scopes_its_calls_to_their_key(scoped, default_engine):
     assert "".join(parts) == reference(default_engine, prompt)
     (_, cached_a), (_, cached_b) = complete(scoped, KEY_A, prompt), complete(scoped, KEY_B, prompt)
     assert cached_a == 0 and cached_b > 0, (cached_a, cached_b)
+
+
+def test_one_holders_requests_in_flight_are_limited_and_leave_the_others_room(scoped):
+    """limits.max_in_flight_per_key 1: with tenant-a's request held (its prefill worker paused), its
+    next one is a 429 naming the limit, while tenant-b's is admitted beside it; both answer once freed."""
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:  # outside the hold: its exit waits for tenant-b's
+        with held(scoped, headers={"Authorization": f"Bearer {KEY_A}"}) as first:
+            status, body = post(scoped.http, "/v1/completions", {"prompt": "Hi", "max_tokens": 2},
+                                headers={"Authorization": f"Bearer {KEY_A}"})
+            assert status == 429 and "max_in_flight_per_key" in body["error"]["message"], body
+            other = pool.submit(post, scoped.http, "/v1/completions", {"prompt": "Hi", "max_tokens": 2},
+                                headers={"Authorization": f"Bearer {KEY_B}"})
+            deadline = time.monotonic() + 60
+            while in_flight(scoped) < 2:  # admitted beside tenant-a's, waiting for the paused worker too
+                assert not other.done() and time.monotonic() < deadline, other.result() if other.done() else "late"
+                time.sleep(0.05)
+        assert first.result()[0] == 200 and other.result()[0] == 200
+    status, body = post(scoped.http, "/v1/completions", {"prompt": "Hi", "max_tokens": 2, "n": 2},
+                        headers={"Authorization": f"Bearer {KEY_A}"})
+    assert status == 400 and "max_in_flight_per_key" in body["error"]["message"], body  # could never be admitted
 
 
 def key_counters(s) -> dict[tuple[str, str], float]:

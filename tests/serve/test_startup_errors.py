@@ -71,7 +71,7 @@ def test_serve_beyond_loopback_needs_keys_or_says_so(built_engines, tmp_path):
     assert code != 0 and "choose one" in one_error_line(err)
 
 
-def test_per_key_cache_isolation_needs_keys(built_engines):
+def test_per_key_cache_isolation_and_limits_need_keys(built_engines, tmp_path):
     ports = ["--http-port", str(free_port()), "--grpc-port", str(free_port())]
     code, err = run("serve", "--model", str(built_engines), "--prefix-cache-per-api-key", *ports)
     line = one_error_line(err)
@@ -79,6 +79,11 @@ def test_per_key_cache_isolation_needs_keys(built_engines):
     code, err = run("serve", "--model", str(built_engines), *ports, env={"TANDEM_PREFIX_CACHE_PER_API_KEY": "1",
                                                                         "TANDEM_NO_API_KEY": "1"})
     assert code != 0 and "per_api_key" in one_error_line(err)
+    cfg = tmp_path / "dep.yaml"
+    cfg.write_text(yaml.safe_dump({"limits": {"max_in_flight_per_key": 4}}))
+    code, err = run("serve", "--model", str(built_engines), "--config", str(cfg), *ports)
+    line = one_error_line(err)
+    assert code != 0 and "max_in_flight_per_key" in line and "no API keys are configured" in line
 
 
 def test_serve_refuses_to_send_the_secret_in_the_clear(built_engines, tmp_path):

@@ -12,8 +12,8 @@ serving path's token stream (control/serving_path.py: the one generator below th
 into text incrementally and records the latencies clients see. Failures are tandem.status exceptions;
 each door shapes them for its protocol through the one status table. Nothing is ever streamed twice.
 
-The scope rule: under per-key isolation a request's cache salt is scoped to its caller's API key
-(frontdoor/auth.py, tandem/prefix.scoped_salt) before it is prepared.
+The scope rule: under per-key isolation a request's cache salt is scoped to its API key's holder
+(frontdoor/api_keys.py, tandem/prefix.scoped_salt) before it is prepared.
 
 The echo rule: the text a prepared request echoes (`Prepared.echo`, control/requests.py: its prompt, or
 a chat's final assistant message) goes in front of the first delta's text, and so of a collected answer.

@@ -14,6 +14,7 @@ used is refused and the running ones kept. Switching TLS or mutual TLS on or off
 from __future__ import annotations
 
 import ssl
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import grpc
@@ -74,13 +75,17 @@ class DoorTls:
         self.grpc_credentials = grpc.dynamic_ssl_server_credentials(
             files.grpc_config(), self._next_grpc_config, require_client_authentication=files.client_ca is not None)
 
-    def reload(self, files: ServerTls) -> str:
-        """Serve `files` from the next handshake on; returns what was read, in words."""
+    def reload(self, files: ServerTls) -> Callable[[], str]:
+        """Read `files` once (TlsError when they cannot serve: nothing changes); the call returned makes
+        them served from the next handshake on, and says so in words."""
         if (files.client_ca is None) != (self.files.client_ca is None):
             raise TlsError("switching mutual TLS (front_door.tls.client_ca) on or off needs a restart")
-        newest, grpc_config = files.ssl_context(), files.grpc_config()  # both usable, or nothing changes
-        self.files, self._newest, self._grpc_next = files, newest, grpc_config
-        return f"TLS certificate {files.cert} read again"
+        newest, grpc_config = files.ssl_context(), files.grpc_config()
+
+        def take() -> str:
+            self.files, self._newest, self._grpc_next = files, newest, grpc_config
+            return f"TLS certificate {files.cert} read again"
+        return take
 
     def _newest_context(self, connection, server_name, context) -> None:
         connection.context = self._newest

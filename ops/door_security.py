@@ -66,15 +66,14 @@ def reload_doors(security: DoorSecurity, dep: Deployment) -> str:
         files = ServerTls(fd.tls.cert, fd.tls.key, fd.tls.client_ca) if fd.tls else None
         if (files is None) != (security.tls is None):
             raise TlsError("switching the front doors' TLS on or off needs a restart")
-        if files is not None:
-            files.ssl_context(), files.grpc_config()  # usable, before the keys change
+        take_tls = security.tls.reload(files) if files is not None else None  # read, not yet served
         if security.keys is None:
             said.append("API keys stay off (switching them on needs a restart)")
         else:
             said.append(security.keys.rotate(resolve_keys(fd.host, fd.api_key_file, fd.no_api_key, fd.open_probes,
                                                           dep.prefix_cache.per_api_key)))
-        if files is not None:
-            said.append(security.tls.reload(files))
+        if take_tls is not None:
+            said.append(take_tls())
     except (ApiKeyError, TlsError) as e:
         raise DeploymentError(str(e)) from None
     return "; ".join(said)

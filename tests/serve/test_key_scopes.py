@@ -184,6 +184,7 @@ def test_keys_rotate_on_sighup_and_a_broken_reload_keeps_the_running_ones(scoped
     reloaded(scoped, KEYS + f"{key_c}\n{key_a2} tenant-a\n", "reloaded: 4 API keys (2 new, 0 removed)")
     assert status_with(scoped, key_c) == 200 and grpc_code_with(scoped, key_c) == grpc.StatusCode.OK
     prompt = "System: at the tide office, " + PREAMBLE + "User: When is high tide on Sunday?\nAssistant:"
+    complete(scoped, KEY_A, prompt)  # tenant-a's pages of it are cached (whatever ran before)
     assert complete(scoped, key_c, prompt)[1] == 0  # key A cached it: an unnamed new key's scope starts cold
     assert complete(scoped, key_a2, prompt)[1] > 0  # tenant-a's new key shares tenant-a's scope: warm
     for broken, says in (("short\n", "at least 8 characters"), ("# every key removed\n", "no keys are configured")):

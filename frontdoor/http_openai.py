@@ -24,7 +24,7 @@ from frontdoor import openai_api as oa
 from frontdoor.core import FrontDoor
 from frontdoor.http_body import read_object, request_timeout
 from frontdoor.openai_fields import UnknownFields
-from frontdoor.openai_tokens import Shown, TokenTrail, chunk_extras, whole_extras
+from frontdoor.openai_tokens import TokenTrail, chunk_extras, trail_of, whole_extras
 from frontdoor.openai_tools import ToolCallShape
 from tandem.status import Internal, TandemError, status_of
 
@@ -75,19 +75,12 @@ class OpenAIRoutes:
         shape = oa.chat_body if parsed.tools is None else ToolCallShape(parsed.tools, oa.chat_body)
         return await self._answer(request, parsed, rid, shape, body, chat=True)
 
-    def _trail(self, req, chat: bool, shown: Shown) -> TokenTrail | None:
-        """The answer's token reports, when the request asked for any (openai_tokens.py)."""
-        if not shown.any(req.logprobs):
-            return None
-        tok = self.service.tokenizer
-        return TokenTrail(chat, lambda t: tok.decode([t], skip_special_tokens=False), req.logprobs, shown)
-
     async def _answer(self, request, parsed: oa.Parsed, rid: str, shape, body: dict, chat: bool):
         """Every answer the request asks for (its choices), collected into one reply or streamed. `shape`
         makes a reply or an SSE event (None: nothing to send yet)."""
         timeout = request_timeout(request)
         reqs = [dataclasses.replace(r, timeout_s=timeout) for r in parsed.answers]
-        trails = [self._trail(r, chat, parsed.shown) for r in reqs]
+        trails = [trail_of(r, chat, parsed.shown, self.service.tokenizer) for r in reqs]
         model = self.served.served_name
         if not parsed.stream:
             answers = await self.door.collect_all(reqs, [t.add if t else None for t in trails])

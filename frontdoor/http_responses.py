@@ -23,6 +23,7 @@ from frontdoor.core import FrontDoor
 from frontdoor.http_body import read_object, request_timeout
 from frontdoor.http_openai import GONE, count, event_stream
 from frontdoor.openai_fields import UnknownFields
+from frontdoor.openai_tokens import TokenTrail, trail_of
 from frontdoor.openai_tools import ToolCallShape
 from frontdoor.response_store import Kept, ResponseStore
 from frontdoor.responses_shape import Shaper
@@ -67,14 +68,16 @@ class ResponsesRoutes:
             shaper = Shaper(body, rid, self.served.served_name, calls=parsed.tools is not None, stored=keep)
             shape = oa.chat_body if parsed.tools is None else ToolCallShape(parsed.tools, oa.chat_body)
             reqs = [dataclasses.replace(r, timeout_s=request_timeout(request)) for r in parsed.answers]
+            trail = trail_of(reqs[0], True, parsed.shown, self.door.service.tokenizer)  # None: no logprobs
             if not parsed.stream:
-                a = (await self.door.collect_all(reqs))[0]
+                a = (await self.door.collect_all(reqs, [trail.add if trail else None]))[0]
                 use = oa.usage(a.prompt_tokens, a.tokens, a.cached_tokens)
                 choice = shape(rid, shaper.model, a.text, a.finish_reason, use, chunk=False)["choices"][0]
                 message = choice["message"]
-                done = shaper.whole(message["content"], message.get("tool_calls") or [], choice["finish_reason"], use)
+                done = shaper.whole(message["content"], message.get("tool_calls") or [], choice["finish_reason"], use,
+                                    _logprobs(trail))
             else:
-                events = _ResponseEvents(request, shaper, shape)
+                events = _ResponseEvents(request, shaper, shape, trail)
                 async with contextlib.aclosing(self.door.answer_all(reqs)) as deltas:
                     done = await events.send(deltas)
         if keep and done is not None:
@@ -101,8 +104,8 @@ class _ResponseEvents:
     Responses events, then the closing ones; a failure after the start is an `error` event. A client
     that leaves cancels the request."""
 
-    def __init__(self, request, shaper: Shaper, shape):
-        self.request, self.shaper, self.shape = request, shaper, shape
+    def __init__(self, request, shaper: Shaper, shape, trail: TokenTrail | None):
+        self.request, self.shaper, self.shape, self.trail = request, shaper, shape, trail
         self.resp: web.StreamResponse | None = None
 
     async def send(self, deltas) -> dict | None:
@@ -114,13 +117,15 @@ class _ResponseEvents:
                     self.resp = await event_stream(self.request)
                     await self._sse(self.shaper.opening())
                 count(seen, d)
+                if self.trail:
+                    self.trail.add(d)
                 if not d.text and not d.finish_reason:
                     continue
                 chunk = self.shape(self.shaper.id, self.shaper.model, d.text, d.finish_reason, None, chunk=True)
                 if chunk is not None:  # None: held (what may be a tool call)
                     reason = chunk["choices"][0]["finish_reason"] or reason
                     await self._sse(self._events(chunk["choices"][0]["delta"]))
-            closing = self.shaper.closing(reason, oa.usage(*seen))
+            closing = self.shaper.closing(reason, oa.usage(*seen), _logprobs(self.trail))
             await self._sse(closing)
             return closing[-1]["response"]
         except TandemError as e:
@@ -134,7 +139,7 @@ class _ResponseEvents:
 
     def _events(self, delta: dict) -> list[dict]:
         """A chat chunk's delta as Responses events: its text, then its calls (new ones, or pieces of one)."""
-        events = self.shaper.text(delta["content"]) if delta.get("content") else []
+        events = self.shaper.text(delta["content"], _logprobs(self.trail)) if delta.get("content") else []
         for call in delta.get("tool_calls") or ():
             fn = call["function"]
             events += self.shaper.call(call["id"], fn["name"], fn.get("arguments") or "") if call.get("id") \
@@ -144,3 +149,8 @@ class _ResponseEvents:
     async def _sse(self, events: list[dict]) -> None:
         for obj in events:
             await self.resp.write(f"event: {obj['type']}\ndata: ".encode() + json.dumps(obj).encode() + b"\n\n")
+
+
+def _logprobs(trail: TokenTrail | None) -> list[dict]:
+    """The logprobs entries of the answer's tokens since the last take (none where none were asked)."""
+    return trail.take()["content"] if trail else []

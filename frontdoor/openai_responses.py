@@ -15,12 +15,16 @@ is prepared, admitted and served exactly as that chat is, by the same core; only
 - `max_output_tokens` is max_tokens; `temperature`, `top_p` as in chat; vLLM's sampling fields (top_k,
   seed, min_p, guided_json, ...) too. `text.format` (`text`, `json_object`, `json_schema`) is chat's
   response_format.
-- Refused with a 400 naming the field: tools other than functions (hosted tools), `previous_response_id`,
-  `background: true`, `truncation: "auto"`, a non-empty `include`, `top_logprobs` above 0, input items
-  other than the above. `previous_response_id` continues a kept response's conversation (its
-  instructions aside), where the server keeps responses (response_store.py). `reasoning`,
-  `stream_options` and bookkeeping (`metadata`, `user`, ...) change nothing. Errors name the Responses
-  fields (max_output_tokens, input, text), not chat's.
+- `include: ["message.output_text.logprobs"]` is chat's `logprobs: true`, with `top_logprobs` (0..20)
+  alternatives per token; refused where the answer may make calls (a call's tokens have no place for
+  them). The other includables are accepted and add nothing: they name items never made here (hosted
+  tools' results, images, reasoning).
+- Refused with a 400 naming the field: tools other than functions (hosted tools), `background: true`,
+  `truncation: "auto"`, `top_logprobs` above 0 without the logprobs include, input items other than the
+  above. `previous_response_id` continues a kept response's conversation (its instructions aside),
+  where the server keeps responses (response_store.py). `reasoning`, `stream_options` and bookkeeping
+  (`metadata`, `user`, ...) change nothing. Errors name the Responses fields (max_output_tokens, input,
+  text), not chat's.
 """
 
 from __future__ import annotations
@@ -42,6 +46,11 @@ _CARRIED = CHAT_FIELDS - {"model", "messages", "max_tokens", "max_completion_tok
                           "function_call", "response_format", "best_of", "modalities", "echo", "prompt_logprobs",
                           "return_token_ids", "return_tokens_as_token_ids", "documents", *_BOOKKEEPING}
 _ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
+LOGPROBS = "message.output_text.logprobs"
+# what `include` may name: the logprobs, and items never made here (so including them adds nothing)
+_INCLUDABLE = {LOGPROBS, "reasoning.encrypted_content", "file_search_call.results", "web_search_call.results",
+               "web_search_call.action.sources", "message.input_image.image_url",
+               "computer_call_output.output.image_url", "code_interpreter_call.outputs"}
 
 
 def chat_request_of(body: dict, earlier: tuple[dict, ...] = ()) -> tuple[dict, list[str]]:
@@ -56,6 +65,13 @@ def chat_request_of(body: dict, earlier: tuple[dict, ...] = ()) -> tuple[dict, l
             "tools": [{"type": "function", "function": t} for t in _functions(body.get("tools"))],
             "tool_choice": _tool_choice(body.get("tool_choice")),
             "parallel_tool_calls": body.get("parallel_tool_calls")}
+    if _included(body.get("include")):
+        if chat["tools"] and chat["tool_choice"] != "none":
+            raise InvalidArgument(f"include: {LOGPROBS} is served for text answers only; with tools the answer may "
+                                  f"be calls (set tool_choice \"none\", or drop the include)", "include")
+        chat |= {"logprobs": True, "top_logprobs": body.get("top_logprobs") or 0}
+    elif body.get("top_logprobs") not in (None, 0):
+        raise InvalidArgument(f"top_logprobs needs include: [\"{LOGPROBS}\"]", "top_logprobs")
     fmt = (body.get("text") or {}).get("format")
     if fmt is not None:
         chat["response_format"] = _response_format(fmt)
@@ -84,23 +100,26 @@ _RENAMED = {"max_tokens": "max_output_tokens", "messages": "input", "prompt": "i
 
 def _refuse(body: dict) -> None:
     """Fields whose values would change the answer in ways not served: refused, never ignored."""
-    if body.get("include") not in (None, []):
-        raise InvalidArgument("include: include is not served (no logprobs, reasoning or tool outputs to add)",
-                              "include")
     if body.get("background") not in (None, False):
         raise InvalidArgument("background: responses are answered in the request, never in the background",
                               "background")
     if body.get("truncation") not in (None, "disabled"):
         raise InvalidArgument("truncation: only \"disabled\" is served (an input longer than the context is a 400)",
                               "truncation")
-    if body.get("top_logprobs") not in (None, 0):
-        raise InvalidArgument("top_logprobs: logprobs are not served on /v1/responses; use /v1/chat/completions",
-                              "top_logprobs")
     if not isinstance(body.get("text") or {}, dict):
         raise InvalidArgument("text must be an object such as {\"format\": {\"type\": \"text\"}}", "text")
     n = body.get("max_output_tokens")
     if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n < 1):
         raise InvalidArgument(f"max_output_tokens must be an integer >= 1 or null, got {n!r}", "max_output_tokens")
+
+
+def _included(include) -> bool:
+    """Whether `include` asks for the answer's logprobs; anything it may not name is a 400."""
+    if include is None:
+        return False
+    if not isinstance(include, list) or not all(isinstance(i, str) and i in _INCLUDABLE for i in include):
+        raise InvalidArgument(f"include must be a list of {sorted(_INCLUDABLE)}, got {include!r:.120}", "include")
+    return LOGPROBS in include
 
 
 def _functions(tools) -> list[dict]:

@@ -124,6 +124,13 @@ class TokenTrail:
         return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}
 
 
+def trail_of(req, chat: bool, shown: Shown, tokenizer) -> TokenTrail | None:
+    """The token reports of answer `req` (a GenerationRequest), when its request asked for any."""
+    if not shown.any(req.logprobs):
+        return None
+    return TokenTrail(chat, lambda t: tokenizer.decode([t], skip_special_tokens=False), req.logprobs, shown)
+
+
 def whole_extras(body: dict, trails: list[TokenTrail | None], shown: Shown, chat: bool) -> dict:
     """A whole reply's vLLM extras from each choice's trail: prompt_logprobs and, with return_token_ids,
     prompt_token_ids and token_ids; on each choice of a completion, a chat reply's prompt ones once at

@@ -13,13 +13,18 @@ opened (`response.output_item.added`, and a message's `response.content_part.add
 `response.function_call_arguments.done`; then `response.output_item.done`) before the next one opens;
 `response.completed` (or `response.incomplete`) ends it with every item. Each event has its
 `sequence_number`.
+
+Where logprobs are asked for (openai_responses.py), a message's `output_text` part carries one entry per
+token (chat's `logprobs.content` entries: `token`, `logprob`, `bytes`, `top_logprobs`); each text delta
+carries its own tokens' (a token whose text was held back, or dropped by a stop string, comes with the
+next delta, or with an empty one before the message closes), so the deltas' entries join to the part's.
 """
 
 from __future__ import annotations
 
 import secrets
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass
@@ -29,19 +34,20 @@ class _Item:
     text: str = ""  # a message's text; a call's arguments
     call_id: str = ""
     name: str = ""
+    logprobs: list[dict] = field(default_factory=list)  # a message's, one entry per token
 
     def shaped(self, status: str) -> dict:
         """The item as the API shows it: in progress (empty), or ended with `status`."""
         opened = status == "in_progress"
         if self.kind == "message":
             return {"type": "message", "id": self.id, "status": status, "role": "assistant",
-                    "content": [] if opened else [part(self.text)]}
+                    "content": [] if opened else [part(self.text, self.logprobs)]}
         return {"type": "function_call", "id": self.id, "call_id": self.call_id, "name": self.name,
                 "arguments": "" if opened else self.text, "status": status}
 
 
-def part(text: str) -> dict:
-    return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+def part(text: str, logprobs: list[dict] = ()) -> dict:
+    return {"type": "output_text", "text": text, "annotations": [], "logprobs": list(logprobs)}
 
 
 class Shaper:
@@ -55,10 +61,12 @@ class Shaper:
         self.items: list[_Item] = []
         self._open: _Item | None = None  # streaming: the item being written
 
-    def whole(self, content: str | None, calls: list[dict], reason: str | None, usage: dict) -> dict:
-        """The response to a chat answer whose message had `content` and `calls` (chat tool_calls)."""
+    def whole(self, content: str | None, calls: list[dict], reason: str | None, usage: dict,
+              logprobs: list[dict] = ()) -> dict:
+        """The response to a chat answer whose message had `content` and `calls` (chat tool_calls), and
+        the logprobs of its text's tokens (asked for only where it makes no calls)."""
         if content or not calls:
-            self.items.append(_Item("message", _new("msg"), content or ""))
+            self.items.append(_Item("message", _new("msg"), content or "", logprobs=list(logprobs)))
         self.items += [_Item("function_call", _new("fc"), c["function"]["arguments"], c["id"], c["function"]["name"])
                        for c in calls]
         return self.response(reason, usage)
@@ -101,13 +109,14 @@ class Shaper:
                   for k in ("response.created", "response.in_progress")]
         return events + (self._open_item(_Item("message", _new("msg"))) if not self.calls else [])
 
-    def text(self, piece: str) -> list[dict]:
-        """A piece of the answer's text: into the open message, or a new one."""
+    def text(self, piece: str, logprobs: list[dict] = ()) -> list[dict]:
+        """A piece of the answer's text (and its tokens' logprobs): into the open message, or a new one."""
         events = [] if self._open is not None and self._open.kind == "message" else \
             self._open_item(_Item("message", _new("msg")))
         self._open.text += piece
+        self._open.logprobs += logprobs
         return events + [self.event("response.output_text.delta", **self._where(), content_index=0, delta=piece,
-                                    logprobs=[])]
+                                    logprobs=list(logprobs))]
 
     def call(self, call_id: str, name: str, arguments: str) -> list[dict]:
         """A new function call, with the first piece of its arguments (maybe all, maybe none)."""
@@ -119,10 +128,12 @@ class Shaper:
         self._open.text += piece
         return [self.event("response.function_call_arguments.delta", **self._where(), delta=piece)]
 
-    def closing(self, reason: str | None, usage: dict) -> list[dict]:
-        """The events after the answer's last piece: its open item closed, then the whole response."""
+    def closing(self, reason: str | None, usage: dict, logprobs: list[dict] = ()) -> list[dict]:
+        """The events after the answer's last piece (`logprobs`: its tokens' not yet sent, as an empty
+        delta): its open item closed, then the whole response."""
+        events = self.text("", logprobs) if logprobs else []
         done = self.response(reason, usage)
-        return self._close(reason) + [self.event(f"response.{done['status']}", response=done)]
+        return events + self._close(reason) + [self.event(f"response.{done['status']}", response=done)]
 
     def _open_item(self, item: _Item) -> list[dict]:
         events = self._close(None)
@@ -140,8 +151,10 @@ class Shaper:
             return []
         where = self._where()
         if item.kind == "message":
-            events = [self.event("response.output_text.done", **where, content_index=0, text=item.text, logprobs=[]),
-                      self.event("response.content_part.done", **where, content_index=0, part=part(item.text))]
+            events = [self.event("response.output_text.done", **where, content_index=0, text=item.text,
+                                 logprobs=list(item.logprobs)),
+                      self.event("response.content_part.done", **where, content_index=0,
+                                 part=part(item.text, item.logprobs))]
         else:
             events = [self.event("response.function_call_arguments.done", **where, name=item.name,
                                  arguments=item.text)]

@@ -4,8 +4,9 @@ whole and streamed (the SDK's event types in order, the deltas joining to the te
 makes it "incomplete"; text.format json_schema gives JSON the schema accepts; function tools make the
 calls the chat door makes for the same request ("required", a named function; test_tool_auto.py has
 "auto"), whole and streamed (the SDK's stream accumulator rebuilds the response), and a conversation
-that carries calls and their outputs as input items is answered as the chat it amounts to; what is not
-served is a 400 naming the field."""
+that carries calls and their outputs as input items is answered as the chat it amounts to; the logprobs
+include gives the chat door's logprobs, whole and streamed (the deltas' entries joining to the text
+part's); what is not served is a 400 naming the field."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from tests.serve.test_tool_calls import TIME, WEATHER
 MODEL = "smollm2-135m"
 ASK, RULE = "Name a large city.", "Answer in one short sentence."
 TOOLS = [{"type": "function", **t["function"]} for t in (WEATHER, TIME)]  # the Responses API's tool shape
+LOGPROBS = "message.output_text.logprobs"
 
 
 def _engine_text(engine, messages: list[ChatMessage], n: int) -> tuple[str, int, int]:
@@ -76,6 +78,34 @@ def test_text_format_json_schema_gives_json_the_schema_accepts(openai_client):
     assert got.status == "completed" and set(json.loads(got.output_text)) == {"city"}
 
 
+def _entries(logprobs) -> list[tuple[str, list[str]]]:
+    """(token, its alternatives' tokens) of each logprobs entry, SDK objects or chat's."""
+    return [(e.token, [a.token for a in e.top_logprobs]) for e in logprobs]
+
+
+def test_the_logprobs_include_gives_the_chat_doors_logprobs_whole_and_streamed(openai_client):
+    chat = openai_client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": ASK}],
+                                                 max_tokens=16, temperature=0, logprobs=True, top_logprobs=3)
+    want = chat.choices[0].logprobs.content
+    ask = {"model": MODEL, "input": ASK, "max_output_tokens": 16, "temperature": 0, "include": [LOGPROBS],
+           "top_logprobs": 3}
+    got = openai_client.responses.create(**ask)
+    part = got.output[0].content[0]
+    assert part.text == chat.choices[0].message.content and len(part.logprobs) == len(want) > 0
+    assert _entries(part.logprobs) == _entries(want) and all(len(e.top_logprobs) == 3 for e in want)
+    assert [e.logprob for e in part.logprobs] == pytest.approx([e.logprob for e in want], abs=1e-3)
+    assert [list(e.token.encode()) for e in part.logprobs] == [e.bytes for e in part.logprobs]
+
+    events = list(openai_client.responses.create(**ask, stream=True))
+    streamed = [lp for e in events if e.type == "response.output_text.delta" for lp in e.logprobs]
+    done = next(e for e in events if e.type == "response.output_text.done")
+    assert _entries(streamed) == _entries(done.logprobs) == _entries(want)
+    assert _entries(events[-1].response.output[0].content[0].logprobs) == _entries(want)
+
+    plain = openai_client.responses.create(**(ask | {"include": ["reasoning.encrypted_content"], "top_logprobs": 0}))
+    assert plain.output_text == part.text and plain.output[0].content[0].logprobs == []  # includes nothing made here
+
+
 @pytest.mark.parametrize("extra, param", [
     ({"tools": [{"type": "web_search"}]}, "tools"),
     ({"tools": [{"type": "function", "name": "bad name"}], "tool_choice": "required"}, "tools"),
@@ -89,7 +119,12 @@ def test_text_format_json_schema_gives_json_the_schema_accepts(openai_client):
     ({"previous_response_id": "resp_1"}, "previous_response_id"),
     ({"background": True}, "background"),
     ({"truncation": "auto"}, "truncation"),
-    ({"include": ["message.output_text.logprobs"]}, "include"),
+    ({"include": ["message.output_text.bogus"]}, "include"),
+    ({"include": "message.output_text.logprobs"}, "include"),  # not a list
+    ({"top_logprobs": 2}, "top_logprobs"),  # alternatives without the logprobs include
+    ({"include": [LOGPROBS], "top_logprobs": 21}, "top_logprobs"),
+    ({"include": [LOGPROBS], "top_logprobs": "2"}, "top_logprobs"),
+    ({"include": [LOGPROBS], "tools": TOOLS, "tool_choice": "required"}, "include"),  # a call has no logprobs
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input"),
     ({"input": []}, "input"),
     ({"max_output_tokens": 0}, "max_output_tokens"),
@@ -165,3 +200,17 @@ def test_each_streamed_item_is_closed_before_the_next_opens_whatever_their_order
         ("message", None), ("function_call", '{"zone": "UTC"}'), ("message", None)]
     assert [o["content"][0]["text"] for o in final["output"] if o["type"] == "message"] == ["Let me look. ", "Done."]
     assert final["usage"]["input_tokens"] == 3 and final["output"][1]["call_id"] == "call_1"
+
+
+def test_logprobs_of_tokens_whose_text_never_came_close_the_message_in_an_empty_delta():
+    """A token held back and then dropped (the start of a stop string) still has its logprobs entry: it
+    comes as an empty delta before the message closes, so the deltas' entries join to the part's."""
+    shaper = Shaper({"input": "x"}, "resp_1", MODEL, calls=False)
+    seen, held = {"token": "Hi", "logprob": -0.5}, {"token": "<", "logprob": -1.5}
+    usage = {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5, "prompt_tokens_details": {"cached_tokens": 0}}
+    events = shaper.opening() + shaper.text("Hi", [seen]) + shaper.closing("stop", usage, [held])
+    deltas = [e for e in events if e["type"] == "response.output_text.delta"]
+    assert [(e["delta"], e["logprobs"]) for e in deltas] == [("Hi", [seen]), ("", [held])]
+    done = next(e for e in events if e["type"] == "response.output_text.done")
+    assert done["logprobs"] == [seen, held] == events[-1]["response"]["output"][0]["content"][0]["logprobs"]
+    assert done["text"] == "Hi"

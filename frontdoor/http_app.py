@@ -101,7 +101,9 @@ class HttpFrontend:
         r.add_get("/health", self.health)
         r.add_get("/metrics", self.metrics)
         add_openai_routes(r, door)
-        add_responses_routes(r, door, ResponseStore(responses_kept))  # /v1/responses (frontdoor/http_responses.py)
+        kept = ResponseStore(responses_kept)
+        add_responses_routes(r, door, kept)  # /v1/responses (frontdoor/http_responses.py)
+        self.app.on_shutdown.append(lambda _app: kept.close())  # background answers end at the stop
         add_kserve_routes(r, door)
         add_generate_routes(r, door)  # Triton's generate extension and /stats (frontdoor/http_generate.py)
         add_admin_routes(r, door.service)  # POST /admin/flush (frontdoor/http_admin.py)

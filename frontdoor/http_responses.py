@@ -1,11 +1,13 @@
-"""POST /v1/responses, GET and DELETE /v1/responses/{id}: OpenAI's Responses API over the chat door.
+"""POST /v1/responses, GET and DELETE /v1/responses/{id}, POST /v1/responses/{id}/cancel: OpenAI's
+Responses API over the chat door.
 
 A request is read into the chat it amounts to (openai_responses.py: after the conversation of its
 `previous_response_id`, when the server keeps responses: response_store.py), served by the core like
 that chat, and the chat reply it would have had (text, tool calls; openai_api.chat_body or
 openai_tools.ToolCallShape) is reshaped into the response's items (responses_shape.py), whole or as
 Responses events. A response made with `store` (the default) on a server that keeps responses is
-kept for its caller; GET reads it back, DELETE drops it.
+kept for its caller; GET reads it back, DELETE drops it. One made with `background` is answered after
+the reply (response_background.py), and cancel ends it.
 """
 
 from __future__ import annotations
@@ -14,12 +16,14 @@ import contextlib
 import dataclasses
 import json
 import logging
+from collections.abc import Callable
 
 from aiohttp import web
 
 from frontdoor import openai_api as oa
 from frontdoor import openai_responses as rs
-from frontdoor.core import FrontDoor
+from frontdoor import response_background
+from frontdoor.core import Answer, FrontDoor
 from frontdoor.http_body import read_object, request_timeout
 from frontdoor.http_openai import GONE, count, event_stream
 from frontdoor.openai_fields import UnknownFields
@@ -38,6 +42,7 @@ def add_responses_routes(router, door: FrontDoor, store: ResponseStore) -> None:
     router.add_post("/v1/responses", api.create)
     router.add_get("/v1/responses/{id}", api.read)
     router.add_delete("/v1/responses/{id}", api.delete)
+    router.add_post("/v1/responses/{id}/cancel", api.cancel)
 
 
 class ResponsesRoutes:
@@ -54,6 +59,10 @@ class ResponsesRoutes:
         self.store.delete(rid, api_key_name())
         return web.json_response({"id": rid, "object": "response", "deleted": True})
 
+    async def cancel(self, request):
+        return web.json_response(await response_background.cancel(self.store, request.match_info["id"],
+                                                                   api_key_name()))
+
     async def create(self, request):
         self.door.service.refuse_if_closed()
         body = await read_object(request)
@@ -65,23 +74,36 @@ class ResponsesRoutes:
             rid = oa.new_id("resp")
             parsed = oa.chat_request(chat, self.names, rid, self.unknown, self.served.tool_call_parser)
             keep = bool(self.store.capacity) and body.get("store") is not False
+            background = rs.in_background(body, keep)
             shaper = Shaper(body, rid, self.served.served_name, calls=parsed.tools is not None, stored=keep)
             shape = oa.chat_body if parsed.tools is None else ToolCallShape(parsed.tools, oa.chat_body)
             reqs = [dataclasses.replace(r, timeout_s=request_timeout(request)) for r in parsed.answers]
             trail = trail_of(reqs[0], True, parsed.shown, self.door.service.tokenizer)  # None: no logprobs
-            if not parsed.stream:
-                a = (await self.door.collect_all(reqs, [trail.add if trail else None]))[0]
+            owner, asked = api_key_name(), rs.asked(chat, body)
+
+            def ended(answers: list[Answer]) -> Kept:
+                """The kept response of the whole answer (the chat reply it would have had, reshaped)."""
+                a = answers[0]
                 use = oa.usage(a.prompt_tokens, a.tokens, a.cached_tokens)
                 choice = shape(rid, shaper.model, a.text, a.finish_reason, use, chunk=False)["choices"][0]
                 message = choice["message"]
                 done = shaper.whole(message["content"], message.get("tool_calls") or [], choice["finish_reason"], use,
                                     _logprobs(trail))
+                return Kept(owner, (*asked, shaper.answer()), done)
+
+            if background:
+                def answer(on_delta):
+                    return self.door.collect_all(reqs, [_both(on_delta, trail.add if trail else None)])
+                return web.json_response(await response_background.start(
+                    self.store, rid, owner, answer, ended, shaper.response(None, None, done=False)))
+            if not parsed.stream:
+                done = ended(await self.door.collect_all(reqs, [trail.add if trail else None])).response
             else:
                 events = _ResponseEvents(request, shaper, shape, trail)
                 async with contextlib.aclosing(self.door.answer_all(reqs)) as deltas:
                     done = await events.send(deltas)
         if keep and done is not None:
-            self.store.put(rid, Kept(api_key_name(), (*rs.asked(chat, body), shaper.answer()), done))
+            self.store.put(rid, Kept(owner, (*asked, shaper.answer()), done))
         if not parsed.stream:
             return web.json_response(done)
         if events.resp is None:
@@ -95,7 +117,12 @@ class ResponsesRoutes:
         if not isinstance(previous, str):
             raise InvalidArgument(f"previous_response_id must be a response's id (a string), got {previous!r:.80}",
                                   "previous_response_id")
-        return self.store.get(previous, api_key_name(), "previous_response_id").conversation
+        kept = self.store.get(previous, api_key_name(), "previous_response_id")
+        status = kept.response["status"]
+        if status not in ("completed", "incomplete"):  # a background one still answered, failed or cancelled
+            raise InvalidArgument(f"previous_response_id: response {previous} is {status}; only a completed or "
+                                  f"incomplete response can be continued", "previous_response_id")
+        return kept.conversation
 
 
 class _ResponseEvents:
@@ -149,6 +176,15 @@ class _ResponseEvents:
     async def _sse(self, events: list[dict]) -> None:
         for obj in events:
             await self.resp.write(f"event: {obj['type']}\ndata: ".encode() + json.dumps(obj).encode() + b"\n\n")
+
+
+def _both(first: Callable, then: Callable | None) -> Callable:
+    """A delta watcher calling `first`, then `then` (if any)."""
+    def watch(delta) -> None:
+        first(delta)
+        if then is not None:
+            then(delta)
+    return watch
 
 
 def _logprobs(trail: TokenTrail | None) -> list[dict]:

@@ -19,7 +19,9 @@ is prepared, admitted and served exactly as that chat is, by the same core; only
   alternatives per token; refused where the answer may make calls (a call's tokens have no place for
   them). The other includables are accepted and add nothing: they name items never made here (hosted
   tools' results, images, reasoning).
-- Refused with a 400 naming the field: tools other than functions (hosted tools), `background: true`,
+- `background: true` answers after the reply (response_background.py), where responses are kept and
+  not streamed.
+- Refused with a 400 naming the field: tools other than functions (hosted tools),
   `truncation: "auto"`, `top_logprobs` above 0 without the logprobs include, input items other than the
   above. `previous_response_id` continues a kept response's conversation (its instructions aside),
   where the server keeps responses (response_store.py). `reasoning`, `stream_options` and bookkeeping
@@ -79,6 +81,24 @@ def chat_request_of(body: dict, earlier: tuple[dict, ...] = ()) -> tuple[dict, l
     return chat, sorted(set(body) - FIELDS - _CARRIED)
 
 
+def in_background(body: dict, kept: bool) -> bool:
+    """Whether the response is answered in the background (response_background.py), where `kept`: whether
+    it will be kept (a server keeping responses, and `store`). A 400 where it cannot be."""
+    value = body.get("background")
+    if value in (None, False):
+        return False
+    if value is not True:
+        raise InvalidArgument(f"background must be a boolean, got {value!r:.80}", "background")
+    if not kept:
+        raise InvalidArgument("background: a background response is read back with GET /v1/responses/{id}, so it "
+                              "needs store (the default) on a server that keeps responses (tandem serve "
+                              "--responses-kept N)", "background")
+    if body.get("stream") is True:
+        raise InvalidArgument("background: a background response is not streamed; read it with GET "
+                              "/v1/responses/{id}", "background")
+    return True
+
+
 def asked(chat: dict, body: dict) -> tuple[dict, ...]:
     """The conversation a follow-up of this request continues, before its answer: the chat's messages
     without the request's instructions (they do not carry over)."""
@@ -100,9 +120,6 @@ _RENAMED = {"max_tokens": "max_output_tokens", "messages": "input", "prompt": "i
 
 def _refuse(body: dict) -> None:
     """Fields whose values would change the answer in ways not served: refused, never ignored."""
-    if body.get("background") not in (None, False):
-        raise InvalidArgument("background: responses are answered in the request, never in the background",
-                              "background")
     if body.get("truncation") not in (None, "disabled"):
         raise InvalidArgument("truncation: only \"disabled\" is served (an input longer than the context is a 400)",
                               "truncation")

@@ -9,11 +9,14 @@ id are one and the same 404, so nobody learns which ids exist.
 
 A kept response holds the conversation that a follow-up continues: the chat messages it was asked
 (its instructions aside: they do not carry over, as in OpenAI's API) and its answer as the assistant's
-message (text and tool calls).
+message (text and tool calls). A background response (frontdoor/response_background.py) is kept while
+its answer is made, with the task making it: dropping it (DELETE, or as the oldest) cancels that task,
+and so does `close` (the front door's stop); `settle` puts its end in its place.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -24,7 +27,8 @@ from tandem.status import InvalidArgument, NotFound
 class Kept:
     owner: str  # the API key's name ("" without keys)
     conversation: tuple[dict, ...]  # chat messages: what it was asked (no instructions) and its answer
-    response: dict  # the response object as it was returned
+    response: dict  # the response object as it was returned (a background one: as it is now)
+    running: asyncio.Task | None = None  # a background response's answer, while it is made
 
 
 class ResponseStore:
@@ -36,7 +40,14 @@ class ResponseStore:
     def put(self, rid: str, kept: Kept) -> None:
         self._kept[rid] = kept
         while len(self._kept) > self.capacity:
-            self._kept.popitem(last=False)
+            _stop(self._kept.popitem(last=False)[1])
+
+    def settle(self, rid: str, task: asyncio.Task, kept: Kept) -> None:
+        """Background response `rid` ended (its answer was `task`): `kept` takes its place, if it is still
+        kept (not deleted, nor dropped as the oldest)."""
+        now = self._kept.get(rid)
+        if now is not None and now.running is task:
+            self._kept[rid] = kept
 
     def get(self, rid: str, owner: str, param: str | None = None) -> Kept:
         """The response `rid` of `owner`; NotFound (naming `param`, the request field that gave the id, if
@@ -54,5 +65,18 @@ class ResponseStore:
         return kept
 
     def delete(self, rid: str, owner: str) -> None:
-        self.get(rid, owner)
+        _stop(self.get(rid, owner))
         del self._kept[rid]
+
+    async def close(self) -> None:
+        """Cancel the background answers still being made, and wait for them to end."""
+        running = [k.running for k in self._kept.values() if k.running is not None]
+        for task in running:
+            task.cancel()
+        if running:
+            await asyncio.wait(running)
+
+
+def _stop(kept: Kept) -> None:
+    if kept.running is not None:
+        kept.running.cancel()

@@ -83,6 +83,7 @@ class Shaper:
                 "model": self.model, "output": [self._final(i, reason) for i in self.items] if done else [],
                 "parallel_tool_calls": body.get("parallel_tool_calls", True),
                 "previous_response_id": body.get("previous_response_id"), "reasoning": None, "store": self.stored,
+                "background": body.get("background") is True,
                 "temperature": body.get("temperature"), "top_p": body.get("top_p"),
                 "text": {"format": fmt}, "tool_choice": body.get("tool_choice") or "auto",
                 "tools": body.get("tools") or [],

@@ -6,6 +6,8 @@ itself, without a server."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 import yaml
 
@@ -130,3 +132,26 @@ def test_the_store_keeps_the_last_ones_per_owner_and_none_when_off():
     assert e.value.param == "previous_response_id"
     with pytest.raises(NotFound):
         ResponseStore(0).get("r1", "")
+
+
+def test_a_running_answer_dropped_from_the_store_is_cancelled_and_a_settled_one_replaces_it():
+    async def run():
+        store = ResponseStore(1)
+        first, second = (asyncio.create_task(asyncio.sleep(60)) for _ in range(2))
+        store.put("r0", Kept("a", (), {"id": "r0", "status": "in_progress"}, running=first))
+        store.settle("r0", second, Kept("a", (), {"id": "r0", "status": "completed"}))  # not r0's answer: no change
+        assert store.get("r0", "a").running is first
+        store.put("r1", Kept("a", (), {"id": "r1", "status": "in_progress"}, running=second))  # r0 dropped
+        await asyncio.sleep(0)
+        assert first.cancelled()
+        store.settle("r0", first, Kept("a", (), {"id": "r0", "status": "cancelled"}))  # dropped: stays dropped
+        with pytest.raises(NotFound):
+            store.get("r0", "a")
+        store.settle("r1", second, Kept("a", (), {"id": "r1", "status": "completed"}))
+        assert store.get("r1", "a").response["status"] == "completed" and store.get("r1", "a").running is None
+        third = asyncio.create_task(asyncio.sleep(60))
+        store.put("r2", Kept("a", (), {"id": "r2"}, running=third))
+        await store.close()  # the front door's stop
+        assert third.cancelled() and not second.cancelled()
+
+    asyncio.run(run())

@@ -16,6 +16,7 @@ def main() -> None:
 def _register() -> None:
     from cli.build_cmd import build_command, repo_command
     from cli.generate_cmd import generate_command
+    from cli.batch_cmd import batch_command
     from cli.bench_cmd import bench_group
     from cli.cache_cmd import cache_group
     from cli.chaos_cmd import chaos_command
@@ -31,6 +32,7 @@ def _register() -> None:
     main.add_command(worker_command)
     main.add_command(serve_command)
     main.add_command(chat_command)
+    main.add_command(batch_command)
     main.add_command(bench_group)
     main.add_command(cache_group)
     main.add_command(chaos_command)

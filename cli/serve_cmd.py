@@ -14,6 +14,7 @@ import urllib.request
 
 import click
 
+from frontdoor.reasoning_text import PARSER_NAMES as REASONING_PARSERS
 from frontdoor.tool_parsers import PARSER_NAMES
 from tandem.logs import FORMATS, setup_logging
 from tandem.modes import HandoffMode, Mode
@@ -66,6 +67,10 @@ def _env(name: str) -> dict:
               help="How the model writes tool calls in its text (hermes: <tool_call> blocks; llama3_json: the answer "
                    "is JSON calls separated by ';'; pythonic: the answer is a Python list of calls); lets tool_choice "
                    "\"auto\" (the default with tools) be served. Default: none, \"auto\" refused.")
+@click.option("--reasoning-parser", type=click.Choice(REASONING_PARSERS), default=None, **_env("REASONING_PARSER"),
+              help="How a thinking model marks its reasoning (deepseek_r1: the template opens <think>, the answer "
+                   "reasons until </think>; qwen3: an answer starting with <think>): chat replies carry it apart as "
+                   "`reasoning`, the Responses API as a reasoning item. Default: none, all of it content.")
 @click.option("--responses-kept", type=click.IntRange(0, 100_000), default=None, **_env("RESPONSES_KEPT"),
               help="How many /v1/responses responses are kept in memory for previous_response_id (default 0).")
 @click.option("--kv-pool-bytes", type=click.IntRange(1 << 20), default=None, **_env("KV_POOL_BYTES"),
@@ -95,8 +100,8 @@ def _env(name: str) -> dict:
               help="json: one object per line, each with the request id of its request.")
 @click.option("--workdir", default=None, **_env("WORKDIR"), help="Where worker logs and the model repository go.")
 def serve_command(model, dtype, config_path, mode, prefill, decode, replicas, transport, device, handoff, backend,
-                  router, host,
-                  grpc_port, http_port, model_name, served_model_name, chat_template, tool_call_parser, responses_kept,
+                  router, host, grpc_port, http_port, model_name, served_model_name, chat_template, tool_call_parser,
+                  reasoning_parser, responses_kept,
                   kv_pool_bytes, chunk_tokens, api_key_file, no_api_key, prefix_cache_per_api_key, tls_cert, tls_key,
                   tls_client_ca, worker_tls_ca, worker_tls_server_name,
                   otlp_endpoint, log_format, workdir):
@@ -111,6 +116,7 @@ def serve_command(model, dtype, config_path, mode, prefill, decode, replicas, tr
         "transport": transport, "handoff.mode": handoff, "backend": backend,
         "router": router, "front_door.served_model_name": served_model_name,
         "front_door.chat_template": chat_template, "front_door.tool_call_parser": tool_call_parser,
+        "front_door.reasoning_parser": reasoning_parser,
         "front_door.responses_kept": responses_kept,
         "front_door.host": host, "front_door.grpc_port": grpc_port, "front_door.http_port": http_port,
         "front_door.model_name": model_name, "kv_pool_bytes": kv_pool_bytes, "chunk_tokens": chunk_tokens,

@@ -88,13 +88,14 @@ class Stats:
 
 class ServedModel:
     def __init__(self, service: Orchestrator, triton_name: str = "ensemble", served_name: str | None = None,
-                 tool_call_parser: str | None = None):
+                 tool_call_parser: str | None = None, reasoning_parser: str | None = None):
         """`tool_call_parser`: how the model writes a tool call in its text (frontdoor/tool_call_text.py);
-        None: tool_choice "auto" is refused."""
+        None: tool_choice "auto" is refused. `reasoning_parser`: how it marks its thinking
+        (frontdoor/reasoning_text.py); None: every answer is all content."""
         self.service = service
         self.triton_name = triton_name
         self.served_name = served_name or triton_name
-        self.tool_call_parser = tool_call_parser
+        self.tool_call_parser, self.reasoning_parser = tool_call_parser, reasoning_parser
         self.config = model_config(triton_name)
         self.stats = Stats()
 

@@ -25,7 +25,7 @@ from frontdoor.core import FrontDoor
 from frontdoor.http_body import read_object, request_timeout
 from frontdoor.openai_fields import UnknownFields
 from frontdoor.openai_tokens import TokenTrail, chunk_extras, trail_of, whole_extras
-from frontdoor.openai_tools import ToolCallShape
+from frontdoor.reasoning_text import chat_shape
 from tandem.status import Internal, TandemError, status_of
 
 log = logging.getLogger("tandem.http")
@@ -72,8 +72,8 @@ class OpenAIRoutes:
         body = await read_object(request)
         rid = oa.new_id("chatcmpl")
         parsed = oa.chat_request(body, self.names, rid, self.unknown, self.served.tool_call_parser)
-        shape = oa.chat_body if parsed.tools is None else ToolCallShape(parsed.tools, oa.chat_body)
-        return await self._answer(request, parsed, rid, shape, body, chat=True)
+        return await self._answer(request, parsed, rid, chat_shape(parsed, self.served.reasoning_parser), body,
+                                  chat=True)
 
     async def _answer(self, request, parsed: oa.Parsed, rid: str, shape, body: dict, chat: bool):
         """Every answer the request asks for (its choices), collected into one reply or streamed. `shape`

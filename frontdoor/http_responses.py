@@ -3,8 +3,8 @@ Responses API over the chat door.
 
 A request is read into the chat it amounts to (openai_responses.py: after the conversation of its
 `previous_response_id`, when the server keeps responses: response_store.py), served by the core like
-that chat, and the chat reply it would have had (text, tool calls; openai_api.chat_body or
-openai_tools.ToolCallShape) is reshaped into the response's items (responses_shape.py), whole or as
+that chat, and the chat reply it would have had (text, tool calls, reasoning: reasoning_text.chat_shape)
+is reshaped into the response's items (responses_shape.py), whole or as
 Responses events. A response made with `store` (the default) on a server that keeps responses is
 kept for its caller; GET reads it back, DELETE drops it. One made with `background` is answered after
 the reply (response_background.py), and cancel ends it.
@@ -28,7 +28,7 @@ from frontdoor.http_body import read_object, request_timeout
 from frontdoor.http_openai import GONE, count, event_stream
 from frontdoor.openai_fields import UnknownFields
 from frontdoor.openai_tokens import TokenTrail, trail_of
-from frontdoor.openai_tools import ToolCallShape
+from frontdoor.reasoning_text import ReasoningShape, chat_shape
 from frontdoor.response_store import Kept, ResponseStore
 from frontdoor.responses_shape import Shaper
 from tandem.request_context import api_key_name
@@ -75,10 +75,15 @@ class ResponsesRoutes:
             parsed = oa.chat_request(chat, self.names, rid, self.unknown, self.served.tool_call_parser)
             keep = bool(self.store.capacity) and body.get("store") is not False
             background = rs.in_background(body, keep)
-            shaper = Shaper(body, rid, self.served.served_name, calls=parsed.tools is not None, stored=keep)
-            shape = oa.chat_body if parsed.tools is None else ToolCallShape(parsed.tools, oa.chat_body)
+            shape = chat_shape(parsed, self.served.reasoning_parser)
             reqs = [dataclasses.replace(r, timeout_s=request_timeout(request)) for r in parsed.answers]
             trail = trail_of(reqs[0], True, parsed.shown, self.door.service.tokenizer)  # None: no logprobs
+            thinks = isinstance(shape, ReasoningShape)
+            if trail and thinks:
+                raise InvalidArgument(f"include: {rs.LOGPROBS} is not served where answers are split into reasoning "
+                                      f"and text (this server's reasoning parser)", "include")
+            shaper = Shaper(body, rid, self.served.served_name, calls=parsed.tools is not None, stored=keep,
+                            thinks=thinks)
             owner, asked = api_key_name(), rs.asked(chat, body)
 
             def ended(answers: list[Answer]) -> Kept:
@@ -88,7 +93,7 @@ class ResponsesRoutes:
                 choice = shape(rid, shaper.model, a.text, a.finish_reason, use, chunk=False)["choices"][0]
                 message = choice["message"]
                 done = shaper.whole(message["content"], message.get("tool_calls") or [], choice["finish_reason"], use,
-                                    _logprobs(trail))
+                                    _logprobs(trail), message.get("reasoning"))
                 return Kept(owner, (*asked, shaper.answer()), done)
 
             if background:
@@ -165,8 +170,11 @@ class _ResponseEvents:
         return None
 
     def _events(self, delta: dict) -> list[dict]:
-        """A chat chunk's delta as Responses events: its text, then its calls (new ones, or pieces of one)."""
-        events = self.shaper.text(delta["content"], _logprobs(self.trail)) if delta.get("content") else []
+        """A chat chunk's delta as Responses events: its reasoning, its text, then its calls (new ones, or
+        pieces of one)."""
+        events = self.shaper.reasoning(delta["reasoning"]) if delta.get("reasoning") else []
+        if delta.get("content"):
+            events += self.shaper.text(delta["content"], _logprobs(self.trail))
         for call in delta.get("tool_calls") or ():
             fn = call["function"]
             events += self.shaper.call(call["id"], fn["name"], fn.get("arguments") or "") if call.get("id") \

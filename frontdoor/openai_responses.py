@@ -8,7 +8,8 @@ is prepared, admitted and served exactly as that chat is, by the same core; only
   optional `"type": "message"`, content a string or `input_text` / `output_text` parts (`developer` is
   a system message); `function_call` items (`call_id`, `name`, `arguments`: an assistant's tool calls,
   joined to the assistant message just before them, if any) and `function_call_output` items
-  (`call_id`, `output`: a tool message). `instructions` is a system message before them.
+  (`call_id`, `output`: a tool message); `reasoning` items are dropped (earlier thinking is not shown to
+  the model again). `instructions` is a system message before them.
 - `tools` (function tools, `{"type": "function", "name", "description", "parameters"}`),
   `tool_choice` ("none", "auto", "required", or `{"type": "function", "name"}`) and
   `parallel_tool_calls` are chat's, so calls are made, forced and parsed as on the chat door.
@@ -188,11 +189,13 @@ def _messages(items) -> list[dict]:
         elif kind == "function_call_output":
             out.append({"role": "tool", "tool_call_id": _field(m, "call_id", i),
                         "content": _text(m.get("output"), f"input[{i}].output")})
+        elif kind == "reasoning":
+            continue  # earlier thinking: not shown to the model again (thinking models' templates drop it too)
         elif kind == "message" and m.get("role") in _ROLES:
             out.append({"role": _ROLES[m["role"]], "content": _text(m.get("content"), f"input[{i}].content")})
         else:
             raise InvalidArgument(f"input[{i}] must be a message {{\"role\": one of {sorted(_ROLES)}, \"content\"}}, "
-                                  f"a function_call or a function_call_output; other items (references, reasoning, "
+                                  f"a function_call, a function_call_output or reasoning; other items (references, "
                                   f"hosted tools' calls) are not served", "input")
     return out
 

@@ -1,15 +1,17 @@
 """The Responses API's replies: one response's output items, whole and as streamed events.
 
-A response's `output` lists the items its answer made, in order: an assistant `message` (its text as
-one `output_text` part) and `function_call`s (`call_id`, `name`, `arguments`), read from the chat
-answer the request amounted to (frontdoor/openai_responses.py). An answer that cannot make calls (no
-tools, or tool_choice "none") is always one message, even an empty one; one that can has a message
-only where it has text.
+A response's `output` lists the items its answer made, in order: its `reasoning` (one `reasoning_text`
+part; under a reasoning parser, frontdoor/reasoning_text.py), an assistant `message` (its text as one
+`output_text` part) and `function_call`s (`call_id`, `name`, `arguments`), read from the chat answer the
+request amounted to (frontdoor/openai_responses.py). An answer that cannot make calls (no tools, or
+tool_choice "none") and has no reasoning is always one message, even an empty one; otherwise a message
+is made only where there is text.
 
 Streamed, the response opens with `response.created` and `response.in_progress`; each item is then
-opened (`response.output_item.added`, and a message's `response.content_part.added`), grows
-(`response.output_text.delta`, `response.function_call_arguments.delta`) and is closed
-(`response.output_text.done` and `response.content_part.done`, or
+opened (`response.output_item.added`, and a message's or reasoning's `response.content_part.added`),
+grows (`response.output_text.delta`, `response.reasoning_text.delta`,
+`response.function_call_arguments.delta`) and is closed (`response.output_text.done` or
+`response.reasoning_text.done` and `response.content_part.done`, or
 `response.function_call_arguments.done`; then `response.output_item.done`) before the next one opens;
 `response.completed` (or `response.incomplete`) ends it with every item. Each event has its
 `sequence_number`.
@@ -29,9 +31,9 @@ from dataclasses import dataclass, field
 
 @dataclass
 class _Item:
-    kind: str  # "message" or "function_call"
+    kind: str  # "message", "reasoning" or "function_call"
     id: str
-    text: str = ""  # a message's text; a call's arguments
+    text: str = ""  # a message's or reasoning's text; a call's arguments
     call_id: str = ""
     name: str = ""
     logprobs: list[dict] = field(default_factory=list)  # a message's, one entry per token
@@ -42,6 +44,9 @@ class _Item:
         if self.kind == "message":
             return {"type": "message", "id": self.id, "status": status, "role": "assistant",
                     "content": [] if opened else [part(self.text, self.logprobs)]}
+        if self.kind == "reasoning":
+            return {"type": "reasoning", "id": self.id, "summary": [], "status": status,
+                    "content": [] if opened else [thought(self.text)]}
         return {"type": "function_call", "id": self.id, "call_id": self.call_id, "name": self.name,
                 "arguments": "" if opened else self.text, "status": status}
 
@@ -50,22 +55,30 @@ def part(text: str, logprobs: list[dict] = ()) -> dict:
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": list(logprobs)}
 
 
+def thought(text: str) -> dict:
+    return {"type": "reasoning_text", "text": text}
+
+
 class Shaper:
     """One response: its items as the answer makes them, the whole reply, and the streamed events."""
 
-    def __init__(self, body: dict, rid: str, model: str, calls: bool, stored: bool = False):
+    def __init__(self, body: dict, rid: str, model: str, calls: bool, stored: bool = False, thinks: bool = False):
         """`body`: the Responses request (its settings are echoed); `calls`: whether the answer may make
-        function calls (else it is always one message); `stored`: whether the response is kept."""
+        function calls; `thinks`: whether it may have reasoning (else, without calls, it is always one
+        message); `stored`: whether the response is kept."""
         self.body, self.id, self.model, self.calls, self.stored = body, rid, model, calls, stored
+        self.thinks = thinks
         self.created, self.seq = int(time.time()), 0
         self.items: list[_Item] = []
         self._open: _Item | None = None  # streaming: the item being written
 
     def whole(self, content: str | None, calls: list[dict], reason: str | None, usage: dict,
-              logprobs: list[dict] = ()) -> dict:
-        """The response to a chat answer whose message had `content` and `calls` (chat tool_calls), and
-        the logprobs of its text's tokens (asked for only where it makes no calls)."""
-        if content or not calls:
+              logprobs: list[dict] = (), reasoning: str | None = None) -> dict:
+        """The response to a chat answer whose message had `content`, `calls` (chat tool_calls) and
+        `reasoning`, and the logprobs of its text's tokens (asked for only where it makes no calls)."""
+        if reasoning:
+            self.items.append(_Item("reasoning", _new("rs"), reasoning))
+        if content or not (calls or reasoning):
             self.items.append(_Item("message", _new("msg"), content or "", logprobs=list(logprobs)))
         self.items += [_Item("function_call", _new("fc"), c["function"]["arguments"], c["id"], c["function"]["name"])
                        for c in calls]
@@ -108,7 +121,7 @@ class Shaper:
         """The events before the first piece of the answer (an answer without calls: its message opened)."""
         events = [self.event(k, response=self.response(None, None, done=False))
                   for k in ("response.created", "response.in_progress")]
-        return events + (self._open_item(_Item("message", _new("msg"))) if not self.calls else [])
+        return events + (self._open_item(_Item("message", _new("msg"))) if not (self.calls or self.thinks) else [])
 
     def text(self, piece: str, logprobs: list[dict] = ()) -> list[dict]:
         """A piece of the answer's text (and its tokens' logprobs): into the open message, or a new one."""
@@ -118,6 +131,13 @@ class Shaper:
         self._open.logprobs += logprobs
         return events + [self.event("response.output_text.delta", **self._where(), content_index=0, delta=piece,
                                     logprobs=list(logprobs))]
+
+    def reasoning(self, piece: str) -> list[dict]:
+        """A piece of the answer's reasoning: into the open reasoning item, or a new one."""
+        events = [] if self._open is not None and self._open.kind == "reasoning" else \
+            self._open_item(_Item("reasoning", _new("rs")))
+        self._open.text += piece
+        return events + [self.event("response.reasoning_text.delta", **self._where(), content_index=0, delta=piece)]
 
     def call(self, call_id: str, name: str, arguments: str) -> list[dict]:
         """A new function call, with the first piece of its arguments (maybe all, maybe none)."""
@@ -133,6 +153,8 @@ class Shaper:
         """The events after the answer's last piece (`logprobs`: its tokens' not yet sent, as an empty
         delta): its open item closed, then the whole response."""
         events = self.text("", logprobs) if logprobs else []
+        if not self.calls and not any(i.kind in ("message", "reasoning") for i in self.items):
+            events += self._open_item(_Item("message", _new("msg")))  # an empty answer is still one message
         done = self.response(reason, usage)
         return events + self._close(reason) + [self.event(f"response.{done['status']}", response=done)]
 
@@ -142,8 +164,9 @@ class Shaper:
         self._open = item
         events.append(self.event("response.output_item.added", output_index=len(self.items) - 1,
                                  item=item.shaped("in_progress")))
-        if item.kind == "message":
-            events.append(self.event("response.content_part.added", **self._where(), content_index=0, part=part("")))
+        if item.kind != "function_call":
+            events.append(self.event("response.content_part.added", **self._where(), content_index=0,
+                                     part=part("") if item.kind == "message" else thought("")))
         return events
 
     def _close(self, reason: str | None) -> list[dict]:
@@ -156,6 +179,9 @@ class Shaper:
                                  logprobs=list(item.logprobs)),
                       self.event("response.content_part.done", **where, content_index=0,
                                  part=part(item.text, item.logprobs))]
+        elif item.kind == "reasoning":
+            events = [self.event("response.reasoning_text.done", **where, content_index=0, text=item.text),
+                      self.event("response.content_part.done", **where, content_index=0, part=thought(item.text))]
         else:
             events = [self.event("response.function_call_arguments.done", **where, name=item.name,
                                  arguments=item.text)]
@@ -166,9 +192,10 @@ class Shaper:
     def _where(self) -> dict:
         return {"item_id": self._open.id, "output_index": len(self.items) - 1}  # the open item is the last
 
-    @staticmethod
-    def _final(item: _Item, reason: str | None) -> dict:
-        return item.shaped("incomplete" if reason == "length" and item.kind == "message" else "completed")
+    def _final(self, item: _Item, reason: str | None) -> dict:
+        """An ended item: a message cut by max_output_tokens is incomplete, and so is reasoning cut short."""
+        cut = reason == "length" and (item.kind == "message" or (item.kind == "reasoning" and item is self.items[-1]))
+        return item.shaped("incomplete" if cut else "completed")
 
 
 def _new(prefix: str) -> str:

@@ -32,6 +32,7 @@
                  tls: null,                 # {cert, key, client_ca}: both doors serve TLS (frontdoor/tls.py)
                  chat_template: null,       # a Jinja file, or one of the model's named templates; null: its own
                  tool_call_parser: null,    # hermes, llama3_json, pythonic, mistral: "auto" tool calls; null: refused
+                 reasoning_parser: null,    # deepseek_r1, qwen3: <think> text apart as `reasoning`; null: content
                  responses_kept: 0}         # /v1/responses kept in memory for previous_response_id (0: none)
     worker_tls: null               # {ca, server_name, cert, key}: TLS to the workers (control/worker_tls.py);
                                    # cert/key: what the local workers serve with
@@ -55,6 +56,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from frontdoor.reasoning_text import PARSER_NAMES as REASONING_PARSERS
 from frontdoor.tool_parsers import PARSER_NAMES
 from tandem.modes import HandoffMode, Mode
 
@@ -104,6 +106,7 @@ class FrontDoor(_Strict):
     tls: TlsFiles | None = None
     chat_template: str | None = Field(None, min_length=1)  # a Jinja file or a named template (default: the model's)
     tool_call_parser: Literal[PARSER_NAMES] | None = None  # the model's tool-call format (frontdoor/tool_parsers.py)
+    reasoning_parser: Literal[REASONING_PARSERS] | None = None  # its thinking's tags (frontdoor/reasoning_text.py)
     responses_kept: int = Field(0, ge=0, le=100_000)  # /v1/responses kept for follow-ups (frontdoor/response_store.py)
 
 
@@ -127,10 +130,8 @@ class WorkerTlsFiles(_Strict):
 
 
 class Limits(_Strict):
-    # requests admitted at once; more get 429 / RESOURCE_EXHAUSTED (two CPU cores stream ~64 answers well)
-    max_in_flight: int = Field(64, ge=1)
-    # prompt tokens waiting for their first token (~1 minute of prefill on one core here)
-    max_queued_tokens: int = Field(32768, ge=1)
+    max_in_flight: int = Field(64, ge=1)  # admitted at once; more get 429 (two CPU cores stream ~64 answers well)
+    max_queued_tokens: int = Field(32768, ge=1)  # prompt tokens awaiting their first (~1 min of prefill, one core)
     max_in_flight_per_key: int | None = Field(None, ge=1)  # one API key holder's requests in flight (admission.py)
     request_timeout_s: float = Field(600.0, gt=0)  # default deadline of a request (every wait is bounded by it)
     max_body_bytes: int = Field(16 << 20, ge=1024)  # HTTP bodies over this are refused before being read whole
@@ -155,9 +156,8 @@ DEFAULT_LOCAL_PREFILL_TOKENS = 0
 
 
 class Tracing(_Strict):
-    # OTLP base URL (or its /v1/traces URL; over gRPC, with OTEL_EXPORTER_OTLP_PROTOCOL=grpc, the collector's
-    # URL) the orchestrator and the local workers export spans to;
-    # null: the standard OTEL_* variables decide (tracing is off when they name no endpoint)
+    # OTLP base URL (or its /v1/traces URL; over gRPC, OTEL_EXPORTER_OTLP_PROTOCOL=grpc, the collector's) the
+    # orchestrator and the local workers export spans to; null: the OTEL_* variables decide (none named: off)
     otlp_endpoint: str | None = None
 
 

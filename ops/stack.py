@@ -212,8 +212,9 @@ class Stack:
                                     timeout_s=lim.request_timeout_s, tracer=self.tracer)
         if self.workers.servers:  # remote-only: /health says 503 until the workers answer, the front door is up
             await self._until_ready()
-        served = ServedModel(self.service, dep.front_door.model_name, model_id, dep.front_door.tool_call_parser)
-        door, fd = FrontDoor(served), dep.front_door
+        fd = dep.front_door
+        served = ServedModel(self.service, fd.model_name, model_id, fd.tool_call_parser, fd.reasoning_parser)
+        door = FrontDoor(served)
         try:
             self.grpc = await start_grpc(TritonProtocolServicer(door), fd.host, fd.grpc_port,
                                          security.grpc_credentials, security.keys)

@@ -1,0 +1,136 @@
+"""Reasoning parsers (`tandem serve --reasoning-parser`): the splitter alone (streamed in any pieces it
+splits as it does whole), then real stacks under each parser, asked through the official `openai` SDK.
+
+The default model does not think, but it copies a pattern: continuing an assistant turn of questions
+answered as `<think>...</think>` and `A: ...`, it writes the next answer that way. The test reads the
+raw answer from the session's stack (no parser) and splits it itself (str.partition), so what is
+checked is the parser's rule on a real model's text: chat's `reasoning` (and `reasoning_content`) apart
+from the content, whole and streamed; Responses' reasoning item before its message, whole and
+streamed; deepseek_r1 reads an answer without tags as all reasoning, qwen3 as all content; an answer
+under a guide is all content; a reasoning input item is dropped."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from frontdoor.reasoning_text import ThinkSplitter
+from tests.conftest import start_serve, stop_serve
+from tests.serve.test_door_conformance import http
+
+openai = pytest.importorskip("openai")
+
+MODEL = "smollm2-135m"
+SHOTS = "Q: 2+2?\n<think>2 plus 2 is 4.</think>\nA: 4\nQ: 5+1?\n<think>5 plus 1 is 6.</think>\nA: 6\nQ: 3+3?\n"
+THINKING = {"messages": [{"role": "user", "content": "Answer each question."},
+                         {"role": "assistant", "content": SHOTS}],
+            "max_tokens": 24, "temperature": 0, "continue_final_message": True, "add_generation_prompt": False}
+PLAIN = {"messages": [{"role": "user", "content": "Name a large city."}], "max_tokens": 12, "temperature": 0}
+
+
+def _expected(raw: str, parser: str) -> tuple[str | None, str]:
+    """(reasoning, content) of a raw answer by the parsers' documented rule, written out independently."""
+    lead = raw.lstrip()
+    if lead.startswith("<think>"):
+        thinking = lead[len("<think>"):]
+    elif parser == "deepseek_r1":
+        thinking = raw
+    else:
+        return None, raw
+    reasoning, tag, content = thinking.partition("</think>")
+    return reasoning, content.lstrip() if tag else ""
+
+
+TEXTS = st.lists(st.sampled_from(["<think>", "</think>", "<", "/", "t", "h", "think", ">", " ", "\n", "a"]),
+                 max_size=6).map("".join)  # pieces made of tags, their parts, spaces and text
+
+
+@settings(max_examples=300, deadline=None)
+@given(pieces=st.lists(TEXTS, max_size=12), parser=st.sampled_from(["deepseek_r1", "qwen3"]))
+def test_the_splitter_splits_any_pieces_as_it_splits_the_whole(pieces, parser):
+    whole = ThinkSplitter(parser == "deepseek_r1").whole("".join(pieces))
+    split, reasoning, content = ThinkSplitter(parser == "deepseek_r1"), "", ""
+    for p in pieces:
+        r, c = split.feed(p)
+        reasoning, content = reasoning + r, content + c
+    r, c = split.finish()
+    assert (reasoning + r if split.thought else None, content + c) == whole == _expected("".join(pieces), parser)
+
+
+@pytest.fixture(scope="module", params=["qwen3", "deepseek_r1"])
+def thinking(request, built_engines, tmp_path_factory):
+    s = start_serve(built_engines, tmp_path_factory.mktemp(f"serve-{request.param}"), "--reasoning-parser",
+                    request.param)
+    c = openai.OpenAI(base_url=s.http + "/v1", api_key="unused", max_retries=0, timeout=120)
+    yield request.param, s, c
+    c.close()
+    stop_serve(s)
+
+
+def _raw(served, body: dict) -> str:
+    status, reply, _ = http(served.http, "/v1/chat/completions", {"model": MODEL} | body)
+    assert status == 200, reply
+    return reply["choices"][0]["message"]["content"]
+
+
+def _chat(client, body: dict, **more):
+    extra = {k: body[k] for k in ("continue_final_message", "add_generation_prompt") if k in body}
+    return client.chat.completions.create(model=MODEL, messages=body["messages"], max_tokens=body["max_tokens"],
+                                          temperature=0, extra_body=extra or None, **more)
+
+
+@pytest.mark.parametrize("body", [THINKING, PLAIN], ids=["thinking", "plain"])
+def test_chat_carries_the_reasoning_apart_whole_and_streamed(served, thinking, body):
+    parser, _, client = thinking
+    raw = _raw(served, body)
+    reasoning, content = _expected(raw, parser)
+    if body is THINKING:
+        assert raw.lstrip().startswith("<think>") and "</think>" in raw, raw  # the model followed the pattern
+    message = _chat(client, body).choices[0].message
+    assert getattr(message, "reasoning", None) == getattr(message, "reasoning_content", None) == reasoning
+    assert message.content == (content or None if reasoning is not None else content)
+    chunks = list(_chat(client, body, stream=True, stream_options={"include_usage": True}))
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    assert chunks[-1].usage.completion_tokens > 0 and not chunks[-1].choices
+    assert "".join(getattr(d, "reasoning", None) or "" for d in deltas) == (reasoning or "")
+    assert "".join(getattr(d, "reasoning_content", None) or "" for d in deltas) == (reasoning or "")
+    assert "".join(d.content or "" for d in deltas) == content and deltas[0].role == "assistant"
+
+
+def test_a_response_has_its_reasoning_item_before_its_message_whole_and_streamed(served, thinking):
+    parser, _, client = thinking
+    reasoning, content = _expected(_raw(served, THINKING), parser)
+    ask = {"model": MODEL, "input": THINKING["messages"], "max_output_tokens": THINKING["max_tokens"],
+           "temperature": 0, "extra_body": {"continue_final_message": True, "add_generation_prompt": False}}
+    got = client.responses.create(**ask)
+    assert [o.type for o in got.output] == ["reasoning", "message"]
+    assert got.output[0].content[0].text == reasoning and got.output_text == content
+    events = list(client.responses.create(**ask, stream=True))
+    kinds = [e.type for e in events]
+    assert kinds[2:5] == ["response.output_item.added", "response.content_part.added", "response.reasoning_text.delta"]
+    assert "".join(e.delta for e in events if e.type == "response.reasoning_text.delta") == reasoning
+    assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == content
+    done = events[-1].response
+    assert [o.type for o in done.output] == ["reasoning", "message"] and done.output[0].content[0].text == reasoning
+    follow = client.responses.create(model=MODEL, input=[{"role": "user", "content": "Name a river."},
+                                                         got.output[0].model_dump(exclude_none=True)],
+                                     max_output_tokens=8, temperature=0)
+    plain = client.responses.create(model=MODEL, input="Name a river.", max_output_tokens=8, temperature=0)
+    assert [o.model_dump(exclude={"id"}) for o in follow.output] == \
+        [o.model_dump(exclude={"id"}) for o in plain.output]  # the reasoning item given back is dropped
+
+
+def test_an_answer_under_a_guide_is_all_content(thinking):
+    _, _, client = thinking
+    got = client.chat.completions.create(model=MODEL, messages=PLAIN["messages"], max_tokens=24, temperature=0,
+                                         response_format={"type": "json_object"})
+    message = got.choices[0].message
+    assert getattr(message, "reasoning", None) is None and message.content.lstrip().startswith("{")
+
+
+def test_logprobs_of_a_split_response_are_refused(thinking):
+    _, serve, _ = thinking
+    status, reply, _ = http(serve.http, "/v1/responses", {"model": MODEL, "input": "Hi",
+                                                          "include": ["message.output_text.logprobs"]})
+    assert status == 400 and reply["error"]["param"] == "include", reply

@@ -83,7 +83,8 @@ class ResponsesRoutes:
                 raise InvalidArgument(f"include: {rs.LOGPROBS} is not served where answers are split into reasoning "
                                       f"and text (this server's reasoning parser)", "include")
             shaper = Shaper(body, rid, self.served.served_name, calls=parsed.tools is not None, stored=keep,
-                            thinks=thinks)
+                            reasoning_parser=self.served.reasoning_parser if thinks else None)
+            watch = _both(shaper.see, trail.add if trail else None)  # each delta: reasoning tokens, logprobs
             owner, asked = api_key_name(), rs.asked(chat, body)
 
             def ended(answers: list[Answer]) -> Kept:
@@ -98,13 +99,13 @@ class ResponsesRoutes:
 
             if background:
                 def answer(on_delta):
-                    return self.door.collect_all(reqs, [_both(on_delta, trail.add if trail else None)])
+                    return self.door.collect_all(reqs, [_both(on_delta, watch)])
                 return web.json_response(await response_background.start(
                     self.store, rid, owner, answer, ended, shaper.response(None, None, done=False)))
             if not parsed.stream:
-                done = ended(await self.door.collect_all(reqs, [trail.add if trail else None])).response
+                done = ended(await self.door.collect_all(reqs, [watch])).response
             else:
-                events = _ResponseEvents(request, shaper, shape, trail)
+                events = _ResponseEvents(request, shaper, shape, trail, watch)
                 async with contextlib.aclosing(self.door.answer_all(reqs)) as deltas:
                     done = await events.send(deltas)
         if keep and done is not None:
@@ -136,8 +137,9 @@ class _ResponseEvents:
     Responses events, then the closing ones; a failure after the start is an `error` event. A client
     that leaves cancels the request."""
 
-    def __init__(self, request, shaper: Shaper, shape, trail: TokenTrail | None):
-        self.request, self.shaper, self.shape, self.trail = request, shaper, shape, trail
+    def __init__(self, request, shaper: Shaper, shape, trail: TokenTrail | None, watch: Callable):
+        """`trail`: the answer's logprobs, if asked for; `watch` sees each delta first (trail.add among others)."""
+        self.request, self.shaper, self.shape, self.trail, self.watch = request, shaper, shape, trail, watch
         self.resp: web.StreamResponse | None = None
 
     async def send(self, deltas) -> dict | None:
@@ -149,8 +151,7 @@ class _ResponseEvents:
                     self.resp = await event_stream(self.request)
                     await self._sse(self.shaper.opening())
                 count(seen, d)
-                if self.trail:
-                    self.trail.add(d)
+                self.watch(d)
                 if not d.text and not d.finish_reason:
                     continue
                 chunk = self.shape(self.shaper.id, self.shaper.model, d.text, d.finish_reason, None, chunk=True)

@@ -84,6 +84,35 @@ class ThinkSplitter:
         self.thought = self.thought or state is _State.REASONING
 
 
+class ThoughtTokens:
+    """Counts one answer's reasoning tokens from its deltas (frontdoor.core.Delta): the tokens made until
+    its reasoning ended, the one whose text completes `</think>` included (all of them when it never
+    does; none for an answer with no reasoning). A token whose text is held back and released later
+    (a partial character, a possible stop string) counts with the delta that releases it."""
+
+    def __init__(self, parser: str):
+        self.split = ThinkSplitter(OPENED[parser])
+        self.count = 0
+        self._undecided = 0  # tokens before it is known whether the answer opens with <think>
+
+    def add(self, delta) -> None:
+        if self.split.state is _State.CONTENT:
+            return
+        self.split.feed(delta.text)
+        made = delta.token is not None
+        if self.split.state is _State.START:
+            self._undecided += made
+        elif self.split.thought:  # reasoning, or the delta that ended it
+            self.count += made + self._undecided
+            self._undecided = 0
+        else:  # the answer is content: what was undecided was content too
+            self._undecided = 0
+
+    def total(self) -> int:
+        """The count once the answer ended (an answer still undecided ends as its parser reads it)."""
+        return self.count + (self._undecided if self.split.opened else 0)
+
+
 def _tag_start(text: str) -> int:
     """How many of `text`'s last characters may be the start of the closing tag (held back)."""
     for n in range(min(len(END) - 1, len(text)), 0, -1):

@@ -28,6 +28,8 @@ import secrets
 import time
 from dataclasses import dataclass, field
 
+from frontdoor.reasoning_text import ThoughtTokens
+
 
 @dataclass
 class _Item:
@@ -62,12 +64,14 @@ def thought(text: str) -> dict:
 class Shaper:
     """One response: its items as the answer makes them, the whole reply, and the streamed events."""
 
-    def __init__(self, body: dict, rid: str, model: str, calls: bool, stored: bool = False, thinks: bool = False):
+    def __init__(self, body: dict, rid: str, model: str, calls: bool, stored: bool = False,
+                 reasoning_parser: str | None = None):
         """`body`: the Responses request (its settings are echoed); `calls`: whether the answer may make
-        function calls; `thinks`: whether it may have reasoning (else, without calls, it is always one
-        message); `stored`: whether the response is kept."""
+        function calls; `reasoning_parser`: how its reasoning is read, if it may have some (else, without
+        calls, it is always one message); `stored`: whether the response is kept."""
         self.body, self.id, self.model, self.calls, self.stored = body, rid, model, calls, stored
-        self.thinks = thinks
+        self.thinks = reasoning_parser is not None
+        self.thoughts = ThoughtTokens(reasoning_parser) if self.thinks else None  # usage's reasoning_tokens
         self.created, self.seq = int(time.time()), 0
         self.items: list[_Item] = []
         self._open: _Item | None = None  # streaming: the item being written
@@ -83,6 +87,11 @@ class Shaper:
         self.items += [_Item("function_call", _new("fc"), c["function"]["arguments"], c["id"], c["function"]["name"])
                        for c in calls]
         return self.response(reason, usage)
+
+    def see(self, delta) -> None:
+        """Each delta of the answer (frontdoor.core.Delta), whole or streamed: its reasoning tokens are counted."""
+        if self.thoughts is not None:
+            self.thoughts.add(delta)
 
     def response(self, reason: str | None, usage: dict | None, done: bool = True) -> dict:
         """The response object: ended with `reason` (the chat's finish reason) and its items, or in progress."""
@@ -100,7 +109,8 @@ class Shaper:
                 "temperature": body.get("temperature"), "top_p": body.get("top_p"),
                 "text": {"format": fmt}, "tool_choice": body.get("tool_choice") or "auto",
                 "tools": body.get("tools") or [],
-                "truncation": "disabled", "usage": _usage(usage) if usage else None,
+                "truncation": "disabled",
+                "usage": _usage(usage, self.thoughts.total() if self.thoughts else 0) if usage else None,
                 "metadata": body.get("metadata") or {}, "user": body.get("user")}
 
     def answer(self) -> dict:
@@ -202,9 +212,9 @@ def _new(prefix: str) -> str:
     return f"{prefix}_{secrets.token_hex(12)}"
 
 
-def _usage(u: dict) -> dict:
-    """Chat's usage object in the Responses API's names."""
+def _usage(u: dict, reasoning_tokens: int) -> dict:
+    """Chat's usage object in the Responses API's names (and the answer's reasoning tokens)."""
     return {"input_tokens": u["prompt_tokens"], "output_tokens": u["completion_tokens"],
             "total_tokens": u["total_tokens"],
             "input_tokens_details": {"cached_tokens": u["prompt_tokens_details"]["cached_tokens"]},
-            "output_tokens_details": {"reasoning_tokens": 0}}
+            "output_tokens_details": {"reasoning_tokens": reasoning_tokens}}

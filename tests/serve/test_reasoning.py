@@ -15,7 +15,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from frontdoor.reasoning_text import ThinkSplitter
+from frontdoor.core import Delta
+from frontdoor.reasoning_text import ThinkSplitter, ThoughtTokens
 from tests.conftest import start_serve, stop_serve
 from tests.serve.test_door_conformance import http
 
@@ -56,6 +57,32 @@ def test_the_splitter_splits_any_pieces_as_it_splits_the_whole(pieces, parser):
         reasoning, content = reasoning + r, content + c
     r, c = split.finish()
     assert (reasoning + r if split.thought else None, content + c) == whole == _expected("".join(pieces), parser)
+
+
+def _reasoning_end(text: str, parser: str) -> float | None:
+    """Where a whole answer's reasoning ends: just after its </think>, or never (infinity) when it does not
+    close; None: it has none. The parsers' rule again, on offsets."""
+    lead = len(text) - len(text.lstrip())
+    if text[lead:].startswith("<think>"):
+        start = lead + len("<think>")
+    elif parser == "deepseek_r1":
+        start = 0
+    else:
+        return None
+    end = text.find("</think>", start)
+    return float("inf") if end < 0 else end + len("</think>")
+
+
+@settings(max_examples=300, deadline=None)
+@given(pieces=st.lists(TEXTS, max_size=12), parser=st.sampled_from(["deepseek_r1", "qwen3"]))
+def test_the_reasoning_tokens_are_the_tokens_made_until_the_reasoning_ended(pieces, parser):
+    """One token a delta: a token counts when its text starts before the reasoning's end (every token, when
+    the reasoning never ends)."""
+    counted = ThoughtTokens(parser)
+    for p in pieces:
+        counted.add(Delta(p, token=1, logprob=None))
+    end, starts = _reasoning_end("".join(pieces), parser), [len("".join(pieces[:i])) for i in range(len(pieces))]
+    assert counted.total() == (0 if end is None else sum(start < end for start in starts))
 
 
 @pytest.fixture(scope="module", params=["qwen3", "deepseek_r1"])
@@ -106,6 +133,8 @@ def test_a_response_has_its_reasoning_item_before_its_message_whole_and_streamed
     got = client.responses.create(**ask)
     assert [o.type for o in got.output] == ["reasoning", "message"]
     assert got.output[0].content[0].text == reasoning and got.output_text == content
+    thought = got.usage.output_tokens_details.reasoning_tokens
+    assert 0 < thought < got.usage.output_tokens  # the tokens until </think>; the content's after them
     events = list(client.responses.create(**ask, stream=True))
     kinds = [e.type for e in events]
     assert kinds[2:5] == ["response.output_item.added", "response.content_part.added", "response.reasoning_text.delta"]
@@ -113,10 +142,13 @@ def test_a_response_has_its_reasoning_item_before_its_message_whole_and_streamed
     assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == content
     done = events[-1].response
     assert [o.type for o in done.output] == ["reasoning", "message"] and done.output[0].content[0].text == reasoning
+    assert done.usage.output_tokens_details.reasoning_tokens == thought
     follow = client.responses.create(model=MODEL, input=[{"role": "user", "content": "Name a river."},
                                                          got.output[0].model_dump(exclude_none=True)],
                                      max_output_tokens=8, temperature=0)
     plain = client.responses.create(model=MODEL, input="Name a river.", max_output_tokens=8, temperature=0)
+    all_of_it = plain.usage.output_tokens if parser == "deepseek_r1" else 0  # no tags: all reasoning, or none
+    assert plain.usage.output_tokens_details.reasoning_tokens == all_of_it
     assert [o.model_dump(exclude={"id"}) for o in follow.output] == \
         [o.model_dump(exclude={"id"}) for o in plain.output]  # the reasoning item given back is dropped
 

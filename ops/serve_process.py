@@ -1,6 +1,7 @@
 """`tandem serve` as a child process: start it on free ports, wait until healthy, stop it cleanly.
 
-Used by `tandem bench compare` (one deployment per mode), the benchmark scripts and the tests.
+Used by `tandem bench compare` (one deployment per mode), `tandem batch` (one it serves itself), the benchmark
+scripts and the tests.
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+from itertools import zip_longest
 
 from aiohttp import web
 
@@ -24,8 +25,8 @@ from frontdoor import openai_api as oa
 from frontdoor.core import FrontDoor
 from frontdoor.http_body import read_object, request_timeout
 from frontdoor.openai_fields import UnknownFields
-from frontdoor.openai_tokens import TokenTrail, chunk_extras, trail_of, whole_extras
-from frontdoor.reasoning_text import chat_shape
+from frontdoor.openai_tokens import TokenTrail, chunk_extras, trail_of, watching, whole_extras
+from frontdoor.reasoning_text import ReasoningShape, chat_shape
 from tandem.status import Internal, TandemError, status_of
 
 log = logging.getLogger("tandem.http")
@@ -81,16 +82,19 @@ class OpenAIRoutes:
         timeout = request_timeout(request)
         reqs = [dataclasses.replace(r, timeout_s=timeout) for r in parsed.answers]
         trails = [trail_of(r, chat, parsed.shown, self.service.tokenizer) for r in reqs]
+        # under a reasoning parser: each answer's reasoning tokens (usage's completion_tokens_details)
+        thoughts = [shape.thoughts() for _ in reqs] if isinstance(shape, ReasoningShape) else []
         model = self.served.served_name
         if not parsed.stream:
-            answers = await self.door.collect_all(reqs, [t.add if t else None for t in trails])
+            answers = await self.door.collect_all(reqs, [watching(t.add if t else None, th.add if th else None)
+                                                         for t, th in zip_longest(trails, thoughts)])
             choices = [(a.text, a.finish_reason, t.take() if t else None) for a, t in zip(answers, trails)]
-            usage = parsed.usage([(a.prompt_tokens, a.tokens, a.cached_tokens) for a in answers])
+            usage = thought(parsed.usage([(a.prompt_tokens, a.tokens, a.cached_tokens) for a in answers]), thoughts)
             reply = oa.whole_body(shape, rid, model, choices, usage)
             for choice, a in zip(reply["choices"], answers):
                 choice["stop_reason"] = a.stop_reason  # vLLM's: the stop string or stop token that ended it
             return web.json_response(whole_extras(reply, trails, parsed.shown, chat))
-        events = _Events(request, rid, model, shape, body, trails, parsed, chat)
+        events = _Events(request, rid, model, shape, body, trails, parsed, chat, thoughts)
         async with contextlib.aclosing(self.door.answer_all(reqs)) as deltas:
             done = await events.send(deltas)
         if events.resp is None:  # the core yields at least the delta with the finish reason
@@ -108,6 +112,13 @@ async def event_stream(request) -> web.StreamResponse:
     return resp
 
 
+def thought(usage: dict, thoughts: list) -> dict:
+    """`usage` with the answers' reasoning tokens, when a reasoning parser counted them (ReasoningShape)."""
+    if thoughts:
+        usage["completion_tokens_details"] = {"reasoning_tokens": sum(t.total() for t in thoughts)}
+    return usage
+
+
 def count(seen: list[int], d) -> None:
     """One choice's prompt, completion and cached tokens, after delta `d`."""
     seen[:] = d.prompt_tokens, seen[1] + (d.token is not None), seen[2] or d.cached_tokens
@@ -120,9 +131,10 @@ class _Events:
     logprobs sent with the next event of its choice that carries text."""
 
     def __init__(self, request, rid: str, model: str, shape, body: dict, trails: list[TokenTrail | None],
-                 parsed: oa.Parsed, chat: bool):
+                 parsed: oa.Parsed, chat: bool, thoughts: list):
+        """`thoughts`: each choice's reasoning-token counter (reasoning_text.ThoughtTokens), or none."""
         self.request, self.rid, self.model, self.shape, self.trails = request, rid, model, shape, trails
-        self.parsed, self.chat = parsed, chat
+        self.parsed, self.chat, self.thoughts = parsed, chat, thoughts
         opts = body.get("stream_options") or {}
         self.include_usage = bool(opts.get("include_usage"))
         # vLLM's continuous_usage_stats: every chunk carries its choice's usage so far
@@ -141,6 +153,8 @@ class _Events:
                 count(seen, d)
                 if trail:
                     trail.add(d)
+                if self.thoughts:
+                    self.thoughts[d.index].add(d)
                 if not d.text and not d.finish_reason:
                     continue
                 extra = {"first": not started[d.index]} if self.chat else {}
@@ -154,7 +168,8 @@ class _Events:
                 await self._sse(event)
                 started[d.index] = True
             if self.include_usage:
-                chunk = self.shape(self.rid, self.model, "", None, self.parsed.usage(counts), chunk=True)
+                chunk = self.shape(self.rid, self.model, "", None, thought(self.parsed.usage(counts), self.thoughts),
+                                   chunk=True)
                 chunk["choices"] = []
                 await self._sse(chunk)
         except TandemError as e:

@@ -27,7 +27,7 @@ from frontdoor.core import Answer, FrontDoor
 from frontdoor.http_body import read_object, request_timeout
 from frontdoor.http_openai import GONE, count, event_stream
 from frontdoor.openai_fields import UnknownFields
-from frontdoor.openai_tokens import TokenTrail, trail_of
+from frontdoor.openai_tokens import TokenTrail, trail_of, watching
 from frontdoor.reasoning_text import ReasoningShape, chat_shape
 from frontdoor.response_store import Kept, ResponseStore
 from frontdoor.responses_shape import Shaper
@@ -84,7 +84,7 @@ class ResponsesRoutes:
                                       f"and text (this server's reasoning parser)", "include")
             shaper = Shaper(body, rid, self.served.served_name, calls=parsed.tools is not None, stored=keep,
                             reasoning_parser=self.served.reasoning_parser if thinks else None)
-            watch = _both(shaper.see, trail.add if trail else None)  # each delta: reasoning tokens, logprobs
+            watch = watching(shaper.see, trail.add if trail else None)  # each delta: reasoning tokens, logprobs
             owner, asked = api_key_name(), rs.asked(chat, body)
 
             def ended(answers: list[Answer]) -> Kept:
@@ -99,7 +99,7 @@ class ResponsesRoutes:
 
             if background:
                 def answer(on_delta):
-                    return self.door.collect_all(reqs, [_both(on_delta, watch)])
+                    return self.door.collect_all(reqs, [watching(on_delta, watch)])
                 return web.json_response(await response_background.start(
                     self.store, rid, owner, answer, ended, shaper.response(None, None, done=False)))
             if not parsed.stream:
@@ -185,15 +185,6 @@ class _ResponseEvents:
     async def _sse(self, events: list[dict]) -> None:
         for obj in events:
             await self.resp.write(f"event: {obj['type']}\ndata: ".encode() + json.dumps(obj).encode() + b"\n\n")
-
-
-def _both(first: Callable, then: Callable | None) -> Callable:
-    """A delta watcher calling `first`, then `then` (if any)."""
-    def watch(delta) -> None:
-        first(delta)
-        if then is not None:
-            then(delta)
-    return watch
 
 
 def _logprobs(trail: TokenTrail | None) -> list[dict]:

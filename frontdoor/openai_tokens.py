@@ -124,6 +124,18 @@ class TokenTrail:
         return {"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets}
 
 
+def watching(*calls: Callable | None) -> Callable | None:
+    """One delta watcher calling each of `calls` that is not None, in order (None when none is)."""
+    kept = [c for c in calls if c is not None]
+    if not kept:
+        return None
+
+    def watch(delta) -> None:
+        for call in kept:
+            call(delta)
+    return watch
+
+
 def trail_of(req, chat: bool, shown: Shown, tokenizer) -> TokenTrail | None:
     """The token reports of answer `req` (a GenerationRequest), when its request asked for any."""
     if not shown.any(req.logprobs):

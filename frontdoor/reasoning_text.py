@@ -142,8 +142,12 @@ class ReasoningShape:
     older clients read it), and only the content reaches `inner` (so only it is read for calls)."""
 
     def __init__(self, parser: str, inner):
-        self.opened, self.inner = OPENED[parser], inner
+        self.parser, self.opened, self.inner = parser, OPENED[parser], inner
         self._splitters: dict[int, ThinkSplitter] = {}  # streaming: each choice's
+
+    def thoughts(self) -> ThoughtTokens:
+        """A counter of one answer's reasoning tokens, read as this shape reads its text."""
+        return ThoughtTokens(self.parser)
 
     def __call__(self, rid: str, model: str, text: str, reason: str | None, usage_: dict | None, chunk: bool,
                  first: bool = False, logprobs: dict | None = None, index: int = 0) -> dict | None:

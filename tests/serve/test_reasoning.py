@@ -114,12 +114,18 @@ def test_chat_carries_the_reasoning_apart_whole_and_streamed(served, thinking, b
     reasoning, content = _expected(raw, parser)
     if body is THINKING:
         assert raw.lstrip().startswith("<think>") and "</think>" in raw, raw  # the model followed the pattern
-    message = _chat(client, body).choices[0].message
+    reply = _chat(client, body)
+    message, used = reply.choices[0].message, reply.usage
     assert getattr(message, "reasoning", None) == getattr(message, "reasoning_content", None) == reasoning
+    thought = used.completion_tokens_details.reasoning_tokens
+    if body is THINKING:
+        assert 0 < thought < used.completion_tokens  # the tokens until </think>; the content's after them
+    else:  # no tags: all reasoning (deepseek_r1) or none (qwen3)
+        assert thought == (used.completion_tokens if parser == "deepseek_r1" else 0)
     assert message.content == (content or None if reasoning is not None else content)
     chunks = list(_chat(client, body, stream=True, stream_options={"include_usage": True}))
     deltas = [c.choices[0].delta for c in chunks if c.choices]
-    assert chunks[-1].usage.completion_tokens > 0 and not chunks[-1].choices
+    assert chunks[-1].usage.completion_tokens_details.reasoning_tokens == thought and not chunks[-1].choices
     assert "".join(getattr(d, "reasoning", None) or "" for d in deltas) == (reasoning or "")
     assert "".join(getattr(d, "reasoning_content", None) or "" for d in deltas) == (reasoning or "")
     assert "".join(d.content or "" for d in deltas) == content and deltas[0].role == "assistant"

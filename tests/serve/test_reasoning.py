@@ -5,8 +5,8 @@ The default model does not think, but it copies a pattern: continuing an assista
 answered as `<think>...</think>` and `A: ...`, it writes the next answer that way. The test reads the
 raw answer from the session's stack (no parser) and splits it itself (str.partition), so what is
 checked is the parser's rule on a real model's text: chat's `reasoning` (and `reasoning_content`) apart
-from the content, whole and streamed; Responses' reasoning item before its message, whole and
-streamed; deepseek_r1 reads an answer without tags as all reasoning, qwen3 as all content; an answer
+from the content, whole and streamed, and its tokens counted in usage; Responses' reasoning item before
+its message, whole and streamed; deepseek_r1 reads an answer without tags as all reasoning, qwen3 as all content; an answer
 under a guide is all content; a reasoning input item is dropped."""
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ is prepared, admitted and served exactly as that chat is, by the same core; only
 - `include: ["message.output_text.logprobs"]` is chat's `logprobs: true`, with `top_logprobs` (0..20)
   alternatives per token; refused where the answer may make calls (a call's tokens have no place for
   them). The other includables are accepted and add nothing: they name items never made here (hosted
-  tools' results, images, reasoning).
+  tools' results, images) or reasoning's encrypted form (reasoning items, where made, are plain text).
 - `background: true` answers after the reply (response_background.py), where responses are kept and
   not streamed.
 - Refused with a 400 naming the field: tools other than functions (hosted tools),
@@ -50,7 +50,7 @@ _CARRIED = CHAT_FIELDS - {"model", "messages", "max_tokens", "max_completion_tok
                           "return_token_ids", "return_tokens_as_token_ids", "documents", *_BOOKKEEPING}
 _ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
 LOGPROBS = "message.output_text.logprobs"
-# what `include` may name: the logprobs, and items never made here (so including them adds nothing)
+# what `include` may name: the logprobs, and what is never made here (so including it adds nothing)
 _INCLUDABLE = {LOGPROBS, "reasoning.encrypted_content", "file_search_call.results", "web_search_call.results",
                "web_search_call.action.sources", "message.input_image.image_url",
                "computer_call_output.output.image_url", "code_interpreter_call.outputs"}

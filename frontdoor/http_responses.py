@@ -27,12 +27,13 @@ from frontdoor.core import Answer, FrontDoor
 from frontdoor.http_body import read_object, request_timeout
 from frontdoor.http_openai import GONE, count, event_stream
 from frontdoor.openai_fields import UnknownFields
-from frontdoor.openai_tokens import TokenTrail, trail_of, watching
+from frontdoor.openai_tokens import trail_of, watching
 from frontdoor.reasoning_text import ReasoningShape, chat_shape
+from frontdoor.response_events import AnswerEvents, EventFeed, logprobs
 from frontdoor.response_store import Kept, ResponseStore
 from frontdoor.responses_shape import Shaper
 from tandem.request_context import api_key_name
-from tandem.status import Internal, InvalidArgument, TandemError, status_of
+from tandem.status import Internal, InvalidArgument, TandemError
 
 log = logging.getLogger("tandem.http")
 
@@ -52,7 +53,18 @@ class ResponsesRoutes:
         self.names = (self.served.served_name, self.served.triton_name)
 
     async def read(self, request):
-        return web.json_response(self.store.get(request.match_info["id"], api_key_name()).response)
+        """The response as it is now; with `?stream=true` a streamed background response's events after
+        `starting_after` (default: all), followed until it ends."""
+        rid = request.match_info["id"]
+        kept = self.store.get(rid, api_key_name())
+        after = _starting_after(request.query)
+        if after is None:
+            return web.json_response(kept.response)
+        if kept.feed is None:
+            raise InvalidArgument(f"stream: response {rid} was not streamed in the background (made with background "
+                                  f"and stream true), so it has no events to read again; read it without stream",
+                                  "stream")
+        return await _follow(request, kept.feed, after)
 
     async def delete(self, request):
         rid = request.match_info["id"]
@@ -87,6 +99,10 @@ class ResponsesRoutes:
             watch = watching(shaper.see, trail.add if trail else None)  # each delta: reasoning tokens, logprobs
             owner, asked = api_key_name(), rs.asked(chat, body)
 
+            def kept(done: dict) -> Kept:
+                """Response `done` as it is kept, with the conversation a follow-up continues."""
+                return Kept(owner, (*asked, shaper.answer()), done)
+
             def ended(answers: list[Answer]) -> Kept:
                 """The kept response of the whole answer (the chat reply it would have had, reshaped)."""
                 a = answers[0]
@@ -94,27 +110,47 @@ class ResponsesRoutes:
                 choice = shape(rid, shaper.model, a.text, a.finish_reason, use, chunk=False)["choices"][0]
                 message = choice["message"]
                 done = shaper.whole(message["content"], message.get("tool_calls") or [], choice["finish_reason"], use,
-                                    _logprobs(trail), message.get("reasoning"))
-                return Kept(owner, (*asked, shaper.answer()), done)
+                                    logprobs(trail), message.get("reasoning"))
+                return kept(done)
 
+            events = AnswerEvents(shaper, shape, trail, watch)
             if background:
-                def answer(on_delta):
-                    return self.door.collect_all(reqs, [watching(on_delta, watch)])
-                return web.json_response(await response_background.start(
-                    self.store, rid, owner, answer, ended, shaper.response(None, None, done=False)))
+                feed = EventFeed() if parsed.stream else None
+                reply = await response_background.start(
+                    self.store, rid, owner, self._background(reqs, events, feed, watch),
+                    ended if feed is None else kept,
+                    shaper.response(None, None, done=False), feed)
+                return web.json_response(reply) if feed is None else await _follow(request, feed, -1)
             if not parsed.stream:
                 done = ended(await self.door.collect_all(reqs, [watch])).response
             else:
-                events = _ResponseEvents(request, shaper, shape, trail, watch)
+                sent = _ResponseEvents(request, events)
                 async with contextlib.aclosing(self.door.answer_all(reqs)) as deltas:
-                    done = await events.send(deltas)
+                    done = await sent.send(deltas)
         if keep and done is not None:
-            self.store.put(rid, Kept(owner, (*asked, shaper.answer()), done))
+            self.store.put(rid, kept(done))
         if not parsed.stream:
             return web.json_response(done)
-        if events.resp is None:
+        if sent.resp is None:
             raise Internal(f"the answer of {rid} ended before its first delta")
-        return events.resp
+        return sent.resp
+
+    def _background(self, reqs: list, events: AnswerEvents, feed: EventFeed | None, watch: Callable):
+        """A background answer: `answer(on_delta)` of response_background.start. It returns the chat
+        answers, or, streamed (`feed`), adds each delta's events to the feed and returns the whole response."""
+        if feed is None:
+            return lambda on_delta: self.door.collect_all(reqs, [watching(on_delta, watch)])
+
+        async def streamed(on_delta) -> dict:
+            feed.add(events.opening())
+            async with contextlib.aclosing(self.door.answer_all(reqs)) as deltas:
+                async for d in deltas:
+                    on_delta(d)
+                    feed.add(events.of(d))
+            closing = events.closing()
+            feed.add(closing)
+            return closing[-1]["response"]
+        return streamed
 
     def _earlier(self, previous) -> tuple[dict, ...]:
         """The conversation a follow-up continues: its previous response's, or none."""
@@ -132,61 +168,64 @@ class ResponsesRoutes:
 
 
 class _ResponseEvents:
-    """One Responses API stream: its opening events with the first delta (so a refusal before it is
-    still an HTTP status), then each piece of the chat reply's stream (`shape`: its text, its calls) as
-    Responses events, then the closing ones; a failure after the start is an `error` event. A client
-    that leaves cancels the request."""
+    """One foreground Responses API stream: its opening events with the first delta (so a refusal before
+    it is still an HTTP status), then each delta's events, then the closing ones; a failure after the
+    start is an `error` event. A client that leaves cancels the request."""
 
-    def __init__(self, request, shaper: Shaper, shape, trail: TokenTrail | None, watch: Callable):
-        """`trail`: the answer's logprobs, if asked for; `watch` sees each delta first (trail.add among others)."""
-        self.request, self.shaper, self.shape, self.trail, self.watch = request, shaper, shape, trail, watch
+    def __init__(self, request, events: AnswerEvents):
+        self.request, self.events = request, events
         self.resp: web.StreamResponse | None = None
 
     async def send(self, deltas) -> dict | None:
         """Write the events; the whole response once it ended well, else None."""
-        reason, seen = None, [0, 0, 0]  # prompt, completion and cached tokens
         try:
             async for d in deltas:
                 if self.resp is None:
                     self.resp = await event_stream(self.request)
-                    await self._sse(self.shaper.opening())
-                count(seen, d)
-                self.watch(d)
-                if not d.text and not d.finish_reason:
-                    continue
-                chunk = self.shape(self.shaper.id, self.shaper.model, d.text, d.finish_reason, None, chunk=True)
-                if chunk is not None:  # None: held (what may be a tool call)
-                    reason = chunk["choices"][0]["finish_reason"] or reason
-                    await self._sse(self._events(chunk["choices"][0]["delta"]))
-            closing = self.shaper.closing(reason, oa.usage(*seen), _logprobs(self.trail))
-            await self._sse(closing)
+                    await _sse(self.resp, self.events.opening())
+                await _sse(self.resp, self.events.of(d))
+            closing = self.events.closing()
+            await _sse(self.resp, closing)
             return closing[-1]["response"]
         except TandemError as e:
             if self.resp is None:
                 raise
             with contextlib.suppress(*GONE):
-                await self._sse([self.shaper.event("error", code=status_of(e).value, message=str(e), param=None)])
+                await _sse(self.resp, [self.events.failure(e)])
         except GONE:
-            log.debug("client of %s disconnected after %d tokens; request cancelled", self.shaper.id, seen[1])
+            log.debug("client of %s disconnected after %d tokens; request cancelled", self.events.shaper.id,
+                      self.events.seen[1])
         return None
 
-    def _events(self, delta: dict) -> list[dict]:
-        """A chat chunk's delta as Responses events: its reasoning, its text, then its calls (new ones, or
-        pieces of one)."""
-        events = self.shaper.reasoning(delta["reasoning"]) if delta.get("reasoning") else []
-        if delta.get("content"):
-            events += self.shaper.text(delta["content"], _logprobs(self.trail))
-        for call in delta.get("tool_calls") or ():
-            fn = call["function"]
-            events += self.shaper.call(call["id"], fn["name"], fn.get("arguments") or "") if call.get("id") \
-                else self.shaper.arguments(fn.get("arguments") or "")
-        return events
 
-    async def _sse(self, events: list[dict]) -> None:
-        for obj in events:
-            await self.resp.write(f"event: {obj['type']}\ndata: ".encode() + json.dumps(obj).encode() + b"\n\n")
+async def _follow(request, feed: EventFeed, after: int) -> web.StreamResponse:
+    """Stream a background response's events after sequence number `after` until it ends, or the client leaves
+    (which changes nothing else)."""
+    resp = await event_stream(request)
+    with contextlib.suppress(*GONE):
+        async for event in feed.follow(after):
+            await _sse(resp, [event])
+    return resp
 
 
-def _logprobs(trail: TokenTrail | None) -> list[dict]:
-    """The logprobs entries of the answer's tokens since the last take (none where none were asked)."""
-    return trail.take()["content"] if trail else []
+def _starting_after(query) -> int | None:
+    """GET's `stream` and `starting_after`: the sequence number to stream after (-1: from the first event),
+    or None to read the response whole."""
+    stream, after = query.get("stream", "false"), query.get("starting_after")
+    if stream not in ("true", "false"):
+        raise InvalidArgument(f"stream must be true or false, got {stream!r:.40}", "stream")
+    if stream == "false":
+        if after is not None:
+            raise InvalidArgument("starting_after needs stream=true", "starting_after")
+        return None
+    if after is None:
+        return -1
+    if not after.isdigit():
+        raise InvalidArgument(f"starting_after must be an event's sequence number (an integer >= 0), got "
+                              f"{after!r:.40}", "starting_after")
+    return int(after)
+
+
+async def _sse(resp: web.StreamResponse, events: list[dict]) -> None:
+    for obj in events:
+        await resp.write(f"event: {obj['type']}\ndata: ".encode() + json.dumps(obj).encode() + b"\n\n")

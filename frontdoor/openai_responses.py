@@ -20,8 +20,8 @@ is prepared, admitted and served exactly as that chat is, by the same core; only
   alternatives per token; refused where the answer may make calls (a call's tokens have no place for
   them). The other includables are accepted and add nothing: they name items never made here (hosted
   tools' results, images) or reasoning's encrypted form (reasoning items, where made, are plain text).
-- `background: true` answers after the reply (response_background.py), where responses are kept and
-  not streamed.
+- `background: true` answers after the reply (response_background.py), where responses are kept; with
+  `stream: true` its events can be followed again (GET `?stream=true&starting_after=N`).
 - Refused with a 400 naming the field: tools other than functions (hosted tools),
   `truncation: "auto"`, `top_logprobs` above 0 without the logprobs include, input items other than the
   above. `previous_response_id` continues a kept response's conversation (its instructions aside),
@@ -94,9 +94,6 @@ def in_background(body: dict, kept: bool) -> bool:
         raise InvalidArgument("background: a background response is read back with GET /v1/responses/{id}, so it "
                               "needs store (the default) on a server that keeps responses (tandem serve "
                               "--responses-kept N)", "background")
-    if body.get("stream") is True:
-        raise InvalidArgument("background: a background response is not streamed; read it with GET "
-                              "/v1/responses/{id}", "background")
     return True
 
 

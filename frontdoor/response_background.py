@@ -9,14 +9,20 @@ counts against `limits.max_in_flight` and the per-key limit) and its end replace
 /v1/responses/{id}/cancel cancels it; DELETE and being dropped as the oldest kept do too
 (frontdoor/response_store.py), and so does the front door's stop once the drain's grace is over. A
 client that leaves before the reply cancels it: nobody learned its id.
+
+With `stream: true` the reply is the response's events (frontdoor/response_events.EventFeed), from the
+first, as the answer makes them; a client that leaves the stream leaves the answer going, and may follow
+it again from where it left (GET with `stream=true&starting_after=N`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import Awaitable, Callable
 
+from frontdoor.response_events import EventFeed
 from frontdoor.response_store import Kept, ResponseStore
 from tandem.status import InvalidArgument, Status, TandemError, status_of
 
@@ -24,11 +30,12 @@ log = logging.getLogger("tandem.http")
 
 
 async def start(store: ResponseStore, rid: str, owner: str, answer: Callable[[Callable], Awaitable],
-                ended: Callable[[object], Kept], in_progress: dict) -> dict:
+                ended: Callable[[object], Kept], in_progress: dict, feed: EventFeed | None = None) -> dict:
     """Answer response `rid` of `owner` in a task and return the POST's reply once its first delta came.
     `answer(on_delta)` makes the answer, calling `on_delta` with each delta; `ended(result)` makes the
-    kept response of what `answer` returned; `in_progress` is the response while it is made. An answer
-    that failed before the reply raises its error."""
+    kept response of what `answer` returned; `in_progress` is the response while it is made. `feed`: the
+    events of a streamed one, which `answer` adds as it makes them; it is ended here with the response.
+    An answer that failed before the reply raises its error."""
     first = asyncio.Event()
     task = asyncio.create_task(answer(lambda _delta: first.set()))
     came = asyncio.create_task(first.wait())
@@ -40,11 +47,13 @@ async def start(store: ResponseStore, rid: str, owner: str, answer: Callable[[Ca
     finally:
         came.cancel()
     if task.done():
-        kept = ended(task.result())  # raises the answer's error
+        kept = dataclasses.replace(ended(task.result()), feed=feed)  # raises the answer's error
         store.put(rid, kept)
+        _end_feed(rid, kept)
         return kept.response
-    store.put(rid, Kept(owner, (), in_progress, running=task))
-    task.add_done_callback(lambda t: store.settle(rid, t, _end(rid, t, owner, ended, in_progress)))
+    store.put(rid, Kept(owner, (), in_progress, running=task, feed=feed))
+    task.add_done_callback(lambda t: store.settle(rid, t, _end(rid, t, Kept(owner, (), in_progress, feed=feed),
+                                                               ended)))
     return in_progress
 
 
@@ -61,19 +70,38 @@ async def cancel(store: ResponseStore, rid: str, owner: str) -> dict:
     return store.get(rid, owner).response
 
 
-def _end(rid: str, task: asyncio.Task, owner: str, ended: Callable[[object], Kept], in_progress: dict) -> Kept:
-    """The kept response of a background answer that ended as `task` did."""
+def _end(rid: str, task: asyncio.Task, running: Kept, ended: Callable[[object], Kept]) -> Kept:
+    """The kept response of a background answer that ended as `task` did (`running`: as it was kept while
+    it ran, its task aside); a feed's readers get its last event."""
     try:
-        kept = ended(task.result())  # raises the answer's error, or CancelledError
+        kept = dataclasses.replace(ended(task.result()), feed=running.feed)  # raises its error, or CancelledError
     except asyncio.CancelledError:
-        kept = Kept(owner, (), in_progress | {"status": "cancelled"})
+        kept = _as(running, {"status": "cancelled"})
     except TandemError as e:
         status = status_of(e)
-        kept = Kept(owner, (), in_progress | ({"status": "cancelled"} if status == Status.CANCELLED else
-                                             {"status": "failed", "error": {"code": status.value, "message": str(e)}}))
+        kept = _as(running, {"status": "cancelled"} if status == Status.CANCELLED else
+                   {"status": "failed", "error": {"code": status.value, "message": str(e)}})
     except Exception as e:  # a bug: the log holds its traceback, the response names the log
         log.error("background response %s failed", rid, exc_info=e)
-        kept = Kept(owner, (), in_progress | {"status": "failed", "error": {
+        kept = _as(running, {"status": "failed", "error": {
             "code": Status.INTERNAL.value, "message": f"internal error ({type(e).__name__}); see the server log"}})
     log.info("background response %s ended %s", rid, kept.response["status"])
+    _end_feed(rid, kept)
     return kept
+
+
+def _as(running: Kept, change: dict) -> Kept:
+    return dataclasses.replace(running, response=running.response | change)
+
+
+def _end_feed(rid: str, kept: Kept) -> None:
+    """End the feed of a streamed background response that ended as `kept` says."""
+    if kept.feed is None:
+        return
+    status = kept.response["status"]
+    if status == "failed":
+        kept.feed.end("response.failed", response=kept.response)
+    elif status == "cancelled":
+        kept.feed.end("error", code=Status.CANCELLED.value, message=f"response {rid} was cancelled", param=None)
+    else:  # completed or incomplete: its closing events are the feed's last
+        kept.feed.end()

@@ -11,7 +11,8 @@ A kept response holds the conversation that a follow-up continues: the chat mess
 (its instructions aside: they do not carry over, as in OpenAI's API) and its answer as the assistant's
 message (text and tool calls). A background response (frontdoor/response_background.py) is kept while
 its answer is made, with the task making it: dropping it (DELETE, or as the oldest) cancels that task,
-and so does `close` (the front door's stop); `settle` puts its end in its place.
+and so does `close` (the front door's stop); `settle` puts its end in its place. One made with `stream`
+keeps its events too, for readers who follow it (frontdoor/response_events.EventFeed).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import asyncio
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from frontdoor.response_events import EventFeed
 from tandem.status import InvalidArgument, NotFound
 
 
@@ -29,6 +31,7 @@ class Kept:
     conversation: tuple[dict, ...]  # chat messages: what it was asked (no instructions) and its answer
     response: dict  # the response object as it was returned (a background one: as it is now)
     running: asyncio.Task | None = None  # a background response's answer, while it is made
+    feed: EventFeed | None = None  # a background response made with stream: its events (response_events.py)
 
 
 class ResponseStore:

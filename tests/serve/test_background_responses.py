@@ -2,10 +2,13 @@
 through the official `openai` SDK: the reply comes once the first token did, GET reads the response until
 it ends as the foreground answer would; cancel and DELETE end a running answer and give its admission
 place back; a running, cancelled or failed one cannot be continued; a stop cancels what still runs and
-leaves nothing behind; what cannot be served in the background is a 400 naming `background`."""
+leaves nothing behind; what cannot be served in the background is a 400 naming `background`. Streamed
+(`stream: true`), its events can be followed again from any sequence number, by a client that left or
+by another, and a cancel ends them with an `error` event."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 import urllib.request
 
@@ -13,6 +16,10 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from frontdoor import response_background
+from frontdoor.response_events import EventFeed
+from frontdoor.response_store import Kept, ResponseStore
+from tandem.status import Unavailable
 from tests.conftest import start_serve, stop_serve
 from tests.serve.hold import in_flight
 from tests.serve.test_door_conformance import http
@@ -120,7 +127,7 @@ def test_only_a_background_response_can_be_cancelled(kept, client):
     assert status == 404, reply
 
 
-@pytest.mark.parametrize("extra", [{"stream": True}, {"store": False}, {"background": "yes"}])
+@pytest.mark.parametrize("extra", [{"store": False}, {"background": "yes"}])
 def test_what_cannot_run_in_the_background_is_a_400_naming_it(kept, extra):
     status, reply, _ = http(kept.http, "/v1/responses", {"model": MODEL, "input": ASK, "background": True} | extra)
     assert status == 400 and reply["error"]["param"] == "background", reply
@@ -132,6 +139,73 @@ def test_a_refusal_before_the_first_token_is_the_posts_status(kept):
     assert status == 400 and reply["error"]["param"] == "max_output_tokens", reply
 
 
+def _dumps(events) -> list[dict]:
+    return [e.model_dump() for e in events]
+
+
+def test_a_streamed_background_response_can_be_followed_again_from_any_event(client):
+    ask = {"model": MODEL, "input": ASK, "max_output_tokens": 24, "temperature": 0}
+    want = client.responses.create(store=False, **ask)
+    events = list(client.responses.create(background=True, stream=True, **ask))
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert events[0].type == "response.created" and events[-1].type == f"response.{want.status}"
+    assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == want.output_text
+    rid = events[0].response.id
+    done = events[-1].response
+    assert done.background and done.id == rid and done.output_text == want.output_text
+    assert client.responses.retrieve(rid).model_dump() == done.model_dump()  # GET reads what the stream ended with
+    assert _dumps(client.responses.retrieve(rid, stream=True)) == _dumps(events)
+    assert _dumps(client.responses.retrieve(rid, stream=True, starting_after=3)) == _dumps(events[4:])
+    assert list(client.responses.retrieve(rid, stream=True, starting_after=len(events) + 5)) == []
+
+
+def test_a_client_that_leaves_a_background_stream_leaves_the_answer_going(kept, client):
+    """Leave after a few deltas; the answer still makes all its tokens (ignore_eos), and following again
+    from the last event seen gives the rest: the two parts join to the whole text."""
+    body = LONG | {"max_output_tokens": 60}
+    stream = client.responses.create(background=True, stream=True, **body)
+    seen = []
+    for e in stream:
+        seen.append(e)
+        if sum(x.type == "response.output_text.delta" for x in seen) == 3:
+            break
+    stream.close()
+    rid = seen[0].response.id
+    got = _ended(client, rid)
+    assert got.status == "incomplete" and got.usage.output_tokens == 60
+    rest = list(client.responses.retrieve(rid, stream=True, starting_after=seen[-1].sequence_number))
+    assert rest[0].sequence_number == seen[-1].sequence_number + 1 and rest[-1].type == "response.incomplete"
+    text = "".join(e.delta for e in seen + rest if e.type == "response.output_text.delta")
+    assert text == got.output_text and len(text) > 0
+
+
+def test_a_cancelled_background_stream_ends_with_a_cancelled_error_event(kept, client):
+    before = _tokens_out(kept)
+    stream = client.responses.create(background=True, stream=True, **LONG)
+    first = next(iter(stream))
+    assert first.type == "response.created"
+    assert client.responses.cancel(first.response.id).status == "cancelled"
+    rest = list(stream)  # the stream goes on to its end: the events made before the cancel, then the error
+    assert rest[-1].type == "error" and rest[-1].code == "CANCELLED", rest[-1]
+    assert not any(e.type.startswith("response.completed") for e in rest)
+    follow = list(client.responses.retrieve(first.response.id, stream=True, starting_after=first.sequence_number))
+    assert _dumps(follow) == _dumps(rest)  # a reader who comes later reads the same end
+    _ended_early(kept, before)
+
+
+@pytest.mark.parametrize("query, param", [
+    ("?stream=true", "stream"),  # a foreground response: no events kept
+    ("?stream=yes", "stream"),
+    ("?starting_after=2", "starting_after"),  # without stream
+    ("?stream=true&starting_after=-1", "starting_after"),
+    ("?stream=true&starting_after=two", "starting_after"),
+])
+def test_reading_events_that_are_not_kept_or_a_bad_query_is_a_400_naming_it(kept, client, query, param):
+    done = client.responses.create(model=MODEL, input=ASK, max_output_tokens=4, temperature=0)
+    status, reply, _ = http(kept.http, f"/v1/responses/{done.id}{query}", method="GET")
+    assert status == 400 and reply["error"]["param"] == param, reply
+
+
 def test_a_stop_cancels_the_background_answers_still_running(built_engines, tmp_path):
     s = _stack(built_engines, tmp_path, grace_s=0.5)
     try:
@@ -140,3 +214,30 @@ def test_a_stop_cancels_the_background_answers_still_running(built_engines, tmp_
     finally:
         stop_serve(s)  # exits 0 and leaves no process, page or shared memory segment behind
     assert f"background response {started['id']} ended cancelled" in s.log_tail(400)
+
+
+def test_a_failed_streamed_background_answer_ends_its_feed_with_the_failed_response():
+    """A worker fault after the first token that no resume could mend (caused here by the answer itself:
+    on a real stack a dead worker's request resumes elsewhere): readers waiting on the feed, and those who
+    come later, get `response.failed` with the error the GET shows."""
+    async def run():
+        store, feed = ResponseStore(4), EventFeed()
+        in_progress = {"id": "resp_x", "status": "in_progress", "background": True}
+
+        async def answer(on_delta):
+            feed.add([{"type": "response.created", "sequence_number": 0}])
+            on_delta(None)
+            await asyncio.sleep(0.05)
+            raise Unavailable("no decode worker is left")
+        reply = await response_background.start(store, "resp_x", "", answer, lambda r: Kept("", (), r),
+                                                in_progress, feed)
+        assert reply == in_progress
+        waiting = [e async for e in feed.follow()]  # follows from the first event until the end
+        assert [e["type"] for e in waiting] == ["response.created", "response.failed"]
+        assert [e["sequence_number"] for e in waiting] == [0, 1]
+        got = store.get("resp_x", "").response
+        assert got["status"] == "failed"
+        assert got["error"] == {"code": "UNAVAILABLE", "message": "no decode worker is left"}
+        assert waiting[-1]["response"] == got
+        assert [e async for e in feed.follow(0)] == waiting[1:]
+    asyncio.run(run())

@@ -73,6 +73,9 @@ def _env(name: str) -> dict:
                    "`reasoning`, the Responses API as a reasoning item. Default: none, all of it content.")
 @click.option("--responses-kept", type=click.IntRange(0, 100_000), default=None, **_env("RESPONSES_KEPT"),
               help="How many /v1/responses responses are kept in memory for previous_response_id (default 0).")
+@click.option("--max-model-len", type=click.IntRange(2), default=None, **_env("MAX_MODEL_LEN"),
+              help="The most tokens (prompt + answer) one request may use; longer ones are a 400. Default: the "
+                   "model's context.")
 @click.option("--kv-pool-bytes", type=click.IntRange(1 << 20), default=None, **_env("KV_POOL_BYTES"),
               help="Decode KV pool per worker.")
 @click.option("--chunk-tokens", type=click.IntRange(1), default=None, **_env("CHUNK_TOKENS"),
@@ -101,7 +104,7 @@ def _env(name: str) -> dict:
 @click.option("--workdir", default=None, **_env("WORKDIR"), help="Where worker logs and the model repository go.")
 def serve_command(model, dtype, config_path, mode, prefill, decode, replicas, transport, device, handoff, backend,
                   router, host, grpc_port, http_port, model_name, served_model_name, chat_template, tool_call_parser,
-                  reasoning_parser, responses_kept,
+                  reasoning_parser, responses_kept, max_model_len,
                   kv_pool_bytes, chunk_tokens, api_key_file, no_api_key, prefix_cache_per_api_key, tls_cert, tls_key,
                   tls_client_ca, worker_tls_ca, worker_tls_server_name,
                   otlp_endpoint, log_format, workdir):
@@ -117,7 +120,7 @@ def serve_command(model, dtype, config_path, mode, prefill, decode, replicas, tr
         "router": router, "front_door.served_model_name": served_model_name,
         "front_door.chat_template": chat_template, "front_door.tool_call_parser": tool_call_parser,
         "front_door.reasoning_parser": reasoning_parser,
-        "front_door.responses_kept": responses_kept,
+        "front_door.responses_kept": responses_kept, "limits.max_model_len": max_model_len,
         "front_door.host": host, "front_door.grpc_port": grpc_port, "front_door.http_port": http_port,
         "front_door.model_name": model_name, "kv_pool_bytes": kv_pool_bytes, "chunk_tokens": chunk_tokens,
         "front_door.api_key_file": api_key_file, "front_door.no_api_key": no_api_key,

@@ -33,6 +33,7 @@ class GenerationRequest:
     add_special_tokens: bool | None = None  # the tokenizer adds its special tokens (a BOS) to the prompt text;
     # None: as vLLM does, yes to a text prompt, no to a chat (its template writes any it wants)
     truncate_prompt_tokens: int | None = None  # keep the prompt's last k tokens (-1: the context) (vLLM's field)
+    drop_oldest_turns: bool = False  # chat: drop the oldest turns until the prompt fits (Responses' truncation auto)
     prompt_ids: tuple[int, ...] = ()
     max_tokens: int | None = 16  # None: up to DEFAULT_MAX_TOKENS, within the context
     temperature: float = 0.0
@@ -107,6 +108,8 @@ class Limits:
 def prepare(req: GenerationRequest, tokenizer: Tokenizer, limits: Limits) -> Prepared:
     ids = _prompt_ids(req, tokenizer, limits)
     max_context = limits.max_context
+    if req.drop_oldest_turns and not _fits(ids, req, max_context):
+        ids = _fitted_turns(req, tokenizer, max_context)
     keep = max_context if req.truncate_prompt_tokens == -1 else req.truncate_prompt_tokens
     truncated = keep is not None and len(ids) > keep
     if truncated:  # the prompt's last `keep` tokens, as vLLM truncates
@@ -138,6 +141,38 @@ def prepare(req: GenerationRequest, tokenizer: Tokenizer, limits: Limits) -> Pre
     ends = () if params.ignore_eos else (*limits.end_ids, *params.extra_eos)
     return Prepared(req, ids, params, frozenset((*ends, *params.stop_token_ids)), truncated,
                     _echo(req, ids, truncated, tokenizer))
+
+
+def _fits(ids: list[int], req: GenerationRequest, max_context: int) -> bool:
+    """Whether the prompt leaves the context room for the answer: its max_tokens, or at least one token."""
+    return len(ids) + (req.max_tokens or 1) <= max_context
+
+
+def _fitted_turns(req: GenerationRequest, tokenizer: Tokenizer, max_context: int) -> list[int]:
+    """The prompt ids of the chat without its oldest turns, as few dropped as make it fit (OpenAI's
+    truncation "auto"). The leading system messages stay; a turn begins at a user message, so a tool's
+    answer is never kept without the call it answers. Where even the last turn alone does not fit, that
+    shortest prompt's ids (prepare then refuses it, naming its length)."""
+    messages = req.messages
+    head = next((i for i, m in enumerate(messages) if m.role != "system"), len(messages))
+    cuts = [i for i in range(head + 1, len(messages)) if messages[i].role == "user"]
+
+    def ids(cut: int) -> list[int]:
+        kept = [*messages[:head], *messages[cut:]]
+        return tokenizer.encode_chat(kept, list(req.tools) or None, req.add_generation_prompt,
+                                     req.continue_final_message, req.template_kwargs, bool(req.add_special_tokens))
+    lo, hi = 0, len(cuts) - 1  # fewer tokens the later the cut: the earliest cut that fits, by bisection
+    best = ids(cuts[-1]) if cuts else None
+    if best is None or not _fits(best, req, max_context):
+        return best or ids(head)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        got = ids(cuts[mid])
+        if _fits(got, req, max_context):
+            hi, best = mid, got
+        else:
+            lo = mid + 1
+    return best
 
 
 def _echo(req: GenerationRequest, ids: list[int], truncated: bool, tokenizer: Tokenizer) -> str:

@@ -88,7 +88,8 @@ class ResponsesRoutes:
             keep = bool(self.store.capacity) and body.get("store") is not False
             background = rs.in_background(body, keep)
             shape = chat_shape(parsed, self.served.reasoning_parser)
-            reqs = [dataclasses.replace(r, timeout_s=request_timeout(request)) for r in parsed.answers]
+            reqs = [dataclasses.replace(r, timeout_s=request_timeout(request), drop_oldest_turns=rs.truncated(body))
+                    for r in parsed.answers]
             trail = trail_of(reqs[0], True, parsed.shown, self.door.service.tokenizer)  # None: no logprobs
             thinks = isinstance(shape, ReasoningShape)
             if trail and thinks:

@@ -22,9 +22,11 @@ is prepared, admitted and served exactly as that chat is, by the same core; only
   tools' results, images) or reasoning's encrypted form (reasoning items, where made, are plain text).
 - `background: true` answers after the reply (response_background.py), where responses are kept; with
   `stream: true` its events can be followed again (GET `?stream=true&starting_after=N`).
-- Refused with a 400 naming the field: tools other than functions (hosted tools),
-  `truncation: "auto"`, `top_logprobs` above 0 without the logprobs include, input items other than the
-  above. `previous_response_id` continues a kept response's conversation (its instructions aside),
+- `truncation: "auto"` drops the conversation's oldest turns (its instructions and leading system
+  messages stay) until it fits the context with its max_output_tokens (control/requests.py); "disabled"
+  (the default) refuses a conversation that does not fit.
+- Refused with a 400 naming the field: tools other than functions (hosted tools), `top_logprobs` above 0
+  without the logprobs include, input items other than the above. `previous_response_id` continues a kept response's conversation (its instructions aside),
   where the server keeps responses (response_store.py). `reasoning`, `stream_options` and bookkeeping
   (`metadata`, `user`, ...) change nothing. Errors name the Responses fields (max_output_tokens, input,
   text), not chat's.
@@ -97,6 +99,11 @@ def in_background(body: dict, kept: bool) -> bool:
     return True
 
 
+def truncated(body: dict) -> bool:
+    """Whether the oldest turns are dropped where the conversation does not fit (`truncation: "auto"`)."""
+    return body.get("truncation") == "auto"
+
+
 def asked(chat: dict, body: dict) -> tuple[dict, ...]:
     """The conversation a follow-up of this request continues, before its answer: the chat's messages
     without the request's instructions (they do not carry over)."""
@@ -118,8 +125,8 @@ _RENAMED = {"max_tokens": "max_output_tokens", "messages": "input", "prompt": "i
 
 def _refuse(body: dict) -> None:
     """Fields whose values would change the answer in ways not served: refused, never ignored."""
-    if body.get("truncation") not in (None, "disabled"):
-        raise InvalidArgument("truncation: only \"disabled\" is served (an input longer than the context is a 400)",
+    if body.get("truncation") not in (None, "disabled", "auto"):
+        raise InvalidArgument(f"truncation must be \"auto\" or \"disabled\", got {body['truncation']!r:.80}",
                               "truncation")
     if not isinstance(body.get("text") or {}, dict):
         raise InvalidArgument("text must be an object such as {\"format\": {\"type\": \"text\"}}", "text")

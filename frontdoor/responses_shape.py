@@ -109,7 +109,7 @@ class Shaper:
                 "temperature": body.get("temperature"), "top_p": body.get("top_p"),
                 "text": {"format": fmt}, "tool_choice": body.get("tool_choice") or "auto",
                 "tools": body.get("tools") or [],
-                "truncation": "disabled",
+                "truncation": body.get("truncation") or "disabled",
                 "usage": _usage(usage, self.thoughts.total() if self.thoughts else 0) if usage else None,
                 "metadata": body.get("metadata") or {}, "user": body.get("user")}
 

@@ -36,7 +36,7 @@
                  responses_kept: 0}         # /v1/responses kept in memory for previous_response_id (0: none)
     worker_tls: null               # {ca, server_name, cert, key}: TLS to the workers (control/worker_tls.py);
                                    # cert/key: what the local workers serve with
-    limits: {max_in_flight: 64, max_queued_tokens: 32768, request_timeout_s: 600,
+    limits: {max_in_flight: 64, max_queued_tokens: 32768, request_timeout_s: 600, max_model_len: null,
              max_in_flight_per_key: null}   # the most one API key holder may have in flight (null: no own limit)
     health: {heartbeat_s: 2.0, stall_s: 4.0, stall_restart_s: 10, drain_grace_s: 30}
     handoff: {mode: push, transfer_timeout_s: 30, fence_timeout_s: 60}   # the only timers left on the data path
@@ -136,6 +136,7 @@ class Limits(_Strict):
     request_timeout_s: float = Field(600.0, gt=0)  # default deadline of a request (every wait is bounded by it)
     max_body_bytes: int = Field(16 << 20, ge=1024)  # HTTP bodies over this are refused before being read whole
     max_prompt_chars: int = Field(1 << 20, ge=1)  # refused before tokenizing
+    max_model_len: int | None = Field(None, ge=2)  # prompt + answer tokens; null: the model's context
 
 
 class Handoff(_Strict):
@@ -156,8 +157,7 @@ DEFAULT_LOCAL_PREFILL_TOKENS = 0
 
 
 class Tracing(_Strict):
-    # OTLP base URL (or its /v1/traces URL; over gRPC, OTEL_EXPORTER_OTLP_PROTOCOL=grpc, the collector's) the
-    # orchestrator and the local workers export spans to; null: the OTEL_* variables decide (none named: off)
+    # OTLP URL (gRPC: OTEL_EXPORTER_OTLP_PROTOCOL=grpc) every process sends spans to; null: OTEL_* decide (or off)
     otlp_endpoint: str | None = None
 
 

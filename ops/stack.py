@@ -162,6 +162,7 @@ class Stack:
             manifest = read_manifest(os.path.join(engines, "decode"))
             tokens_per_page, model_id, per_node = manifest.kv_layout.tokens_per_page, served_name(dep, manifest), 0
         tokenizer = front_door_tokenizer(engines, dep)  # before any worker starts: a bad template is one line
+        cfg, context = model_context(engines, dep)
         counts = worker_counts(dep)
         if gpus:
             try:
@@ -202,10 +203,9 @@ class Stack:
         self.supervisor.start()
         path = make_path(dep.mode, self.fleet, ROUTERS[dep.router](), tokens_per_page, metrics, dep.max_retries,
                          dep.local_prefill_tokens, dep.handoff_mode)
-        cfg = _model_config(engines)
         lim = dep.limits
         self.service = Orchestrator(path=path, tokenizer=tokenizer, metrics=metrics, mode=dep.mode,
-                                    limits=Limits(cfg.max_position, cfg.vocab_size, lim.max_prompt_chars,
+                                    limits=Limits(context, cfg.vocab_size, lim.max_prompt_chars,
                                                   tuple(sorted(tokenizer.end_ids(cfg.eos_token_ids)))),
                                     admission=Admission(lim.max_in_flight, lim.max_queued_tokens,
                                                         max_in_flight_per_key=lim.max_in_flight_per_key),
@@ -283,6 +283,13 @@ class Stack:
             await asyncio.get_running_loop().run_in_executor(None, self.tracer.close)
 
 
-def _model_config(engines: str) -> ModelConfig:
+def model_context(engines: str, dep: Deployment) -> tuple[ModelConfig, int]:
+    """The model's config, and the tokens (prompt + answer) a request may use: `limits.max_model_len`, at
+    most the model's own context (beyond it: DeploymentError)."""
     with open(os.path.join(engines, "prefill", "config.json"), encoding="utf-8") as f:
-        return ModelConfig.from_hf(json.load(f))
+        cfg = ModelConfig.from_hf(json.load(f))
+    cap = dep.limits.max_model_len
+    if cap is not None and cap > cfg.max_position:
+        raise DeploymentError(f"limits.max_model_len {cap} is beyond the model's context of {cfg.max_position} "
+                              f"tokens; set at most {cfg.max_position}, or leave it out")
+    return cfg, cap or cfg.max_position

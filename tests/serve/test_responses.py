@@ -118,7 +118,7 @@ def test_the_logprobs_include_gives_the_chat_doors_logprobs_whole_and_streamed(o
     ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input"),
     ({"previous_response_id": "resp_1"}, "previous_response_id"),
     ({"background": True}, "background"),
-    ({"truncation": "auto"}, "truncation"),
+    ({"truncation": "middle"}, "truncation"),
     ({"include": ["message.output_text.bogus"]}, "include"),
     ({"include": "message.output_text.logprobs"}, "include"),  # not a list
     ({"top_logprobs": 2}, "top_logprobs"),  # alternatives without the logprobs include

@@ -47,6 +47,13 @@ def one_error_line(stderr: str) -> str:
     return errors[0]
 
 
+def test_a_max_model_len_beyond_the_models_context_is_one_line(built_engines):
+    code, err = run("serve", "--model", str(built_engines), "--http-port", str(free_port()),
+                    "--grpc-port", str(free_port()), env={"TANDEM_MAX_MODEL_LEN": "9000"})
+    line = one_error_line(err)
+    assert code != 0 and "limits.max_model_len 9000" in line and "context of 8192" in line, line
+
+
 def test_serve_names_the_port_in_use_by_flag_and_by_environment(built_engines, held_port):
     code, err = run("serve", "--model", str(built_engines), "--http-port", str(held_port),
                     "--grpc-port", str(free_port()))

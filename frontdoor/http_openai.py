@@ -137,7 +137,7 @@ class _Events:
         self.parsed, self.chat, self.thoughts = parsed, chat, thoughts
         opts = body.get("stream_options") or {}
         self.include_usage = bool(opts.get("include_usage"))
-        # vLLM's continuous_usage_stats: every chunk carries its choice's usage so far
+        # vLLM's continuous_usage_stats: every chunk carries its choice's usage so far (reasoning tokens too)
         self.continuous = self.include_usage and bool(opts.get("continuous_usage_stats"))
         self.resp: web.StreamResponse | None = None
 
@@ -158,8 +158,9 @@ class _Events:
                 if not d.text and not d.finish_reason:
                     continue
                 extra = {"first": not started[d.index]} if self.chat else {}
-                event = self.shape(self.rid, self.model, d.text, d.finish_reason,
-                                   oa.usage(*seen) if self.continuous else None, chunk=True, index=d.index, **extra)
+                so_far = thought(oa.usage(*seen), self.thoughts[d.index:d.index + 1]) if self.continuous else None
+                event = self.shape(self.rid, self.model, d.text, d.finish_reason, so_far, chunk=True, index=d.index,
+                                   **extra)
                 if event is None:  # held (a tool-call list shaped whole at its end): its logprobs wait too
                     continue
                 event["choices"][0]["stop_reason"] = d.stop_reason

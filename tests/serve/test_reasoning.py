@@ -129,6 +129,11 @@ def test_chat_carries_the_reasoning_apart_whole_and_streamed(served, thinking, b
     assert "".join(getattr(d, "reasoning", None) or "" for d in deltas) == (reasoning or "")
     assert "".join(getattr(d, "reasoning_content", None) or "" for d in deltas) == (reasoning or "")
     assert "".join(d.content or "" for d in deltas) == content and deltas[0].role == "assistant"
+    steady = list(_chat(client, body, stream=True, stream_options={"include_usage": True,
+                                                                    "continuous_usage_stats": True}))
+    so_far = [(c.usage.completion_tokens_details.reasoning_tokens, c.usage.completion_tokens) for c in steady
+              if c.choices]  # vLLM's continuous usage: each chunk's counts so far
+    assert so_far == sorted(so_far) and all(r <= n for r, n in so_far) and so_far[-1][0] == thought
 
 
 def test_a_response_has_its_reasoning_item_before_its_message_whole_and_streamed(served, thinking):

@@ -87,10 +87,10 @@ def raw_refusal(refuse_if_closed: Callable[[int], None], ahead: int, path: str =
 
 class HttpFrontend:
     def __init__(self, door: FrontDoor, max_body_bytes: int = MAX_BODY_BYTES, keys: ApiKeys | None = None,
-                 responses_kept: int = 0):
+                 kept: ResponseStore | None = None):
         """`keys`: only callers holding one are served (frontdoor/auth.py); every request gets an id and an
-        access line (frontdoor/request_ids.py). `responses_kept`: how many /v1/responses responses are
-        kept for follow-ups (frontdoor/response_store.py)."""
+        access line (frontdoor/request_ids.py). `kept`: the /v1/responses responses kept for follow-ups
+        (frontdoor/response_store.py; None: none are)."""
         self.door, self.served = door, door.served
         self.service = door.service
         guard = [http_middleware(keys, error_response)] if keys is not None else []
@@ -101,7 +101,7 @@ class HttpFrontend:
         r.add_get("/health", self.health)
         r.add_get("/metrics", self.metrics)
         add_openai_routes(r, door)
-        kept = ResponseStore(responses_kept)
+        kept = kept or ResponseStore(0)
         add_responses_routes(r, door, kept)  # /v1/responses (frontdoor/http_responses.py)
         self.app.on_shutdown.append(lambda _app: kept.close())  # background answers end at the stop
         add_kserve_routes(r, door)

@@ -17,6 +17,7 @@ inside) or, for a cancelled one, an `error` event whose code is `CANCELLED`.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator, Callable
 
 from frontdoor import openai_api as oa
@@ -79,16 +80,18 @@ class EventFeed:
     def __init__(self):
         self.events: list[dict] = []  # events[i]["sequence_number"] == i
         self.ended = False
+        self.bytes = 0  # the events' size as JSON (what the response store counts: frontdoor/response_store.py)
         self._more = asyncio.Event()  # set (and replaced) whenever events are added or the feed ends
 
     def add(self, events: list[dict]) -> None:
         self.events += events
+        self.bytes += sum(len(json.dumps(e)) for e in events)
         self._wake()
 
     def end(self, kind: str | None = None, **fields) -> None:
         """The response ended: with one more event of type `kind` (and `fields`), if given."""
         if kind is not None:
-            self.events.append({"type": kind, "sequence_number": len(self.events)} | fields)
+            self.add([{"type": kind, "sequence_number": len(self.events)} | fields])
         self.ended = True
         self._wake()
 

@@ -1,11 +1,13 @@
 """The responses /v1/responses keeps, for `previous_response_id` and GET / DELETE /v1/responses/{id}.
 
 A deployment keeps the last `front_door.responses_kept` responses made with `store` (the API's default:
-true) in the front door's memory; 0, the default, keeps none (every response then says `"store":
-false`, and `previous_response_id` is a 400). The oldest goes first when one more is kept; a restart
-forgets them all. Each is its owner's: the name of the API key that made it (frontdoor/api_keys.py: a
-holder's keys share their responses), "" without keys. Another caller's, a dropped and a never-kept
-id are one and the same 404, so nobody learns which ids exist.
+true) in the front door's memory, at most `front_door.responses_kept_bytes` of them (as JSON); 0, the
+default, keeps none (every response then says `"store": false`, and `previous_response_id` is a 400).
+The oldest goes first when one more is kept, or when they grew past the bytes (a background response is
+counted when it is kept and again when it ends); a restart forgets them all. Each is its owner's: the
+name of the API key that made it (frontdoor/api_keys.py: a holder's keys share their responses), ""
+without keys. Another caller's, a dropped and a never-kept id are one and the same 404, so nobody
+learns which ids exist.
 
 A kept response holds the conversation that a follow-up continues: the chat messages it was asked
 (its instructions aside: they do not carry over, as in OpenAI's API) and its answer as the assistant's
@@ -18,11 +20,14 @@ keeps its events too, for readers who follow it (frontdoor/response_events.Event
 from __future__ import annotations
 
 import asyncio
+import json
 from collections import OrderedDict
 from dataclasses import dataclass
 
 from frontdoor.response_events import EventFeed
 from tandem.status import InvalidArgument, NotFound
+
+DEFAULT_MAX_BYTES = 256 << 20  # front_door.responses_kept_bytes
 
 
 @dataclass(frozen=True)
@@ -35,22 +40,25 @@ class Kept:
 
 
 class ResponseStore:
-    def __init__(self, capacity: int):
-        """`capacity`: how many responses are kept (0: none)."""
-        self.capacity = capacity
+    def __init__(self, capacity: int, max_bytes: int = DEFAULT_MAX_BYTES):
+        """`capacity`: how many responses are kept (0: none); `max_bytes`: their size at most, as JSON (a
+        streamed background response's events included), though the newest is always kept."""
+        self.capacity, self.max_bytes = capacity, max_bytes
         self._kept: OrderedDict[str, Kept] = OrderedDict()
+        self._sizes: dict[str, int] = {}
+        self.bytes = 0  # the kept responses' size
 
     def put(self, rid: str, kept: Kept) -> None:
-        self._kept[rid] = kept
-        while len(self._kept) > self.capacity:
-            _stop(self._kept.popitem(last=False)[1])
+        self._place(rid, kept)
+        self._trim()
 
     def settle(self, rid: str, task: asyncio.Task, kept: Kept) -> None:
         """Background response `rid` ended (its answer was `task`): `kept` takes its place, if it is still
         kept (not deleted, nor dropped as the oldest)."""
         now = self._kept.get(rid)
         if now is not None and now.running is task:
-            self._kept[rid] = kept
+            self._place(rid, kept)
+            self._trim()
 
     def get(self, rid: str, owner: str, param: str | None = None) -> Kept:
         """The response `rid` of `owner`; NotFound (naming `param`, the request field that gave the id, if
@@ -70,6 +78,22 @@ class ResponseStore:
     def delete(self, rid: str, owner: str) -> None:
         _stop(self.get(rid, owner))
         del self._kept[rid]
+        self.bytes -= self._sizes.pop(rid)
+
+    def _place(self, rid: str, kept: Kept) -> None:
+        """Keep `kept` as `rid` (the newest when it is new) and count its size."""
+        self._kept[rid] = kept
+        size = len(json.dumps(kept.response)) + len(json.dumps(kept.conversation))
+        size += kept.feed.bytes if kept.feed else 0
+        self.bytes += size - self._sizes.get(rid, 0)
+        self._sizes[rid] = size
+
+    def _trim(self) -> None:
+        """Drop the oldest (cancelling what still runs) while more, or more bytes, are kept than allowed."""
+        while len(self._kept) > self.capacity or (self.bytes > self.max_bytes and len(self._kept) > 1):
+            rid, kept = self._kept.popitem(last=False)
+            self.bytes -= self._sizes.pop(rid)
+            _stop(kept)
 
     async def close(self) -> None:
         """Cancel the background answers still being made, and wait for them to end."""

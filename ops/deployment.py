@@ -33,7 +33,8 @@
                  chat_template: null,       # a Jinja file, or one of the model's named templates; null: its own
                  tool_call_parser: null,    # hermes, llama3_json, pythonic, mistral: "auto" tool calls; null: refused
                  reasoning_parser: null,    # deepseek_r1, qwen3: <think> text apart as `reasoning`; null: content
-                 responses_kept: 0}         # /v1/responses kept in memory for previous_response_id (0: none)
+                 responses_kept: 0,         # /v1/responses kept in memory for previous_response_id (0: none),
+                 responses_kept_bytes: 268435456}   # ... at most this many bytes of them (as JSON)
     worker_tls: null               # {ca, server_name, cert, key}: TLS to the workers (control/worker_tls.py);
                                    # cert/key: what the local workers serve with
     limits: {max_in_flight: 64, max_queued_tokens: 32768, request_timeout_s: 600, max_model_len: null,
@@ -54,9 +55,10 @@ import os
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, ValidationError, field_validator, model_validator
 
 from frontdoor.reasoning_text import PARSER_NAMES as REASONING_PARSERS
+from frontdoor.response_store import DEFAULT_MAX_BYTES as DEFAULT_KEPT_BYTES
 from frontdoor.tool_parsers import PARSER_NAMES
 from tandem.modes import HandoffMode, Mode
 
@@ -74,14 +76,7 @@ class WorkerPool(_Strict):
     urls: list[str] = []  # Triton gRPC endpoints (host:port) of workers started elsewhere (`tandem worker`)
     dns: str | None = None  # host:port; every address the name resolves to is a worker (a headless Service)
     device: Literal["auto", "cpu", "cuda"] | None = None  # None: the deployment's `device`
-    gpus: list[int] = []  # local workers take these GPUs in turn (worker i: gpus[i % len]); []: every visible GPU
-
-    @field_validator("gpus")
-    @classmethod
-    def _gpu_indices(cls, gpus: list[int]) -> list[int]:
-        if any(g < 0 for g in gpus):
-            raise ValueError(f"gpus {gpus}: GPU indices are 0 or more")
-        return gpus
+    gpus: list[NonNegativeInt] = []  # local workers take these GPUs in turn (worker i: gpus[i % len]); []: all
 
     @field_validator("urls")
     @classmethod
@@ -108,6 +103,7 @@ class FrontDoor(_Strict):
     tool_call_parser: Literal[PARSER_NAMES] | None = None  # the model's tool-call format (frontdoor/tool_parsers.py)
     reasoning_parser: Literal[REASONING_PARSERS] | None = None  # its thinking's tags (frontdoor/reasoning_text.py)
     responses_kept: int = Field(0, ge=0, le=100_000)  # /v1/responses kept for follow-ups (frontdoor/response_store.py)
+    responses_kept_bytes: int = Field(DEFAULT_KEPT_BYTES, ge=1 << 20)  # their size at most, as JSON
 
 
 class TlsFiles(_Strict):

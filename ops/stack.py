@@ -30,6 +30,7 @@ from control.fleet import Fleet
 from control.worker_client import CLIENTS, TRTLLM_CLIENTS
 from frontdoor.grpc_door import TritonProtocolServicer, start_grpc
 from frontdoor.http_app import HttpFrontend, start_http
+from frontdoor.response_store import ResponseStore
 from frontdoor.door_metrics import Metrics
 from control.serving_path import make_path
 from control.requests import Limits
@@ -218,7 +219,8 @@ class Stack:
         try:
             self.grpc = await start_grpc(TritonProtocolServicer(door), fd.host, fd.grpc_port,
                                          security.grpc_credentials, security.keys)
-            self.http = await start_http(HttpFrontend(door, lim.max_body_bytes, security.keys, fd.responses_kept),
+            kept = ResponseStore(fd.responses_kept, fd.responses_kept_bytes)
+            self.http = await start_http(HttpFrontend(door, lim.max_body_bytes, security.keys, kept),
                                          fd.host, fd.http_port, security.ssl_context)
         except OSError as e:  # taken since the check at the start
             raise DeploymentError(e.strerror or str(e)) from None

@@ -94,7 +94,7 @@ def test_deployment_devices_per_role():
     assert dep.role_device("generate") == "cpu"
     with pytest.raises(DeploymentError, match="decode.gpus \\[0\\] given for device cpu"):
         load_deployment(None, {"device": "cpu", "decode": {"gpus": [0]}})
-    with pytest.raises(DeploymentError, match="GPU indices are 0 or more"):
+    with pytest.raises(DeploymentError, match="decode.gpus.0: Input should be greater than or equal to 0"):
         load_deployment(None, {"decode": {"gpus": [-1]}})
     with pytest.raises(DeploymentError, match="device cuda asked for"):
         local_gpus(dep)  # its prefill workers want CUDA, which this machine lacks

@@ -2,15 +2,17 @@
 (`previous_response_id`) is answered as the whole conversation would be on the chat door, tool calls
 and their outputs included, whole and streamed; GET and DELETE /v1/responses/{id}; each response is
 its caller's alone; the oldest is dropped past the limit; `store: false` keeps nothing. And the store
-itself, without a server."""
+itself, without a server: bounded by count and by bytes (the newest always kept)."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
 import yaml
 
+from frontdoor.response_events import EventFeed
 from frontdoor.response_store import Kept, ResponseStore
 from tandem.status import InvalidArgument, NotFound
 from tests.conftest import start_serve, stop_serve
@@ -154,4 +156,37 @@ def test_a_running_answer_dropped_from_the_store_is_cancelled_and_a_settled_one_
         await store.close()  # the front door's stop
         assert third.cancelled() and not second.cancelled()
 
+    asyncio.run(run())
+
+
+def _sized(rid: str, chars: int) -> Kept:
+    return Kept("a", ({"role": "user", "content": "q" * chars},), {"id": rid, "output_text": "t" * chars})
+
+
+def test_past_its_bytes_the_oldest_are_dropped_but_the_newest_is_always_kept():
+    async def run():
+        store = ResponseStore(100, max_bytes=2000)
+        for i in range(3):
+            store.put(f"r{i}", _sized(f"r{i}", 300))  # ~660 bytes each as JSON: three fit
+        assert 3 * 600 < store.bytes <= 2000 and store.get("r0", "a")
+        store.put("r3", _sized("r3", 300))  # a fourth does not: the oldest goes
+        with pytest.raises(NotFound):
+            store.get("r0", "a")
+        assert store.get("r1", "a") and store.bytes <= 2000
+        store.delete("r1", "a")
+        assert 2 * 600 < store.bytes <= 2 * 700
+        store.put("big", _sized("big", 5000))  # alone past the bound: every other goes, it stays
+        assert store.get("big", "a") and store.bytes > 2000
+        for rid in ("r2", "r3"):
+            with pytest.raises(NotFound):
+                store.get(rid, "a")
+        running, feed = asyncio.create_task(asyncio.sleep(60)), EventFeed()
+        store.put("bg", Kept("a", (), {"id": "bg", "status": "in_progress"}, running=running, feed=feed))
+        assert store.get("bg", "a")  # small while it runs: "big" goes, being the oldest past the bound
+        with pytest.raises(NotFound):
+            store.get("big", "a")
+        feed.add([{"type": "response.output_text.delta", "delta": "d" * 3000}])
+        store.settle("bg", running, Kept("a", (), {"id": "bg", "status": "completed"}, feed=feed))
+        assert 3000 < store.bytes == feed.bytes + len(json.dumps({"id": "bg", "status": "completed"})) + len("[]")
+        running.cancel()
     asyncio.run(run())

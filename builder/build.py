@@ -1,6 +1,7 @@
 """`tandem build`: turn one checkpoint into role engines (prefill, decode), each a folder.
 
     engines/NAME/prefill/  manifest.json  model.safetensors  config.json  tokenizer.json  tokenizer_config.json
+                           (and chat_template.jinja, generation_config.json where the checkpoint has them)
     engines/NAME/decode/   (same files; weights may be int8 when --weight-quant asks for it)
 
 Each role is written to a temporary folder and renamed into place, so an interrupted build never
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 
 from tqdm import tqdm
 
-from builder.fingerprint import build_key, source_fingerprint
+from builder.fingerprint import SMALL_FILES, build_key, source_fingerprint
 from tandem.digest import sha256_files
 from tandem import __version__
 from tandem.kv_layout import KVLayout, KVLayoutMismatch, check_kv_compatible
@@ -27,7 +28,6 @@ from tandem.manifest import FORMAT, EngineManifest, ManifestError, read_manifest
 from tandem.profiles import DEFAULT_PROFILES, RoleProfile
 from tandem.roles import ENGINE_ROLES, Role
 
-COPIED_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 WEIGHTS_FILE = "model.safetensors"
 
 
@@ -178,7 +178,7 @@ def _build_role(req: BuildRequest, role: Role, ckpt, fingerprint: str, layout: K
         else:
             _write_weights(weights, dst, req.dtype, profile.weight_quant)
             digest = sha256_files([dst], desc=f"{role.value}: hash")
-        for name in COPIED_FILES:
+        for name in SMALL_FILES:
             src = os.path.join(ckpt.folder, name)
             if os.path.isfile(src):
                 shutil.copyfile(src, os.path.join(tmp, name))

@@ -6,6 +6,9 @@ import hashlib
 import json
 import os
 
+# a checkpoint's small files: fingerprinted, and copied into each role engine where present
+SMALL_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json")
+
 
 def source_fingerprint(folder: str, weight_files: list[str]) -> str:
     """Cheap identity of a checkpoint: its small files' bytes and each weight file's name, size, mtime.
@@ -14,7 +17,7 @@ def source_fingerprint(folder: str, weight_files: list[str]) -> str:
     changes its size or modification time.
     """
     h = hashlib.sha256()
-    for name in ("config.json", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+    for name in SMALL_FILES:
         path = os.path.join(folder, name)
         if os.path.isfile(path):
             h.update(name.encode())

@@ -71,6 +71,10 @@ def _env(name: str) -> dict:
               help="How a thinking model marks its reasoning (deepseek_r1: the template opens <think>, the answer "
                    "reasons until </think>; qwen3: an answer starting with <think>): chat replies carry it apart as "
                    "`reasoning`, the Responses API as a reasoning item. Default: none, all of it content.")
+@click.option("--generation-config", default=None, **_env("GENERATION_CONFIG"),
+              help="Where the OpenAI doors' sampling defaults (temperature, top_p, top_k, min_p, repetition_penalty, "
+                   "max_new_tokens) for fields a request leaves out come from: auto (the model's "
+                   "generation_config.json, as vLLM), none, or a file or folder. Default: auto.")
 @click.option("--responses-kept", type=click.IntRange(0, 100_000), default=None, **_env("RESPONSES_KEPT"),
               help="How many /v1/responses responses are kept in memory for previous_response_id (default 0).")
 @click.option("--max-model-len", type=click.IntRange(2), default=None, **_env("MAX_MODEL_LEN"),
@@ -104,7 +108,7 @@ def _env(name: str) -> dict:
 @click.option("--workdir", default=None, **_env("WORKDIR"), help="Where worker logs and the model repository go.")
 def serve_command(model, dtype, config_path, mode, prefill, decode, replicas, transport, device, handoff, backend,
                   router, host, grpc_port, http_port, model_name, served_model_name, chat_template, tool_call_parser,
-                  reasoning_parser, responses_kept, max_model_len,
+                  reasoning_parser, generation_config, responses_kept, max_model_len,
                   kv_pool_bytes, chunk_tokens, api_key_file, no_api_key, prefix_cache_per_api_key, tls_cert, tls_key,
                   tls_client_ca, worker_tls_ca, worker_tls_server_name,
                   otlp_endpoint, log_format, workdir):
@@ -119,7 +123,7 @@ def serve_command(model, dtype, config_path, mode, prefill, decode, replicas, tr
         "transport": transport, "handoff.mode": handoff, "backend": backend,
         "router": router, "front_door.served_model_name": served_model_name,
         "front_door.chat_template": chat_template, "front_door.tool_call_parser": tool_call_parser,
-        "front_door.reasoning_parser": reasoning_parser,
+        "front_door.reasoning_parser": reasoning_parser, "front_door.generation_config": generation_config,
         "front_door.responses_kept": responses_kept, "limits.max_model_len": max_model_len,
         "front_door.host": host, "front_door.grpc_port": grpc_port, "front_door.http_port": http_port,
         "front_door.model_name": model_name, "kv_pool_bytes": kv_pool_bytes, "chunk_tokens": chunk_tokens,

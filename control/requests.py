@@ -35,7 +35,8 @@ class GenerationRequest:
     truncate_prompt_tokens: int | None = None  # keep the prompt's last k tokens (-1: the context) (vLLM's field)
     drop_oldest_turns: bool = False  # chat: drop the oldest turns until the prompt fits (Responses' truncation auto)
     prompt_ids: tuple[int, ...] = ()
-    max_tokens: int | None = 16  # None: up to DEFAULT_MAX_TOKENS, within the context
+    max_tokens: int | None = 16  # None: up to default_max_tokens, within the context
+    default_max_tokens: int = DEFAULT_MAX_TOKENS  # (the model's generation config may say another)
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0
@@ -117,7 +118,7 @@ def prepare(req: GenerationRequest, tokenizer: Tokenizer, limits: Limits) -> Pre
     if len(ids) >= max_context:
         raise InvalidArgument(f"prompt has {len(ids)} tokens but the model's context is {max_context}; "
                               f"shorten it to at most {max_context - 1} tokens", "prompt")
-    max_tokens = req.max_tokens if req.max_tokens is not None else min(DEFAULT_MAX_TOKENS, max_context - len(ids))
+    max_tokens = req.max_tokens if req.max_tokens is not None else min(req.default_max_tokens, max_context - len(ids))
     if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
         raise InvalidArgument(f"max_tokens must be an integer >= 1, got {max_tokens!r}", "max_tokens")
     if len(ids) + max_tokens > max_context:

@@ -88,14 +88,17 @@ class Stats:
 
 class ServedModel:
     def __init__(self, service: Orchestrator, triton_name: str = "ensemble", served_name: str | None = None,
-                 tool_call_parser: str | None = None, reasoning_parser: str | None = None):
+                 tool_call_parser: str | None = None, reasoning_parser: str | None = None,
+                 sampling_defaults: dict | None = None):
         """`tool_call_parser`: how the model writes a tool call in its text (frontdoor/tool_call_text.py);
         None: tool_choice "auto" is refused. `reasoning_parser`: how it marks its thinking
-        (frontdoor/reasoning_text.py); None: every answer is all content."""
+        (frontdoor/reasoning_text.py); None: every answer is all content. `sampling_defaults`: the OpenAI
+        doors' defaults for fields a request leaves out (frontdoor/generation_defaults.py)."""
         self.service = service
         self.triton_name = triton_name
         self.served_name = served_name or triton_name
         self.tool_call_parser, self.reasoning_parser = tool_call_parser, reasoning_parser
+        self.sampling_defaults = sampling_defaults or {}
         self.config = model_config(triton_name)
         self.stats = Stats()
 

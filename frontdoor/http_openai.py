@@ -65,14 +65,15 @@ class OpenAIRoutes:
         self.service.refuse_if_closed()
         body = await read_object(request)
         rid = oa.new_id("cmpl")
-        return await self._answer(request, oa.completion_request(body, self.names, rid, self.unknown), rid,
-                                  oa.completion_body, body, chat=False)
+        parsed = oa.completion_request(body, self.names, rid, self.unknown, self.served.sampling_defaults)
+        return await self._answer(request, parsed, rid, oa.completion_body, body, chat=False)
 
     async def chat(self, request):
         self.service.refuse_if_closed()
         body = await read_object(request)
         rid = oa.new_id("chatcmpl")
-        parsed = oa.chat_request(body, self.names, rid, self.unknown, self.served.tool_call_parser)
+        parsed = oa.chat_request(body, self.names, rid, self.unknown, self.served.tool_call_parser,
+                                 self.served.sampling_defaults)
         return await self._answer(request, parsed, rid, chat_shape(parsed, self.served.reasoning_parser), body,
                                   chat=True)
 

@@ -25,7 +25,7 @@ from frontdoor import openai_responses as rs
 from frontdoor import response_background
 from frontdoor.core import Answer, FrontDoor
 from frontdoor.http_body import read_object, request_timeout
-from frontdoor.http_openai import GONE, count, event_stream
+from frontdoor.http_openai import GONE, event_stream
 from frontdoor.openai_fields import UnknownFields
 from frontdoor.openai_tokens import trail_of, watching
 from frontdoor.reasoning_text import ReasoningShape, chat_shape
@@ -84,7 +84,8 @@ class ResponsesRoutes:
             if extra:
                 self.unknown.note(extra, "/v1/responses")
             rid = oa.new_id("resp")
-            parsed = oa.chat_request(chat, self.names, rid, self.unknown, self.served.tool_call_parser)
+            parsed = oa.chat_request(chat, self.names, rid, self.unknown, self.served.tool_call_parser,
+                                     self.served.sampling_defaults)
             keep = bool(self.store.capacity) and body.get("store") is not False
             background = rs.in_background(body, keep)
             shape = chat_shape(parsed, self.served.reasoning_parser)

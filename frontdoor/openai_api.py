@@ -15,16 +15,18 @@ from frontdoor.openai_fields import (CHAT_FIELDS, COMPLETION_FIELDS, MAX_ANSWERS
 from frontdoor.openai_tokens import Shown
 from frontdoor.openai_tools import ToolChoice, tool_choice
 from frontdoor.tool_parsers import KEEPS_SPECIAL_TOKENS
-from control.requests import GenerationRequest
+from control.requests import DEFAULT_MAX_TOKENS, GenerationRequest
 from tandem.request_context import current_id
 from tandem.sampling_params import MAX_SEED, MAX_TOP_LOGPROBS
 from tandem.status import InvalidArgument, NotFound
 
 
 def _common(body: dict, allowed: set[str], models: tuple[str, ...], max_tokens_default: int | None,
-            unknown: UnknownFields | None, endpoint: str) -> dict:
+            unknown: UnknownFields | None, endpoint: str, defaults: dict | None) -> dict:
     """The fields both endpoints share, checked by type. `models`: the names this server answers to,
-    the served name first. Unknown fields are ignored and named once through `unknown`."""
+    the served name first. Unknown fields are ignored and named once through `unknown`. `defaults`: the
+    model's sampling defaults of fields the request leaves out (frontdoor/generation_defaults.py)."""
+    model = defaults or {}
     extra = unknown_fields(body, allowed)
     if extra and unknown is not None:
         unknown.note(extra, endpoint)
@@ -42,9 +44,11 @@ def _common(body: dict, allowed: set[str], models: tuple[str, ...], max_tokens_d
     boolean(opts or {}, "include_usage")
     boolean(opts or {}, "continuous_usage_stats")
     return dict(max_tokens=number(body, "max_tokens", max_tokens_default, int),
-                temperature=number(body, "temperature", 1.0), top_p=number(body, "top_p", 1.0),
-                top_k=number(body, "top_k", 0, int), min_p=number(body, "min_p", 0.0),
-                repetition_penalty=number(body, "repetition_penalty", 1.0),
+                default_max_tokens=model.get("max_tokens", DEFAULT_MAX_TOKENS),
+                temperature=number(body, "temperature", model.get("temperature", 1.0)),
+                top_p=number(body, "top_p", model.get("top_p", 1.0)), top_k=number(body, "top_k", model.get("top_k", 0), int),
+                min_p=number(body, "min_p", model.get("min_p", 0.0)),
+                repetition_penalty=number(body, "repetition_penalty", model.get("repetition_penalty", 1.0)),
                 presence_penalty=number(body, "presence_penalty", 0.0),
                 frequency_penalty=number(body, "frequency_penalty", 0.0),
                 min_tokens=number(body, "min_tokens", 0, int), stop=tuple(stop), seed=number(body, "seed", None, int),
@@ -55,13 +59,13 @@ def _common(body: dict, allowed: set[str], models: tuple[str, ...], max_tokens_d
                 truncate_prompt_tokens=truncate_prompt_tokens(body), cache_salt=cache_salt(body))
 
 
-def completion_request(body: dict, models: tuple[str, ...], request_id: str,
-                       unknown: UnknownFields | None = None) -> Parsed:
+def completion_request(body: dict, models: tuple[str, ...], request_id: str, unknown: UnknownFields | None = None,
+                       defaults: dict | None = None) -> Parsed:
     """/v1/completions: one request per answer, in the order of the reply's choices (prompt by prompt,
     `n` each). `logprobs` is an integer here (alternatives per token, 0..20, or null: none); `echo`
     repeats the prompt before the answer (with the prompt's logprobs when logprobs is set), and with
     `max_tokens` 0 the answer is the prompt alone: scored, nothing generated shown."""
-    common = _common(body, COMPLETION_FIELDS, models, 16, unknown, "/v1/completions")
+    common = _common(body, COMPLETION_FIELDS, models, 16, unknown, "/v1/completions", defaults)
     top = number(body, "logprobs", None, int)
     if top is not None and not 0 <= top <= MAX_TOP_LOGPROBS:
         raise InvalidArgument(f"'logprobs' must be an integer in [0, {MAX_TOP_LOGPROBS}] or null, got {top}",
@@ -131,12 +135,13 @@ def _nth_seed(seed: int | None, j: int) -> int | None:
 
 
 def chat_request(body: dict, models: tuple[str, ...], request_id: str, unknown: UnknownFields | None = None,
-                 tool_parser: str | None = None) -> Parsed:
+                 tool_parser: str | None = None, defaults: dict | None = None) -> Parsed:
     """/v1/chat/completions: `n` requests, one per answer. `logprobs` is a boolean here, `top_logprobs`
-    (0..20) needs it true. `tool_parser`: the deployment's tool-call parser (tool_choice "auto")."""
+    (0..20) needs it true. `tool_parser`: the deployment's tool-call parser (tool_choice "auto");
+    `defaults`: the model's sampling defaults (frontdoor/generation_defaults.py)."""
     if body.get("max_completion_tokens") is not None and body.get("max_tokens") is None:
         body = dict(body, max_tokens=body["max_completion_tokens"])
-    common = _common(body, CHAT_FIELDS, models, None, unknown, "/v1/chat/completions")
+    common = _common(body, CHAT_FIELDS, models, None, unknown, "/v1/chat/completions", defaults)
     want = boolean(body, "logprobs")
     top = number(body, "top_logprobs", 0, int)
     if not 0 <= top <= MAX_TOP_LOGPROBS:

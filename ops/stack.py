@@ -18,12 +18,10 @@ import time
 from builder.build import BuildError, BuildRequest, build
 from builder.repo import RepoOptions
 from engine.checkpoint import KNOWN_MODELS
-from engine.config import ModelConfig
-from engine.errors import ModelLoadError
 from engine.shm_region import remove_orphaned_triton_regions, remove_stale_segments
-from engine.tokenizer import Tokenizer
 from control.admission import Admission
 from ops.deployment import Deployment, DeploymentError
+from ops.model_files import read_model_files
 from ops.door_security import DoorSecurity, check_ports_free, check_secret_links, door_security, reload_doors
 from control.discovery import Discovery
 from control.fleet import Fleet
@@ -50,14 +48,6 @@ from tandem.secret import SecretError, load_secret
 from tandem.tracing import TraceConfig, TraceConfigError, Tracer, make_tracer
 
 log = logging.getLogger("tandem.serve")
-
-
-def front_door_tokenizer(engines: str, dep: Deployment) -> Tokenizer:
-    """The tokenizer the front door renders chats with, its chat template as the deployment chose."""
-    try:
-        return Tokenizer(os.path.join(engines, "prefill"), dep.front_door.chat_template)
-    except ModelLoadError as e:
-        raise DeploymentError(str(e)) from None
 
 
 def engine_dtype(dep: Deployment) -> str:
@@ -162,8 +152,7 @@ class Stack:
             engines = await loop.run_in_executor(None, ensure_engines, dep, self.log)
             manifest = read_manifest(os.path.join(engines, "decode"))
             tokens_per_page, model_id, per_node = manifest.kv_layout.tokens_per_page, served_name(dep, manifest), 0
-        tokenizer = front_door_tokenizer(engines, dep)  # before any worker starts: a bad template is one line
-        cfg, context = model_context(engines, dep)
+        model = read_model_files(engines, dep, self.log)  # before any worker starts: a bad template is one line
         counts = worker_counts(dep)
         if gpus:
             try:
@@ -205,8 +194,9 @@ class Stack:
         path = make_path(dep.mode, self.fleet, ROUTERS[dep.router](), tokens_per_page, metrics, dep.max_retries,
                          dep.local_prefill_tokens, dep.handoff_mode)
         lim = dep.limits
+        tokenizer, cfg = model.tokenizer, model.config
         self.service = Orchestrator(path=path, tokenizer=tokenizer, metrics=metrics, mode=dep.mode,
-                                    limits=Limits(context, cfg.vocab_size, lim.max_prompt_chars,
+                                    limits=Limits(model.context, cfg.vocab_size, lim.max_prompt_chars,
                                                   tuple(sorted(tokenizer.end_ids(cfg.eos_token_ids)))),
                                     admission=Admission(lim.max_in_flight, lim.max_queued_tokens,
                                                         max_in_flight_per_key=lim.max_in_flight_per_key),
@@ -214,7 +204,8 @@ class Stack:
         if self.workers.servers:  # remote-only: /health says 503 until the workers answer, the front door is up
             await self._until_ready()
         fd = dep.front_door
-        served = ServedModel(self.service, fd.model_name, model_id, fd.tool_call_parser, fd.reasoning_parser)
+        served = ServedModel(self.service, fd.model_name, model_id, fd.tool_call_parser, fd.reasoning_parser,
+                             model.sampling_defaults)
         door = FrontDoor(served)
         try:
             self.grpc = await start_grpc(TritonProtocolServicer(door), fd.host, fd.grpc_port,
@@ -283,15 +274,3 @@ class Stack:
             await asyncio.get_running_loop().run_in_executor(None, self.workers.stop)
         if self.tracer is not None and self._own_tracer:  # what is still buffered goes out (a blocking export)
             await asyncio.get_running_loop().run_in_executor(None, self.tracer.close)
-
-
-def model_context(engines: str, dep: Deployment) -> tuple[ModelConfig, int]:
-    """The model's config, and the tokens (prompt + answer) a request may use: `limits.max_model_len`, at
-    most the model's own context (beyond it: DeploymentError)."""
-    with open(os.path.join(engines, "prefill", "config.json"), encoding="utf-8") as f:
-        cfg = ModelConfig.from_hf(json.load(f))
-    cap = dep.limits.max_model_len
-    if cap is not None and cap > cfg.max_position:
-        raise DeploymentError(f"limits.max_model_len {cap} is beyond the model's context of {cfg.max_position} "
-                              f"tokens; set at most {cfg.max_position}, or leave it out")
-    return cfg, cap or cfg.max_position

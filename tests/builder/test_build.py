@@ -12,6 +12,7 @@ import time
 import pytest
 
 from builder.build import BuildError, BuildRequest, build
+from builder.fingerprint import source_fingerprint
 from tandem.manifest import ManifestError, check_pair, read_manifest
 from tandem.roles import Role
 
@@ -92,6 +93,15 @@ def _hf_copy(built_engines, dst):
     shutil.copytree(built_engines / "prefill", dst)
     os.remove(dst / "manifest.json")
     return dst
+
+
+def test_a_checkpoints_generation_config_is_copied_and_fingerprinted(built_engines, tmp_path):
+    src = _hf_copy(built_engines, tmp_path / "src")
+    before = source_fingerprint(str(src), [str(src / "model.safetensors")])
+    (src / "generation_config.json").write_text(json.dumps({"temperature": 0.6}))
+    assert source_fingerprint(str(src), [str(src / "model.safetensors")]) != before  # a change rebuilds
+    build(BuildRequest(model=str(src), out=str(tmp_path / "out"), roles=(Role.PREFILL,)))
+    assert json.loads((tmp_path / "out" / "prefill" / "generation_config.json").read_text()) == {"temperature": 0.6}
 
 
 def test_truncated_weights_are_refused(built_engines, tmp_path):

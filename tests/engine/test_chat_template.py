@@ -68,7 +68,7 @@ def test_no_template_or_a_malformed_list_is_clear(tmp_path, tokenizer_json):
 
 def test_serve_stops_on_an_unknown_template_with_one_clear_error(tmp_path, tokenizer_json):
     from ops.deployment import DeploymentError, load_deployment
-    from ops.stack import front_door_tokenizer
+    from ops.model_files import front_door_tokenizer
 
     (tmp_path / "prefill").mkdir()
     folder(tmp_path / "prefill", tokenizer_json, {"chat_template": [{"name": "default", "template": "D"}]})

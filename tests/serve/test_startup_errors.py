@@ -54,6 +54,13 @@ def test_a_max_model_len_beyond_the_models_context_is_one_line(built_engines):
     assert code != 0 and "limits.max_model_len 9000" in line and "context of 8192" in line, line
 
 
+def test_a_generation_config_that_cannot_be_read_is_one_line(built_engines, tmp_path):
+    code, err = run("serve", "--model", str(built_engines), "--http-port", str(free_port()),
+                    "--grpc-port", str(free_port()), "--generation-config", str(tmp_path / "missing"))
+    line = one_error_line(err)
+    assert code != 0 and "generation config" in line and "missing" in line, line
+
+
 def test_serve_names_the_port_in_use_by_flag_and_by_environment(built_engines, held_port):
     code, err = run("serve", "--model", str(built_engines), "--http-port", str(held_port),
                     "--grpc-port", str(free_port()))

@@ -1,0 +1,49 @@
+"""What the front door reads from the engines folder, before any worker starts: the tokenizer (with the
+deployment's chat template), the tokens a request may use, and the model's sampling defaults. Each
+failure is a DeploymentError naming its cause, so a start that cannot succeed ends in one line."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+
+from engine.config import ModelConfig
+from engine.errors import ModelLoadError
+from engine.tokenizer import Tokenizer
+from frontdoor.generation_defaults import GenerationConfigError, sampling_defaults
+from ops.deployment import Deployment, DeploymentError
+
+
+@dataclass(frozen=True)
+class ModelFiles:
+    tokenizer: Tokenizer
+    config: ModelConfig
+    context: int  # prompt + answer tokens of one request: limits.max_model_len, at most the model's own
+    sampling_defaults: dict  # the OpenAI doors' defaults (frontdoor/generation_defaults.py)
+
+
+def read_model_files(engines: str, dep: Deployment, log=print) -> ModelFiles:
+    """The engines folder's files as the deployment reads them (its sampling defaults, if any, logged)."""
+    with open(os.path.join(engines, "prefill", "config.json"), encoding="utf-8") as f:
+        cfg = ModelConfig.from_hf(json.load(f))
+    cap = dep.limits.max_model_len
+    if cap is not None and cap > cfg.max_position:
+        raise DeploymentError(f"limits.max_model_len {cap} is beyond the model's context of {cfg.max_position} "
+                              f"tokens; set at most {cfg.max_position}, or leave it out")
+    try:
+        defaults = sampling_defaults(dep.front_door.generation_config, engines)
+    except GenerationConfigError as e:
+        raise DeploymentError(str(e)) from None
+    if defaults:
+        log(f"sampling defaults from the model's generation config (a request's own values win): "
+            f"{', '.join(f'{k}={v}' for k, v in defaults.items())}")
+    return ModelFiles(front_door_tokenizer(engines, dep), cfg, cap or cfg.max_position, defaults)
+
+
+def front_door_tokenizer(engines: str, dep: Deployment) -> Tokenizer:
+    """The tokenizer the front door renders chats with, its chat template as the deployment chose."""
+    try:
+        return Tokenizer(os.path.join(engines, "prefill"), dep.front_door.chat_template)
+    except ModelLoadError as e:
+        raise DeploymentError(str(e)) from None

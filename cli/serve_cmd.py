@@ -26,6 +26,19 @@ def _env(name: str) -> dict:
     return {"envvar": f"TANDEM_{name}", "show_envvar": True}
 
 
+def _json_object(ctx, param, value: str | None) -> dict | None:
+    """A JSON object given as an option's text (None: not given)."""
+    if value is None:
+        return None
+    try:
+        got = json.loads(value)
+    except ValueError as e:
+        raise click.BadParameter(f"not JSON: {e}") from None
+    if not isinstance(got, dict):
+        raise click.BadParameter("a JSON object is needed, e.g. '{\"temperature\": 0.5}'")
+    return got
+
+
 @click.command("serve")
 @click.option("--model", default=None, **_env("MODEL"),
               help="smollm2-135m, a checkpoint path, or an engines folder (prefill/ + decode/).")
@@ -75,6 +88,9 @@ def _env(name: str) -> dict:
               help="Where the OpenAI doors' sampling defaults (temperature, top_p, top_k, min_p, repetition_penalty, "
                    "max_new_tokens) for fields a request leaves out come from: auto (the model's "
                    "generation_config.json, as vLLM), none, or a file or folder. Default: auto.")
+@click.option("--override-generation-config", default=None, callback=_json_object, **_env("OVERRIDE_GENERATION_CONFIG"),
+              help="JSON: sampling defaults set on top of the generation config, in its names, e.g. "
+                   "'{\"temperature\": 0.5, \"max_new_tokens\": 256}' (as vLLM's flag).")
 @click.option("--responses-kept", type=click.IntRange(0, 100_000), default=None, **_env("RESPONSES_KEPT"),
               help="How many /v1/responses responses are kept in memory for previous_response_id (default 0).")
 @click.option("--max-model-len", type=click.IntRange(2), default=None, **_env("MAX_MODEL_LEN"),
@@ -108,7 +124,7 @@ def _env(name: str) -> dict:
 @click.option("--workdir", default=None, **_env("WORKDIR"), help="Where worker logs and the model repository go.")
 def serve_command(model, dtype, config_path, mode, prefill, decode, replicas, transport, device, handoff, backend,
                   router, host, grpc_port, http_port, model_name, served_model_name, chat_template, tool_call_parser,
-                  reasoning_parser, generation_config, responses_kept, max_model_len,
+                  reasoning_parser, generation_config, override_generation_config, responses_kept, max_model_len,
                   kv_pool_bytes, chunk_tokens, api_key_file, no_api_key, prefix_cache_per_api_key, tls_cert, tls_key,
                   tls_client_ca, worker_tls_ca, worker_tls_server_name,
                   otlp_endpoint, log_format, workdir):
@@ -124,6 +140,7 @@ def serve_command(model, dtype, config_path, mode, prefill, decode, replicas, tr
         "router": router, "front_door.served_model_name": served_model_name,
         "front_door.chat_template": chat_template, "front_door.tool_call_parser": tool_call_parser,
         "front_door.reasoning_parser": reasoning_parser, "front_door.generation_config": generation_config,
+        "front_door.override_generation_config": override_generation_config,
         "front_door.responses_kept": responses_kept, "limits.max_model_len": max_model_len,
         "front_door.host": host, "front_door.grpc_port": grpc_port, "front_door.http_port": http_port,
         "front_door.model_name": model_name, "kv_pool_bytes": kv_pool_bytes, "chunk_tokens": chunk_tokens,

@@ -3,7 +3,10 @@
 `tandem serve --generation-config` (`front_door.generation_config`) says where they come from: `auto`
 (the default) reads the engines' generation_config.json (the build copies it from a Hugging Face
 checkpoint; a GGUF file carries none, so the default model has none), a path reads that file or that
-folder's generation_config.json, `none` reads nothing.
+folder's generation_config.json, `none` reads nothing. `--override-generation-config '{"temperature":
+0.5}'` (`front_door.override_generation_config`) sets fields on top, as vLLM's flag does (with `none`:
+only those), in the file's names; an override is never skipped, so `{"temperature": 1.0}` undoes a
+model's own temperature.
 
 The fields vLLM reads are the defaults of the OpenAI doors' requests (completions, chat, Responses)
 where a request leaves them out or sends null: `temperature`, `top_p`, `top_k`, `min_p`,
@@ -34,9 +37,19 @@ class GenerationConfigError(ValueError):
     """The generation config named cannot be read, or holds a value no request could have."""
 
 
-def sampling_defaults(choice: str, engines: str) -> dict[str, float | int]:
+def sampling_defaults(choice: str, engines: str, overrides: dict | None = None) -> dict[str, float | int]:
     """The request fields' defaults (`_FIELDS`' values as keys) that `choice` (auto, none, or a path)
-    gives for the engines folder `engines`; {} where there are none."""
+    gives for the engines folder `engines`, with `overrides` (the file's names) on top; {} where none."""
+    unknown = sorted(set(overrides or {}) - set(_FIELDS))
+    if unknown:
+        raise GenerationConfigError(f"override_generation_config: unknown field(s) {unknown}; allowed: "
+                                    f"{', '.join(_FIELDS)}")
+    return _checked(_read(choice, engines) | {_FIELDS[k]: v for k, v in (overrides or {}).items()},
+                    "override_generation_config")
+
+
+def _read(choice: str, engines: str) -> dict:
+    """The defaults the file that `choice` names holds, transformers' own skipped."""
     if choice == "none":
         return {}
     path = os.path.join(engines, "prefill") if choice == "auto" else choice
@@ -54,10 +67,14 @@ def sampling_defaults(choice: str, engines: str) -> dict[str, float | int]:
         raise GenerationConfigError(f"cannot read the generation config {path}: {e}") from None
     if not isinstance(data, dict):
         raise GenerationConfigError(f"{path}: a generation config is a JSON object")
-    out = {field: data[key] for key, field in _FIELDS.items()
-           if data.get(key) is not None and data[key] != _TRANSFORMERS.get(key)}
+    return _checked({field: data[key] for key, field in _FIELDS.items()
+                     if data.get(key) is not None and data[key] != _TRANSFORMERS.get(key)}, path)
+
+
+def _checked(defaults: dict, source: str) -> dict:
+    """`defaults`, if every request could have them (GenerationConfigError naming `source` otherwise)."""
     try:
-        SamplingParams(**out)  # the ranges every request's values must be in
+        SamplingParams(**defaults)  # the ranges every request's values must be in
     except (InvalidArgument, TypeError) as e:
-        raise GenerationConfigError(f"{path}: {e}") from None
-    return out
+        raise GenerationConfigError(f"{source}: {e}") from None
+    return defaults

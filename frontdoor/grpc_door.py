@@ -3,8 +3,10 @@
 Protocol messages are the modules `tritonclient` ships, so `tritonclient.grpc`, perf_analyzer and
 genai-perf talk to it as to a Triton server holding one decoupled LLM model (named `ensemble` by
 default) with TensorRT-LLM's ensemble tensor contract. Implemented: ServerLive/Ready/Metadata,
-ModelReady/Metadata/Config/Statistics, ModelInfer (whole answer) and ModelStreamInfer (one response
-per piece of new text). Other RPCs answer UNIMPLEMENTED, and only what is implemented is advertised.
+ModelReady/Metadata/Config/Statistics, RepositoryIndex (the one model), ModelInfer (whole answer) and
+ModelStreamInfer (one response per piece of new text); RepositoryModelLoad/Unload are refused
+(UNIMPLEMENTED, naming why: the server serves the model it started with). Other RPCs answer
+UNIMPLEMENTED, and only what is implemented is advertised.
 A failure's gRPC code comes from its status (tandem/status.py); on a stream it is an error response
 whose message starts with the code's name, as Triton's own streams do.
 """
@@ -23,7 +25,8 @@ from tritonclient.grpc import service_pb2_grpc as pb_grpc
 from frontdoor.api_keys import ApiKeys
 from frontdoor.auth import GrpcKeyInterceptor
 from frontdoor.core import FrontDoor
-from frontdoor.kserve_codec import InferCall, decode_call, grpc_inputs, output_tensors, to_raw
+from frontdoor.kserve_codec import (InferCall, decode_call, grpc_inputs, output_tensors, refuse_model_control,
+                                    repository_index, to_raw)
 from frontdoor.model_contract import INPUTS, OUTPUTS
 from frontdoor.protocol_status import describe, grpc_code
 from frontdoor.request_ids import GrpcRequestIds
@@ -79,6 +82,22 @@ class TritonProtocolServicer(pb_grpc.GRPCInferenceServiceServicer):
         return pb.ModelStatisticsResponse(model_stats=[pb.ModelStatistics(
             name=self.model, version="1", last_inference=s.last_ms, inference_count=s.success,
             execution_count=s.success, inference_stats=infer)])
+
+    async def RepositoryIndex(self, request, context):
+        return pb.RepositoryIndexResponse(models=[pb.RepositoryIndexResponse.ModelIndex(**m) for m in
+                                                  repository_index(self.served, request.ready)])
+
+    async def RepositoryModelLoad(self, request, context):
+        await self._model_control("load", request.model_name, context)
+
+    async def RepositoryModelUnload(self, request, context):
+        await self._model_control("unload", request.model_name, context)
+
+    async def _model_control(self, action: str, name: str, context) -> None:
+        try:
+            refuse_model_control(action, name)
+        except TandemError as e:
+            await context.abort(grpc_code(status_of(e)), str(e))
 
     def _known(self, name: str, version: str) -> bool:
         return self.served.known_triton(name, version)

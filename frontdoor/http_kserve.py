@@ -13,7 +13,8 @@ from google.protobuf import json_format
 from frontdoor.core import FrontDoor
 from frontdoor.grpc_door import EXTENSIONS
 from frontdoor.http_body import parse_json, request_timeout
-from frontdoor.kserve_codec import decode_call, http_inputs, output_tensors, to_raw
+from frontdoor.kserve_codec import (decode_call, http_inputs, output_tensors, refuse_model_control, repository_index,
+                                    to_raw)
 from tandem import __version__
 from tandem.request_context import current_id
 from tandem.status import InvalidArgument, NotFound
@@ -30,6 +31,8 @@ def add_kserve_routes(r, door: FrontDoor) -> None:
     r.add_get("/v2/models/{model}/config", api.model_config)
     r.add_post("/v2/models/{model}/infer", api.infer)
     r.add_post("/v2/models/{model}/versions/{version}/infer", api.infer)
+    r.add_post("/v2/repository/index", api.repository_index)
+    r.add_post("/v2/repository/models/{model}/{action:load|unload}", api.model_control)
 
 
 def check_model(served, request) -> None:
@@ -67,6 +70,17 @@ class KServeRoutes:
     async def model_config(self, request):
         self._check_model(request)
         return web.json_response(json_format.MessageToDict(self.served.config, preserving_proto_field_name=True))
+
+    async def repository_index(self, request):
+        """Triton's repository index; the body may be empty or {"ready": bool}."""
+        body = parse_json(await request.read() or b"{}")
+        ready = body.get("ready", False) if isinstance(body, dict) else None
+        if not isinstance(ready, bool):
+            raise InvalidArgument("the repository index request is an object with an optional boolean 'ready'")
+        return web.json_response(repository_index(self.served, ready))
+
+    async def model_control(self, request):
+        refuse_model_control(request.match_info["action"], request.match_info["model"])
 
     async def infer(self, request):
         """A codec over the front-door core: the KServe codec decodes, the core collects, the codec

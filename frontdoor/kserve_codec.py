@@ -24,7 +24,7 @@ import numpy as np
 
 from frontdoor.model_contract import OUTPUTS, TensorSpec, parse_requests
 from control.requests import GenerationRequest
-from tandem.status import InvalidArgument
+from tandem.status import InvalidArgument, MethodNotAllowed
 
 _OUTPUT_NAMES = tuple(t.name for t in OUTPUTS)
 Inputs = dict[str, tuple[str, np.ndarray]]  # name -> (datatype, array shaped [batch, ...])
@@ -221,3 +221,19 @@ def json_tensor(name: str, dt: str, shape: list[int], data) -> np.ndarray:
     elif any(isinstance(x, bool) or not isinstance(x, (int, float)) for x in flat):
         raise InvalidArgument(f"input {name!r}: {dt} data must be numbers")
     return np.array(flat, dtype=object).astype(kind).reshape(shape)
+
+
+def repository_index(served, ready_only: bool) -> list[dict]:
+    """Triton's model repository index: the one served model (`ready_only`: only if it is ready), as
+    {"name", "version", "state", "reason"} (the gRPC ModelIndex's fields, the HTTP reply's objects)."""
+    ready = served.service.ready()
+    if ready_only and not ready:
+        return []
+    return [{"name": served.triton_name, "version": "1", "state": "READY" if ready else "UNAVAILABLE",
+             "reason": "" if ready else "not ready: draining, or no worker of a role it needs is ready"}]
+
+
+def refuse_model_control(action: str, name: str) -> None:
+    """Triton's model control (load, unload): this server serves the one model it started with."""
+    raise MethodNotAllowed(f"cannot {action} model '{name}': this server serves the one model it started with "
+                           f"(as Triton's model control mode none); start another tandem serve for another model")

@@ -34,6 +34,7 @@
                  tool_call_parser: null,    # hermes, llama3_json, pythonic, mistral: "auto" tool calls; null: refused
                  reasoning_parser: null,    # deepseek_r1, qwen3: <think> text apart as `reasoning`; null: content
                  generation_config: auto,   # sampling defaults: the model's generation_config.json, none, or a path
+                 override_generation_config: {},   # fields set on top, e.g. {temperature: 0.5}
                  responses_kept: 0,         # /v1/responses kept in memory for previous_response_id (0: none),
                  responses_kept_bytes: 268435456}   # ... at most this many bytes of them (as JSON)
     worker_tls: null               # {ca, server_name, cert, key}: TLS to the workers (control/worker_tls.py);
@@ -104,6 +105,7 @@ class FrontDoor(_Strict):
     tool_call_parser: Literal[PARSER_NAMES] | None = None  # the model's tool-call format (frontdoor/tool_parsers.py)
     reasoning_parser: Literal[REASONING_PARSERS] | None = None  # its thinking's tags (frontdoor/reasoning_text.py)
     generation_config: str = Field("auto", min_length=1)  # auto, none or a path (frontdoor/generation_defaults.py)
+    override_generation_config: dict[str, float | int] = {}  # generation_config.json's names: values on top
     responses_kept: int = Field(0, ge=0, le=100_000)  # /v1/responses kept for follow-ups (frontdoor/response_store.py)
     responses_kept_bytes: int = Field(DEFAULT_KEPT_BYTES, ge=1 << 20)  # their size at most, as JSON
 

@@ -32,7 +32,8 @@ def read_model_files(engines: str, dep: Deployment, log=print) -> ModelFiles:
         raise DeploymentError(f"limits.max_model_len {cap} is beyond the model's context of {cfg.max_position} "
                               f"tokens; set at most {cfg.max_position}, or leave it out")
     try:
-        defaults = sampling_defaults(dep.front_door.generation_config, engines)
+        defaults = sampling_defaults(dep.front_door.generation_config, engines,
+                                     dep.front_door.override_generation_config)
     except GenerationConfigError as e:
         raise DeploymentError(str(e)) from None
     if defaults:

@@ -9,6 +9,7 @@ import urllib.request
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from engine.generate import run_generation
@@ -98,6 +99,29 @@ def test_model_config_metadata_and_health(served):
     assert "\ntandem_kv_tokens_per_page 16.0\n" in text  # the default engines' page size, for clients' sums
     with urllib.request.urlopen(served.http + "/v1/models") as r:
         assert [m["id"] for m in json.loads(r.read())["data"]] == ["smollm2-135m"]  # the served model's name
+
+
+def test_the_repository_index_holds_the_served_model_and_model_control_is_refused_on_both_doors(served):
+    """tritonclient's repository calls: the index (all, or only ready) is the one model, READY; load and
+    unload are refused naming why, as 405 over HTTP and UNIMPLEMENTED over gRPC."""
+    ready = [{"name": "ensemble", "version": "1", "state": "READY", "reason": ""}]
+    g, h = grpcclient.InferenceServerClient(served.grpc), httpclient.InferenceServerClient(served.http[len("http://"):])
+    try:
+        got = g.get_model_repository_index(as_json=True)["models"]
+        assert [{"reason": "", **m} for m in got] == ready  # protobuf's JSON leaves out the empty reason
+        assert h.get_model_repository_index() == ready
+        for client in (g, h):
+            for call in (client.load_model, client.unload_model):
+                with pytest.raises(InferenceServerException, match="serves the one model it started with") as e:
+                    call("ensemble")
+                assert e.value.status() in ("StatusCode.UNIMPLEMENTED", "405"), e.value.status()
+    finally:
+        g.close()
+        h.close()
+    status, reply = post(served.http, "/v2/repository/index", {"ready": True})
+    assert status == 200 and reply == ready
+    status, reply = post(served.http, "/v2/repository/index", {"ready": "yes"})
+    assert status == 400 and "ready" in reply["error"], reply
 
 
 def _grpc_error(url, inputs, model="ensemble") -> InferenceServerException:

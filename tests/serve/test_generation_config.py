@@ -1,7 +1,8 @@
 """The model's sampling defaults (generation_config.json, frontdoor/generation_defaults.py): which of the
 file's fields are read, as vLLM reads them, and which refused at start; and on a real 1P1D stack, that
 every OpenAI door (completions, chat, Responses) answers a request that leaves them out exactly as one
-that sends them, while a request's own value wins; `auto` reads the engines' own file."""
+that sends them, while a request's own value wins; `auto` reads the engines' own file. Overrides
+(`--override-generation-config`) go on top."""
 
 from __future__ import annotations
 
@@ -55,6 +56,18 @@ def test_a_value_no_request_could_have_is_refused_naming_it(tmp_path, data, says
     with pytest.raises(GenerationConfigError, match=re.escape(says)) as e:
         sampling_defaults(path, "unused")
     assert path in str(e.value)
+
+
+def test_overrides_go_on_top_and_are_never_skipped(tmp_path):
+    engines = tmp_path / "engines"
+    _write(engines / "prefill", {"temperature": 0.6, "top_p": 0.9})
+    got = sampling_defaults("auto", str(engines), {"temperature": 1.0, "max_new_tokens": 5})
+    assert got == {"temperature": 1.0, "top_p": 0.9, "max_tokens": 5}  # 1.0 undoes the model's 0.6
+    assert sampling_defaults("none", str(engines), {"top_k": 50}) == {"top_k": 50}
+    with pytest.raises(GenerationConfigError, match=r"unknown field\(s\) \['max_tokens'\]; allowed: temperature"):
+        sampling_defaults("none", str(engines), {"max_tokens": 5})  # the file's names: max_new_tokens
+    with pytest.raises(GenerationConfigError, match="override_generation_config: top_p must be in"):
+        sampling_defaults("auto", str(engines), {"top_p": 2})
 
 
 def test_a_path_that_holds_no_config_is_refused(tmp_path):

@@ -59,6 +59,13 @@ def test_a_generation_config_that_cannot_be_read_is_one_line(built_engines, tmp_
                     "--grpc-port", str(free_port()), "--generation-config", str(tmp_path / "missing"))
     line = one_error_line(err)
     assert code != 0 and "generation config" in line and "missing" in line, line
+    code, err = run("serve", "--model", str(built_engines), "--override-generation-config", "[1]")
+    line = one_error_line(err)
+    assert code != 0 and "--override-generation-config" in line and "a JSON object is needed" in line, line
+    code, err = run("serve", "--model", str(built_engines), "--http-port", str(free_port()),
+                    "--grpc-port", str(free_port()), "--override-generation-config", '{"temp": 0.5}')
+    line = one_error_line(err)
+    assert code != 0 and "unknown field(s) ['temp']" in line, line
 
 
 def test_serve_names_the_port_in_use_by_flag_and_by_environment(built_engines, held_port):

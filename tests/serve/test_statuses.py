@@ -95,24 +95,31 @@ def test_a_request_no_pool_can_hold_is_a_client_error_at_once(small):
 
 
 def test_pool_full_past_the_deadline_is_429_and_over_admission_limits_is_429_at_once(small):
+    """The holder reserves 4 of the 5 pages and waits for its prefill, the prefill worker being stopped
+    (SIGSTOP, well under the 4 s stall limit): its pages stay taken however fast decoding is."""
+    prefill = small.workers()["prefill-0"]["pid"]
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        holder = pool.submit(_complete, small.http, "Once upon a time", 60, 60)  # 4 of the 5 pages, a few s
-        until = time.monotonic() + 30
-        while sum(pages_used(small.http).values()) < 4 and time.monotonic() < until:  # the holder has them
-            time.sleep(0.05)
-        tries = _decode_tries(small.http)
-        waiting = pool.submit(_complete, small.http, "The sky is", 20, 1.0)  # 2 pages: waits, then gives up
-        time.sleep(0.3)
-        t = time.monotonic()
-        status, body = post(small.http, "/v1/completions", {"prompt": "hi", "max_tokens": 4})  # a third: over 2
-        refused_in = time.monotonic() - t
-        assert status == 429 and body["error"]["code"] == "RESOURCE_EXHAUSTED", body
-        assert refused_in < 0.5
-        status, body = waiting.result(timeout=60)
-        assert status == 429 and body["error"]["code"] == "OUT_OF_PAGES", body
-        # it slept until a worker's state changed and tried again (4-5 tries in its second here), never in a
-        # loop of refused tries woken by its own try's end (913 in its second before that was fixed)
-        assert _decode_tries(small.http) - tries <= 20
+        os.killpg(prefill, signal.SIGSTOP)
+        try:
+            holder = pool.submit(_complete, small.http, "Once upon a time", 60, 60)  # 4 of the 5 pages
+            until = time.monotonic() + 30
+            while sum(pages_used(small.http).values()) < 4 and time.monotonic() < until:  # the holder has them
+                time.sleep(0.05)
+            tries = _decode_tries(small.http)
+            waiting = pool.submit(_complete, small.http, "The sky is", 20, 1.0)  # 2 pages: waits, then gives up
+            time.sleep(0.3)
+            t = time.monotonic()
+            status, body = post(small.http, "/v1/completions", {"prompt": "hi", "max_tokens": 4})  # a third: over 2
+            refused_in = time.monotonic() - t
+            assert status == 429 and body["error"]["code"] == "RESOURCE_EXHAUSTED", body
+            assert refused_in < 0.5
+            status, body = waiting.result(timeout=60)
+            assert status == 429 and body["error"]["code"] == "OUT_OF_PAGES", body
+            # it slept until a worker's state changed and tried again (4-5 tries in its second here), never in
+            # a loop of refused tries woken by its own try's end (913 in its second before that was fixed)
+            assert _decode_tries(small.http) - tries <= 20
+        finally:
+            os.killpg(prefill, signal.SIGCONT)
         assert holder.result(timeout=120)[0] == 200
     status, body = post(small.http, "/v1/completions", {"prompt": "The sky is", "max_tokens": 4})
     assert status == 200, body  # the pages all came back
@@ -141,17 +148,17 @@ def test_a_request_past_its_deadline_is_504(small):
 def test_a_request_that_waited_for_pages_then_got_them_ends_its_deadline_as_504(small):
     """It waited (pool full), a worker freed pages and reserved them for it, and its deadline passed during
     its prefill: that is the request's own deadline (504), not a wait for pages (it ended 429 before).
-    The prefill worker is stopped (SIGSTOP, well under the 4 s stall limit) so the prefill outlasts it."""
+    The prefill worker is stopped (SIGSTOP, well under the 4 s stall limit) before the holder comes, so
+    the holder keeps its pages until its own deadline, and the prefill outlasts the waiting one's too."""
     prefill = small.workers()["prefill-0"]["pid"]
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        holder = pool.submit(_complete, small.http, "Once upon a time", 60, 1.0)  # 4 of the 5 pages, until 1 s
-        until = time.monotonic() + 30
-        while sum(pages_used(small.http).values()) < 4 and time.monotonic() < until:
-            time.sleep(0.05)
-        waiting = pool.submit(_complete, small.http, "The sky is", 20, 2.0)  # 2 pages: waits for the holder's
-        time.sleep(0.3)
         os.killpg(prefill, signal.SIGSTOP)
         try:
+            holder = pool.submit(_complete, small.http, "Once upon a time", 60, 1.0)  # 4 of the 5 pages, until 1 s
+            until = time.monotonic() + 30
+            while sum(pages_used(small.http).values()) < 4 and time.monotonic() < until:
+                time.sleep(0.05)
+            waiting = pool.submit(_complete, small.http, "The sky is", 20, 2.0)  # 2 pages: waits for the holder's
             assert holder.result(timeout=30)[0] == 504  # its deadline gives its pages back
             status, body = waiting.result(timeout=30)
         finally:

@@ -159,10 +159,11 @@ def test_a_stalled_worker_is_visible_on_health_and_back_when_it_resumes(one_by_o
     assert d["health_503_after_s"] is not None and d["health_503_after_s"] < 7.0, d  # stall_s is 4
     said = [e for e in worker_events(one_by_one) if "tandem.supervisor" in e][-3:]  # why it was replaced, if it was
     assert not any("killing and replacing" in e for e in said), f"the stall timer replaced it: {said} {d}"
-    # Once in CI the resumed worker's Triton aborted by itself right after SIGCONT (its Python backend threw
-    # boost::interprocess::lock_exception; code -6) and was replaced as any crashed worker is: allowed,
-    # as long as that is the reason and health is back as soon
-    crashed = any("decode-0 exited (code -6)" in e for e in said)
+    # Twice in CI the resumed worker's Triton died by itself right after SIGCONT (once its Python backend
+    # threw boost::interprocess::lock_exception, code -6; once a segmentation fault, code -11, at 9397bb3)
+    # and was replaced as any crashed worker is: allowed, as long as a signal's exit is the reason (never
+    # the stall timer: checked above) and health is back as soon
+    crashed = any(re.search(r"decode-0 exited \(code -\d+\)", e) for e in said)
     assert (not d["replaced_while_stopped"] or crashed) and d["health_200_after_resume_s"] < 7.0, f"{said} {d}"
     assert stop["wrong"] == 0
 

@@ -7,7 +7,8 @@ import json
 import os
 
 # a checkpoint's small files: fingerprinted, and copied into each role engine where present
-SMALL_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json")
+SMALL_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
+               "generation_config.json")
 
 
 def source_fingerprint(folder: str, weight_files: list[str]) -> str:

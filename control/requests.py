@@ -110,7 +110,7 @@ def prepare(req: GenerationRequest, tokenizer: Tokenizer, limits: Limits) -> Pre
     ids = _prompt_ids(req, tokenizer, limits)
     max_context = limits.max_context
     if req.drop_oldest_turns and not _fits(ids, req, max_context):
-        ids = _fitted_turns(req, tokenizer, max_context)
+        ids = _fitted_turns(req, ids, tokenizer, max_context)
     keep = max_context if req.truncate_prompt_tokens == -1 else req.truncate_prompt_tokens
     truncated = keep is not None and len(ids) > keep
     if truncated:  # the prompt's last `keep` tokens, as vLLM truncates
@@ -149,11 +149,11 @@ def _fits(ids: list[int], req: GenerationRequest, max_context: int) -> bool:
     return len(ids) + (req.max_tokens or 1) <= max_context
 
 
-def _fitted_turns(req: GenerationRequest, tokenizer: Tokenizer, max_context: int) -> list[int]:
-    """The prompt ids of the chat without its oldest turns, as few dropped as make it fit (OpenAI's
-    truncation "auto"). The leading system messages stay; a turn begins at a user message, so a tool's
-    answer is never kept without the call it answers. Where even the last turn alone does not fit, that
-    shortest prompt's ids (prepare then refuses it, naming its length)."""
+def _fitted_turns(req: GenerationRequest, whole: list[int], tokenizer: Tokenizer, max_context: int) -> list[int]:
+    """The prompt ids of the chat (`whole`: all of it) without its oldest turns, as few dropped as make
+    it fit (OpenAI's truncation "auto"). The leading system messages stay; a turn begins at a user
+    message, so a tool's answer is never kept without the call it answers. Where even the last turn
+    alone does not fit, that shortest prompt's ids (prepare then refuses it, naming its length)."""
     messages = req.messages
     head = next((i for i, m in enumerate(messages) if m.role != "system"), len(messages))
     cuts = [i for i in range(head + 1, len(messages)) if messages[i].role == "user"]
@@ -163,9 +163,11 @@ def _fitted_turns(req: GenerationRequest, tokenizer: Tokenizer, max_context: int
         return tokenizer.encode_chat(kept, list(req.tools) or None, req.add_generation_prompt,
                                      req.continue_final_message, req.template_kwargs, bool(req.add_special_tokens))
     lo, hi = 0, len(cuts) - 1  # fewer tokens the later the cut: the earliest cut that fits, by bisection
-    best = ids(cuts[-1]) if cuts else None
-    if best is None or not _fits(best, req, max_context):
-        return best or ids(head)
+    if not cuts:
+        return whole
+    best = ids(cuts[-1])
+    if not _fits(best, req, max_context):
+        return best
     while lo < hi:
         mid = (lo + hi) // 2
         got = ids(cuts[mid])

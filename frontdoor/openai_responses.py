@@ -26,8 +26,9 @@ is prepared, admitted and served exactly as that chat is, by the same core; only
   messages stay) until it fits the context with its max_output_tokens (control/requests.py); "disabled"
   (the default) refuses a conversation that does not fit.
 - Refused with a 400 naming the field: tools other than functions (hosted tools), `top_logprobs` above 0
-  without the logprobs include, input items other than the above. `previous_response_id` continues a kept response's conversation (its instructions aside),
-  where the server keeps responses (response_store.py). `reasoning`, `stream_options` and bookkeeping
+  without the logprobs include, input items other than the above.
+- `previous_response_id` continues a kept response's conversation (its instructions aside), where the
+  server keeps responses (response_store.py). `reasoning`, `stream_options` and bookkeeping
   (`metadata`, `user`, ...) change nothing. Errors name the Responses fields (max_output_tokens, input,
   text), not chat's.
 """

@@ -152,7 +152,7 @@ class Stack:
             engines = await loop.run_in_executor(None, ensure_engines, dep, self.log)
             manifest = read_manifest(os.path.join(engines, "decode"))
             tokens_per_page, model_id, per_node = manifest.kv_layout.tokens_per_page, served_name(dep, manifest), 0
-        model = read_model_files(engines, dep, self.log)  # before any worker starts: a bad template is one line
+        model = read_model_files(engines, dep, self.log)  # before any worker starts: one line if it cannot be read
         counts = worker_counts(dep)
         if gpus:
             try:

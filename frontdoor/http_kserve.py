@@ -25,6 +25,7 @@ def add_kserve_routes(r, door: FrontDoor) -> None:
     r.add_get("/v2/health/live", api.live)
     r.add_get("/v2/health/ready", api.ready)
     r.add_get("/v2", api.server_metadata)
+    r.add_get("/v2/models/stats", api.statistics)  # every model's (the one); before /v2/models/{model}
     r.add_get("/v2/models/{model}", api.model_metadata)
     r.add_get("/v2/models/{model}/versions/{version}", api.model_metadata)
     r.add_get("/v2/models/{model}/ready", api.model_ready)
@@ -58,6 +59,10 @@ class KServeRoutes:
 
     async def server_metadata(self, request):
         return web.json_response({"name": "tandem", "version": __version__, "extensions": list(EXTENSIONS)})
+
+    async def statistics(self, request):
+        """Triton's statistics of every model: the served one's (its own route: http_generate.py)."""
+        return web.json_response(self.served.stats.to_json(self.served.triton_name))
 
     async def model_metadata(self, request):
         self._check_model(request)

@@ -103,7 +103,8 @@ def test_model_config_metadata_and_health(served):
 
 def test_the_repository_index_holds_the_served_model_and_model_control_is_refused_on_both_doors(served):
     """tritonclient's repository calls: the index (all, or only ready) is the one model, READY; load and
-    unload are refused naming why, as 405 over HTTP and UNIMPLEMENTED over gRPC."""
+    unload are refused naming why, as 405 over HTTP and UNIMPLEMENTED over gRPC; every model's
+    statistics (HTTP, no model named) are the one model's."""
     ready = [{"name": "ensemble", "version": "1", "state": "READY", "reason": ""}]
     g, h = grpcclient.InferenceServerClient(served.grpc), httpclient.InferenceServerClient(served.http[len("http://"):])
     try:
@@ -117,6 +118,13 @@ def test_the_repository_index_holds_the_served_model_and_model_control_is_refuse
                 assert e.value.status() in ("StatusCode.UNIMPLEMENTED", "405"), e.value.status()
     finally:
         g.close()
+        h.close()
+    h = httpclient.InferenceServerClient(served.http[len("http://"):])
+    try:  # every model's statistics (no name): the one model's
+        every, one = h.get_inference_statistics(), h.get_inference_statistics("ensemble")
+        assert [m["name"] for m in every["model_stats"]] == ["ensemble"]
+        assert every["model_stats"][0]["inference_stats"] == one["model_stats"][0]["inference_stats"]
+    finally:
         h.close()
     status, reply = post(served.http, "/v2/repository/index", {"ready": True})
     assert status == 200 and reply == ready

@@ -1,13 +1,13 @@
-"""POST /v1/responses, GET and DELETE /v1/responses/{id}, POST /v1/responses/{id}/cancel: OpenAI's
-Responses API over the chat door.
+"""POST /v1/responses, GET and DELETE /v1/responses/{id}, POST /v1/responses/{id}/cancel, GET
+/v1/responses/{id}/input_items: OpenAI's Responses API over the chat door.
 
 A request is read into the chat it amounts to (openai_responses.py: after the conversation of its
 `previous_response_id`, when the server keeps responses: response_store.py), served by the core like
 that chat, and the chat reply it would have had (text, tool calls, reasoning: reasoning_text.chat_shape)
-is reshaped into the response's items (responses_shape.py), whole or as
-Responses events. A response made with `store` (the default) on a server that keeps responses is
-kept for its caller; GET reads it back, DELETE drops it. One made with `background` is answered after
-the reply (response_background.py), and cancel ends it.
+is reshaped into the response's items (responses_shape.py), whole or as Responses events. A response
+made with `store` (the default) on a server that keeps responses is kept for its caller; GET reads it
+back (and its input items: response_items.py), DELETE drops it. One made with `background` is answered
+after the reply (response_background.py), and cancel ends it.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from aiohttp import web
 
 from frontdoor import openai_api as oa
 from frontdoor import openai_responses as rs
-from frontdoor import response_background
+from frontdoor import response_background, response_items
 from frontdoor.core import Answer, FrontDoor
 from frontdoor.http_body import read_object, request_timeout
 from frontdoor.http_openai import GONE, event_stream
@@ -44,6 +44,7 @@ def add_responses_routes(router, door: FrontDoor, store: ResponseStore) -> None:
     router.add_get("/v1/responses/{id}", api.read)
     router.add_delete("/v1/responses/{id}", api.delete)
     router.add_post("/v1/responses/{id}/cancel", api.cancel)
+    router.add_get("/v1/responses/{id}/input_items", api.input_items)
 
 
 class ResponsesRoutes:
@@ -66,6 +67,10 @@ class ResponsesRoutes:
                                   "stream")
         return await _follow(request, kept.feed, after)
 
+    async def input_items(self, request):
+        kept = self.store.get(request.match_info["id"], api_key_name())
+        return web.json_response(response_items.page(kept.items, request.query))
+
     async def delete(self, request):
         rid = request.match_info["id"]
         self.store.delete(rid, api_key_name())
@@ -80,7 +85,9 @@ class ResponsesRoutes:
         body = await read_object(request)
         with rs.named_as_responses():
             earlier = self._earlier(body.get("previous_response_id"))
-            chat, extra = rs.chat_request_of(body, earlier)
+            chat, extra = rs.chat_request_of(body, earlier.conversation if earlier else ())
+            items = response_items.of_input(body["input"], (*earlier.items, *earlier.response["output"])
+                                            if earlier else ())
             if extra:
                 self.unknown.note(extra, "/v1/responses")
             rid = oa.new_id("resp")
@@ -103,7 +110,7 @@ class ResponsesRoutes:
 
             def kept(done: dict) -> Kept:
                 """Response `done` as it is kept, with the conversation a follow-up continues."""
-                return Kept(owner, (*asked, shaper.answer()), done)
+                return Kept(owner, (*asked, shaper.answer()), done, items=items)
 
             def ended(answers: list[Answer]) -> Kept:
                 """The kept response of the whole answer (the chat reply it would have had, reshaped)."""
@@ -118,10 +125,10 @@ class ResponsesRoutes:
             events = AnswerEvents(shaper, shape, trail, watch)
             if background:
                 feed = EventFeed() if parsed.stream else None
-                reply = await response_background.start(
-                    self.store, rid, owner, self._background(reqs, events, feed, watch),
-                    ended if feed is None else kept,
-                    shaper.response(None, None, done=False), feed)
+                running = Kept(owner, (), shaper.response(None, None, done=False), feed=feed, items=items)
+                reply = await response_background.start(self.store, rid, running,
+                                                        self._background(reqs, events, feed, watch),
+                                                        ended if feed is None else kept)
                 return web.json_response(reply) if feed is None else await _follow(request, feed, -1)
             if not parsed.stream:
                 done = ended(await self.door.collect_all(reqs, [watch])).response
@@ -154,10 +161,10 @@ class ResponsesRoutes:
             return closing[-1]["response"]
         return streamed
 
-    def _earlier(self, previous) -> tuple[dict, ...]:
-        """The conversation a follow-up continues: its previous response's, or none."""
+    def _earlier(self, previous) -> Kept | None:
+        """The kept response a follow-up continues (its conversation and input items), or None."""
         if previous is None:
-            return ()
+            return None
         if not isinstance(previous, str):
             raise InvalidArgument(f"previous_response_id must be a response's id (a string), got {previous!r:.80}",
                                   "previous_response_id")
@@ -166,7 +173,7 @@ class ResponsesRoutes:
         if status not in ("completed", "incomplete"):  # a background one still answered, failed or cancelled
             raise InvalidArgument(f"previous_response_id: response {previous} is {status}; only a completed or "
                                   f"incomplete response can be continued", "previous_response_id")
-        return kept.conversation
+        return kept
 
 
 class _ResponseEvents:

@@ -54,7 +54,7 @@ _CARRIED = CHAT_FIELDS - {"model", "messages", "max_tokens", "max_completion_tok
 _ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}
 LOGPROBS = "message.output_text.logprobs"
 # what `include` may name: the logprobs, and what is never made here (so including it adds nothing)
-_INCLUDABLE = {LOGPROBS, "reasoning.encrypted_content", "file_search_call.results", "web_search_call.results",
+INCLUDABLE = {LOGPROBS, "reasoning.encrypted_content", "file_search_call.results", "web_search_call.results",
                "web_search_call.action.sources", "message.input_image.image_url",
                "computer_call_output.output.image_url", "code_interpreter_call.outputs"}
 
@@ -140,8 +140,8 @@ def _included(include) -> bool:
     """Whether `include` asks for the answer's logprobs; anything it may not name is a 400."""
     if include is None:
         return False
-    if not isinstance(include, list) or not all(isinstance(i, str) and i in _INCLUDABLE for i in include):
-        raise InvalidArgument(f"include must be a list of {sorted(_INCLUDABLE)}, got {include!r:.120}", "include")
+    if not isinstance(include, list) or not all(isinstance(i, str) and i in INCLUDABLE for i in include):
+        raise InvalidArgument(f"include must be a list of {sorted(INCLUDABLE)}, got {include!r:.120}", "include")
     return LOGPROBS in include
 
 

@@ -22,20 +22,20 @@ import dataclasses
 import logging
 from collections.abc import Awaitable, Callable
 
-from frontdoor.response_events import EventFeed
 from frontdoor.response_store import Kept, ResponseStore
 from tandem.status import InvalidArgument, Status, TandemError, status_of
 
 log = logging.getLogger("tandem.http")
 
 
-async def start(store: ResponseStore, rid: str, owner: str, answer: Callable[[Callable], Awaitable],
-                ended: Callable[[object], Kept], in_progress: dict, feed: EventFeed | None = None) -> dict:
-    """Answer response `rid` of `owner` in a task and return the POST's reply once its first delta came.
-    `answer(on_delta)` makes the answer, calling `on_delta` with each delta; `ended(result)` makes the
-    kept response of what `answer` returned; `in_progress` is the response while it is made. `feed`: the
-    events of a streamed one, which `answer` adds as it makes them; it is ended here with the response.
-    An answer that failed before the reply raises its error."""
+async def start(store: ResponseStore, rid: str, running: Kept, answer: Callable[[Callable], Awaitable],
+                ended: Callable[[object], Kept]) -> dict:
+    """Answer response `rid` in a task and return the POST's reply once its first delta came. `running`:
+    the response as it is kept while it is made (its owner, the response in progress, its input items,
+    and the `feed` of a streamed one, which `answer` adds its events to; it is ended here with the
+    response). `answer(on_delta)` makes the answer, calling `on_delta` with each delta; `ended(result)`
+    makes the kept response of what `answer` returned. An answer that failed before the reply raises its
+    error."""
     first = asyncio.Event()
     task = asyncio.create_task(answer(lambda _delta: first.set()))
     came = asyncio.create_task(first.wait())
@@ -47,14 +47,13 @@ async def start(store: ResponseStore, rid: str, owner: str, answer: Callable[[Ca
     finally:
         came.cancel()
     if task.done():
-        kept = dataclasses.replace(ended(task.result()), feed=feed)  # raises the answer's error
+        kept = dataclasses.replace(ended(task.result()), feed=running.feed)  # raises the answer's error
         store.put(rid, kept)
         _end_feed(rid, kept)
         return kept.response
-    store.put(rid, Kept(owner, (), in_progress, running=task, feed=feed))
-    task.add_done_callback(lambda t: store.settle(rid, t, _end(rid, t, Kept(owner, (), in_progress, feed=feed),
-                                                               ended)))
-    return in_progress
+    store.put(rid, dataclasses.replace(running, running=task))
+    task.add_done_callback(lambda t: store.settle(rid, t, _end(rid, t, running, ended)))
+    return running.response
 
 
 async def cancel(store: ResponseStore, rid: str, owner: str) -> dict:

@@ -14,7 +14,8 @@ A kept response holds the conversation that a follow-up continues: the chat mess
 message (text and tool calls). A background response (frontdoor/response_background.py) is kept while
 its answer is made, with the task making it: dropping it (DELETE, or as the oldest) cancels that task,
 and so does `close` (the front door's stop); `settle` puts its end in its place. One made with `stream`
-keeps its events too, for readers who follow it (frontdoor/response_events.EventFeed).
+keeps its events too, for readers who follow it (frontdoor/response_events.EventFeed). Each keeps its
+input items as the Responses API lists them (frontdoor/response_items.py).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ class Kept:
     response: dict  # the response object as it was returned (a background one: as it is now)
     running: asyncio.Task | None = None  # a background response's answer, while it is made
     feed: EventFeed | None = None  # a background response made with stream: its events (response_events.py)
+    items: tuple[dict, ...] = ()  # its input items, as GET .../input_items lists them (response_items.py)
 
 
 class ResponseStore:
@@ -83,7 +85,7 @@ class ResponseStore:
     def _place(self, rid: str, kept: Kept) -> None:
         """Keep `kept` as `rid` (the newest when it is new) and count its size."""
         self._kept[rid] = kept
-        size = len(json.dumps(kept.response)) + len(json.dumps(kept.conversation))
+        size = len(json.dumps(kept.response)) + len(json.dumps(kept.conversation)) + len(json.dumps(kept.items))
         size += kept.feed.bytes if kept.feed else 0
         self.bytes += size - self._sizes.get(rid, 0)
         self._sizes[rid] = size

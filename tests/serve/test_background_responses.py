@@ -97,6 +97,8 @@ def test_cancel_ends_a_running_answer_and_gives_its_place_back(kept, client):
     started = client.responses.create(model=MODEL, background=True, **LONG)
     assert started.status == "in_progress" and started.output == []
     assert client.responses.retrieve(started.id).status == "in_progress"
+    asked = list(client.responses.input_items.list(started.id))  # known while the answer is made
+    assert [(i.role, i.content[0].text) for i in asked] == [("user", LONG["input"])]
     status, reply, _ = http(kept.http, "/v1/responses", {"model": MODEL, "input": "Go on.",
                                                          "previous_response_id": started.id})
     assert status == 400 and reply["error"]["param"] == "previous_response_id", reply  # not ended yet
@@ -229,8 +231,8 @@ def test_a_failed_streamed_background_answer_ends_its_feed_with_the_failed_respo
             on_delta(None)
             await asyncio.sleep(0.05)
             raise Unavailable("no decode worker is left")
-        reply = await response_background.start(store, "resp_x", "", answer, lambda r: Kept("", (), r),
-                                                in_progress, feed)
+        reply = await response_background.start(store, "resp_x", Kept("", (), in_progress, feed=feed), answer,
+                                                lambda r: Kept("", (), r))
         assert reply == in_progress
         waiting = [e async for e in feed.follow()]  # follows from the first event until the end
         assert [e["type"] for e in waiting] == ["response.created", "response.failed"]

@@ -1,8 +1,9 @@
 """Kept responses (front_door.responses_kept) on a real stack with two API keys: a follow-up
 (`previous_response_id`) is answered as the whole conversation would be on the chat door, tool calls
 and their outputs included, whole and streamed; GET and DELETE /v1/responses/{id}; each response is
-its caller's alone; the oldest is dropped past the limit; `store: false` keeps nothing. And the store
-itself, without a server: bounded by count and by bytes (the newest always kept)."""
+its caller's alone; its input items are listed a page at a time; the oldest is dropped past the limit;
+`store: false` keeps nothing. And the store itself, without a server: bounded by count and by bytes
+(the newest always kept)."""
 
 from __future__ import annotations
 
@@ -87,6 +88,48 @@ def test_a_call_and_its_output_continue_the_conversation(clients):
                                              "function": {"name": call.name, "arguments": call.arguments}}]},
                                          {"role": "tool", "tool_call_id": call.call_id, "content": "18 degrees, sunny"}])
     assert follow.output_text == chat.choices[0].message.content and follow.output_text
+    items = list(a.responses.input_items.list(follow.id, order="asc"))
+    assert [i.type for i in items] == ["message", "function_call", "function_call_output"]
+    assert (items[0].role, items[0].content[0].type, items[0].content[0].text) == ("user", "input_text",
+                                                                                  TOOL_ASK[0]["content"])
+    assert (items[1].id, items[1].call_id, items[1].name, items[1].arguments) == (call.id, call.call_id, call.name,
+                                                                                  call.arguments)
+    assert (items[2].call_id, items[2].output) == (call.call_id, "18 degrees, sunny") and items[2].id.startswith("fco_")
+
+
+def test_a_responses_input_items_are_the_conversation_it_was_asked_a_page_at_a_time(clients):
+    """GET /v1/responses/{id}/input_items (the SDK's input_items.list): the earlier response's input and
+    output, then its own input (instructions aside), newest first by default; the SDK's pages (limit 1)
+    follow has_more and after to the same list; another key's is a 404."""
+    a, b = clients
+    first = a.responses.create(model=MODEL, input="My name is Ada. Greet me.", instructions="Be brief.",
+                               max_output_tokens=6, temperature=0)
+    follow = a.responses.create(model=MODEL, previous_response_id=first.id, max_output_tokens=6, temperature=0,
+                                input=[{"role": "user", "content": [{"type": "input_text", "text": "My name?"}]}])
+    items = list(a.responses.input_items.list(follow.id, order="asc"))
+    assert [(i.type, i.role, i.content[0].type, i.content[0].text) for i in items] == [
+        ("message", "user", "input_text", "My name is Ada. Greet me."),
+        ("message", "assistant", "output_text", first.output_text), ("message", "user", "input_text", "My name?")]
+    assert items[1].id == first.output[0].id
+    assert [i.id for i in a.responses.input_items.list(first.id)] == [items[0].id]  # ids are kept, not remade
+    newest_first = list(a.responses.input_items.list(follow.id))
+    assert [i.id for i in newest_first] == [i.id for i in reversed(items)]
+    assert [i.id for i in a.responses.input_items.list(follow.id, limit=1)] == [i.id for i in newest_first]
+    page = a.responses.input_items.list(follow.id, limit=2, order="asc", after=items[0].id)
+    assert ([i.id for i in page.data], page.has_more) == ([i.id for i in items[1:]], False)
+    with pytest.raises(openai.NotFoundError):
+        b.responses.input_items.list(follow.id)
+
+
+@pytest.mark.parametrize("query, param", [({"order": "sideways"}, "order"), ({"limit": "0"}, "limit"),
+                                          ({"limit": "101"}, "limit"), ({"limit": "ten"}, "limit"),
+                                          ({"after": "msg_nothing"}, "after"), ({"include[]": "everything"}, "include")])
+def test_a_bad_input_items_query_is_a_400_naming_it(clients, query, param):
+    a, _ = clients
+    made = a.responses.create(model=MODEL, input="Name a colour.", max_output_tokens=2, temperature=0)
+    with pytest.raises(openai.BadRequestError) as e:
+        a.responses.input_items.list(made.id, extra_query=query)
+    assert e.value.body["param"] == param, e.value.body
 
 
 def test_a_kept_response_is_its_callers_alone_and_can_be_read_and_deleted(clients):
@@ -187,6 +230,6 @@ def test_past_its_bytes_the_oldest_are_dropped_but_the_newest_is_always_kept():
             store.get("big", "a")
         feed.add([{"type": "response.output_text.delta", "delta": "d" * 3000}])
         store.settle("bg", running, Kept("a", (), {"id": "bg", "status": "completed"}, feed=feed))
-        assert 3000 < store.bytes == feed.bytes + len(json.dumps({"id": "bg", "status": "completed"})) + len("[]")
+        assert 3000 < store.bytes == feed.bytes + len(json.dumps({"id": "bg", "status": "completed"})) + 2 * len("[]")
         running.cancel()
     asyncio.run(run())

@@ -11,6 +11,7 @@ import signal
 import sys
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 
 import click
 
@@ -26,17 +27,25 @@ def _env(name: str) -> dict:
     return {"envvar": f"TANDEM_{name}", "show_envvar": True}
 
 
-def _json_object(ctx, param, value: str | None) -> dict | None:
-    """A JSON object given as an option's text (None: not given)."""
-    if value is None:
-        return None
-    try:
-        got = json.loads(value)
-    except ValueError as e:
-        raise click.BadParameter(f"not JSON: {e}") from None
-    if not isinstance(got, dict):
-        raise click.BadParameter("a JSON object is needed, e.g. '{\"temperature\": 0.5}'")
-    return got
+def _json(needed: str, example: str, fits: Callable[[object], bool]):
+    """A click callback: the option's text read as JSON that `fits` (None: not given); `needed` says what
+    fits, `example` shows it."""
+    def read(ctx, param, value: str | None):
+        if value is None:
+            return None
+        try:
+            got = json.loads(value)
+        except ValueError as e:
+            raise click.BadParameter(f"not JSON: {e}") from None
+        if not fits(got):
+            raise click.BadParameter(f"{needed} is needed, e.g. {example}")
+        return got
+    return read
+
+
+_JSON_OBJECT = _json("a JSON object", "'{\"temperature\": 0.5}'", lambda v: isinstance(v, dict))
+_JSON_STRINGS = _json("a JSON list of strings", "'[\"https://chat.example.com\"]'",
+                      lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v))
 
 
 @click.command("serve")
@@ -88,7 +97,7 @@ def _json_object(ctx, param, value: str | None) -> dict | None:
               help="Where the OpenAI doors' sampling defaults (temperature, top_p, top_k, min_p, repetition_penalty, "
                    "max_new_tokens) for fields a request leaves out come from: auto (the model's "
                    "generation_config.json, as vLLM), none, or a file or folder. Default: auto.")
-@click.option("--override-generation-config", default=None, callback=_json_object, **_env("OVERRIDE_GENERATION_CONFIG"),
+@click.option("--override-generation-config", default=None, callback=_JSON_OBJECT, **_env("OVERRIDE_GENERATION_CONFIG"),
               help="JSON: sampling defaults set on top of the generation config, in its names, e.g. "
                    "'{\"temperature\": 0.5, \"max_new_tokens\": 256}' (as vLLM's flag).")
 @click.option("--responses-kept", type=click.IntRange(0, 100_000), default=None, **_env("RESPONSES_KEPT"),
@@ -107,6 +116,15 @@ def _json_object(ctx, param, value: str | None) -> dict | None:
 @click.option("--prefix-cache-per-api-key", is_flag=True, default=None, **_env("PREFIX_CACHE_PER_API_KEY"),
               help="Each key holder's requests (keys of one name are one holder) share cached prefixes only among "
                    "themselves (needs API keys).")
+@click.option("--allowed-origins", default=None, callback=_JSON_STRINGS, **_env("ALLOWED_ORIGINS"),
+              help="JSON list: web pages of these origins may call the HTTP door from a browser (CORS), e.g. "
+                   "'[\"https://chat.example.com\"]'; '[\"*\"]': any. Default: none.")
+@click.option("--allowed-methods", default=None, callback=_JSON_STRINGS, **_env("ALLOWED_METHODS"),
+              help="JSON list: the methods such pages may use (default '[\"*\"]': any).")
+@click.option("--allowed-headers", default=None, callback=_JSON_STRINGS, **_env("ALLOWED_HEADERS"),
+              help="JSON list: the request headers such pages may send (default '[\"*\"]': any).")
+@click.option("--allow-credentials", is_flag=True, default=None, **_env("ALLOW_CREDENTIALS"),
+              help="Such pages' calls may carry credentials (cookies, TLS client certificates).")
 @click.option("--tls-cert", default=None, **_env("TLS_CERT"), help="PEM certificate: both doors serve TLS.")
 @click.option("--tls-key", default=None, **_env("TLS_KEY"), help="PEM private key of --tls-cert.")
 @click.option("--tls-client-ca", default=None, **_env("TLS_CLIENT_CA"),
@@ -125,7 +143,8 @@ def _json_object(ctx, param, value: str | None) -> dict | None:
 def serve_command(model, dtype, config_path, mode, prefill, decode, replicas, transport, device, handoff, backend,
                   router, host, grpc_port, http_port, model_name, served_model_name, chat_template, tool_call_parser,
                   reasoning_parser, generation_config, override_generation_config, responses_kept, max_model_len,
-                  kv_pool_bytes, chunk_tokens, api_key_file, no_api_key, prefix_cache_per_api_key, tls_cert, tls_key,
+                  kv_pool_bytes, chunk_tokens, api_key_file, no_api_key, prefix_cache_per_api_key, allowed_origins,
+                  allowed_methods, allowed_headers, allow_credentials, tls_cert, tls_key,
                   tls_client_ca, worker_tls_ca, worker_tls_server_name,
                   otlp_endpoint, log_format, workdir):
     """Serve a model: prefill and decode workers in Triton, behind Triton gRPC and OpenAI HTTP.
@@ -145,7 +164,9 @@ def serve_command(model, dtype, config_path, mode, prefill, decode, replicas, tr
         "front_door.host": host, "front_door.grpc_port": grpc_port, "front_door.http_port": http_port,
         "front_door.model_name": model_name, "kv_pool_bytes": kv_pool_bytes, "chunk_tokens": chunk_tokens,
         "front_door.api_key_file": api_key_file, "front_door.no_api_key": no_api_key,
-        "prefix_cache.per_api_key": prefix_cache_per_api_key,
+        "prefix_cache.per_api_key": prefix_cache_per_api_key, "front_door.cors.allowed_origins": allowed_origins,
+        "front_door.cors.allowed_methods": allowed_methods, "front_door.cors.allowed_headers": allowed_headers,
+        "front_door.cors.allow_credentials": allow_credentials,
         "front_door.tls.cert": tls_cert, "front_door.tls.key": tls_key, "front_door.tls.client_ca": tls_client_ca,
         "worker_tls.ca": worker_tls_ca, "worker_tls.server_name": worker_tls_server_name,
         "tracing.otlp_endpoint": otlp_endpoint,

@@ -28,6 +28,7 @@ from aiohttp import web
 from frontdoor import openai_api as oa
 from frontdoor.api_keys import ApiKeys
 from frontdoor.auth import http_middleware
+from frontdoor.cors import Cors, CorsPolicy
 from frontdoor.http_admin import add_admin_routes
 from frontdoor.http_generate import add_generate_routes
 from frontdoor.http_gate import Gate, Turnstile, arrived, generation_line, raw_response
@@ -87,15 +88,18 @@ def raw_refusal(refuse_if_closed: Callable[[int], None], ahead: int, path: str =
 
 class HttpFrontend:
     def __init__(self, door: FrontDoor, max_body_bytes: int = MAX_BODY_BYTES, keys: ApiKeys | None = None,
-                 kept: ResponseStore | None = None):
+                 kept: ResponseStore | None = None, cors: Cors | None = None):
         """`keys`: only callers holding one are served (frontdoor/auth.py); every request gets an id and an
         access line (frontdoor/request_ids.py). `kept`: the /v1/responses responses kept for follow-ups
-        (frontdoor/response_store.py; None: none are)."""
+        (frontdoor/response_store.py; None: none are). `cors`: which web pages of other origins may call
+        (frontdoor/cors.py; None: none)."""
         self.door, self.served = door, door.served
         self.service = door.service
         guard = [http_middleware(keys, error_response)] if keys is not None else []
+        pages = CorsPolicy(cors or Cors())
         self.app = web.Application(client_max_size=max_body_bytes,
-                                   middlewares=[http_request_ids, self._errors, *guard])
+                                   middlewares=[http_request_ids, self._errors, *pages.middlewares(), *guard])
+        pages.install(self.app)
         add_request_ids(self.app)
         r = self.app.router
         r.add_get("/health", self.health)

@@ -6,7 +6,8 @@ overload burst of hundreds of requests the last refusal then waits for all the o
 sits between the socket and aiohttp's protocol. While the service takes no new request (`refusal`
 returns the answer to send), the first request on a connection is refused right here when it is a
 generation request (POST to /v1/completions, /v1/chat/completions or the model's KServe infer)
-that arrived whole (headers, and all of its Content-Length body, in one read). It gets the same
+that arrived whole (headers, and all of its Content-Length body, in one read), and not from a web page
+(no `Origin` header: a page's refusal needs the CORS headers aiohttp adds, frontdoor/cors.py). It gets the same
 status, headers and JSON body as aiohttp would have sent, then `Connection: close`.
 
 Everything else goes to aiohttp untouched: health, metrics, admin, a request in pieces, a chunked
@@ -44,6 +45,11 @@ def is_whole(data: bytes) -> bool:
         return False
     m = _CONTENT_LENGTH.search(head)
     return len(data) == end + 4 + (int(m.group(1)) if m else 0)
+
+
+def from_page(data: bytes) -> bool:
+    """Whether a request's headers have an Origin (a browser sends one from a page of another origin)."""
+    return b"\r\norigin:" in data[:data.find(b"\r\n\r\n")].lower()
 
 
 def raw_response(status: int, headers: dict[str, str], body: dict) -> bytes:
@@ -88,7 +94,7 @@ class Gate(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.first:
             self.first = False
-            if self.line.match(data) and is_whole(data):
+            if self.line.match(data) and is_whole(data) and not from_page(data):
                 answer = self.refusal(self.turnstile.ahead, data.split(b" ", 2)[1].decode("latin-1"))
                 if answer is not None:
                     self.transport.write(answer)

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import ssl
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import grpc
+from pydantic import BaseModel, ConfigDict, Field
 
 
 class TlsError(ValueError):
@@ -32,11 +32,12 @@ def read_pem(path: str, what: str) -> bytes:
         raise TlsError(f"cannot read the {what} {path}: {e.strerror}") from None
 
 
-@dataclass(frozen=True)
-class ServerTls:
-    cert: str
-    key: str
-    client_ca: str | None = None
+class ServerTls(BaseModel):
+    """The doors' certificate files: front_door.tls in the deployment file."""
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    cert: str = Field(min_length=1)  # PEM certificate (chain)
+    key: str = Field(min_length=1)  # PEM private key
+    client_ca: str | None = None  # PEM CA: clients must present a certificate it signed (mutual TLS)
 
     def ssl_context(self) -> ssl.SSLContext:
         """For the HTTP door (asyncio's create_server)."""

@@ -36,7 +36,9 @@
                  generation_config: auto,   # sampling defaults: the model's generation_config.json, none, or a path
                  override_generation_config: {},   # fields set on top, e.g. {temperature: 0.5}
                  responses_kept: 0,         # /v1/responses kept in memory for previous_response_id (0: none),
-                 responses_kept_bytes: 268435456}   # ... at most this many bytes of them (as JSON)
+                 responses_kept_bytes: 268435456,   # ... at most this many bytes of them (as JSON)
+                 cors: {allowed_origins: [], allowed_methods: ["*"], allowed_headers: ["*"],
+                        allow_credentials: false}}   # web pages of these origins may call ([]: none; ["*"]: any)
     worker_tls: null               # {ca, server_name, cert, key}: TLS to the workers (control/worker_tls.py);
                                    # cert/key: what the local workers serve with
     limits: {max_in_flight: 64, max_queued_tokens: 32768, request_timeout_s: 600, max_model_len: null,
@@ -59,8 +61,10 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, ValidationError, field_validator, model_validator
 
+from frontdoor.cors import Cors
 from frontdoor.reasoning_text import PARSER_NAMES as REASONING_PARSERS
 from frontdoor.response_store import DEFAULT_MAX_BYTES as DEFAULT_KEPT_BYTES
+from frontdoor.tls import ServerTls
 from frontdoor.tool_parsers import PARSER_NAMES
 from tandem.modes import HandoffMode, Mode
 
@@ -100,7 +104,7 @@ class FrontDoor(_Strict):
     api_key_file: str | None = None
     no_api_key: bool = False  # serve beyond loopback without keys: only when said explicitly
     open_probes: bool = True  # health and metrics answer without a key
-    tls: TlsFiles | None = None
+    tls: ServerTls | None = None  # frontdoor/tls.py
     chat_template: str | None = Field(None, min_length=1)  # a Jinja file or a named template (default: the model's)
     tool_call_parser: Literal[PARSER_NAMES] | None = None  # the model's tool-call format (frontdoor/tool_parsers.py)
     reasoning_parser: Literal[REASONING_PARSERS] | None = None  # its thinking's tags (frontdoor/reasoning_text.py)
@@ -108,12 +112,7 @@ class FrontDoor(_Strict):
     override_generation_config: dict[str, float | int] = {}  # generation_config.json's names: values on top
     responses_kept: int = Field(0, ge=0, le=100_000)  # /v1/responses kept for follow-ups (frontdoor/response_store.py)
     responses_kept_bytes: int = Field(DEFAULT_KEPT_BYTES, ge=1 << 20)  # their size at most, as JSON
-
-
-class TlsFiles(_Strict):
-    cert: str = Field(min_length=1)  # PEM certificate (chain)
-    key: str = Field(min_length=1)  # PEM private key
-    client_ca: str | None = None  # PEM CA: clients must present a certificate it signed (mutual TLS)
+    cors: Cors = Cors()  # web pages of other origins that may call (frontdoor/cors.py)
 
 
 class WorkerTlsFiles(_Strict):

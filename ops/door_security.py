@@ -16,7 +16,7 @@ import grpc
 
 from control.worker_tls import WorkerTls, secret_refusal
 from frontdoor.api_keys import ApiKeyError, ApiKeys, resolve_keys
-from frontdoor.tls import DoorTls, ServerTls, TlsError
+from frontdoor.tls import DoorTls, TlsError
 from ops.deployment import Deployment, DeploymentError
 
 
@@ -40,7 +40,7 @@ def door_security(dep: Deployment) -> DoorSecurity:
     fd = dep.front_door
     try:
         keys = resolve_keys(fd.host, fd.api_key_file, fd.no_api_key, fd.open_probes, dep.prefix_cache.per_api_key)
-        tls = DoorTls(ServerTls(fd.tls.cert, fd.tls.key, fd.tls.client_ca)) if fd.tls else None
+        tls = DoorTls(fd.tls) if fd.tls else None
     except (ApiKeyError, TlsError) as e:
         raise DeploymentError(str(e)) from None
     if dep.limits.max_in_flight_per_key and keys is None:
@@ -63,7 +63,7 @@ def reload_doors(security: DoorSecurity, dep: Deployment) -> str:
     DeploymentError, and nothing changed, when either cannot be taken."""
     fd, said = dep.front_door, []
     try:
-        files = ServerTls(fd.tls.cert, fd.tls.key, fd.tls.client_ca) if fd.tls else None
+        files = fd.tls
         if (files is None) != (security.tls is None):
             raise TlsError("switching the front doors' TLS on or off needs a restart")
         take_tls = security.tls.reload(files) if files is not None else None  # read, not yet served

@@ -211,7 +211,7 @@ class Stack:
             self.grpc = await start_grpc(TritonProtocolServicer(door), fd.host, fd.grpc_port,
                                          security.grpc_credentials, security.keys)
             kept = ResponseStore(fd.responses_kept, fd.responses_kept_bytes)
-            self.http = await start_http(HttpFrontend(door, lim.max_body_bytes, security.keys, kept),
+            self.http = await start_http(HttpFrontend(door, lim.max_body_bytes, security.keys, kept, fd.cors),
                                          fd.host, fd.http_port, security.ssl_context)
         except OSError as e:  # taken since the check at the start
             raise DeploymentError(e.strerror or str(e)) from None

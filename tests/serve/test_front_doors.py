@@ -16,6 +16,7 @@ from engine.generate import run_generation
 from tandem.sampling_params import SamplingParams
 from engine.tokenizer import ChatMessage
 from tests.serve.clients import ensemble_inputs, grpc_infer, grpc_stream, http_infer, post
+from tests.serve.test_cors import CHAT, PAGE, call, preflight
 
 PROMPTS = ["The capital of France is", "Once upon a time, in a small village,", "def fibonacci(n):",
            "Three facts about the moon:"]
@@ -207,3 +208,12 @@ def test_workers_run_nicer_than_the_front_door(served):
         for p in stubs:
             for t in os.listdir(f"/proc/{p.pid}/task"):  # every thread: nice is per thread on Linux
                 assert os.getpriority(os.PRIO_PROCESS, int(t)) == want, (p.name(), t)
+
+
+def test_without_cors_no_page_is_told_it_may_read(served):
+    """CORS is off by default (frontdoor/cors.py): a preflight finds no OPTIONS route, and an answer to
+    a page's request (tests/serve/test_cors.py) names no origin that may read it."""
+    status, headers, body = preflight(served.http, PAGE)
+    assert status == 405 and "access-control-allow-origin" not in headers, body
+    status, headers, _ = call(served.http, "POST", "/v1/chat/completions", {"Origin": PAGE}, CHAT)
+    assert status == 200 and "access-control-allow-origin" not in headers

@@ -20,8 +20,9 @@ LIMIT = 4
 BODY = json.dumps({"prompt": "Name a color.", "max_tokens": 4}).encode()
 
 
-def request(body: bytes = BODY, path: str = "/v1/completions") -> bytes:
-    return (f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+def request(body: bytes = BODY, path: str = "/v1/completions", more: str = "") -> bytes:
+    """A whole POST; `more`: further header lines, each ending in CRLF."""
+    return (f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n{more}"
             f"Content-Length: {len(body)}\r\n\r\n").encode() + body
 
 
@@ -153,8 +154,11 @@ def test_what_the_gate_must_not_judge_reaches_aiohttp():
         raw = request()
         split = await send(raw[:20], raw[20:])  # in pieces: aiohttp refuses it itself
         other = await send(request(path="/v2/models/other/infer"))  # not this model's: aiohttp's 404
-        assert (health[0], flush[0], split[0], other[0]) == (200, 200, 429, 404)
-        assert door.handled[before:] == ["/health", "/admin/flush", "/v1/completions", "/v2/models/other/infer"]
+        page = await send(request(more="Origin: https://chat.example.com\r\n"))  # a web page's: CORS headers to add
+        assert (health[0], flush[0], split[0], other[0], page[0]) == (200, 200, 429, 404, 429)
+        assert door.handled[before:] == ["/health", "/admin/flush", "/v1/completions", "/v2/models/other/infer",
+                                         "/v1/completions"]
+        assert "server" in page[1]
         assert json.loads(split[2])["error"]["code"] == "RESOURCE_EXHAUSTED"
         assert "server" in split[1]  # aiohttp's own answer (the gate's names no server)
 

@@ -68,6 +68,17 @@ def test_a_generation_config_that_cannot_be_read_is_one_line(built_engines, tmp_
     assert code != 0 and "unknown field(s) ['temp']" in line, line
 
 
+@pytest.mark.parametrize("args, says", [
+    (["--allowed-origins", '"https://chat.example.com"'], "a JSON list of strings is needed"),
+    (["--allowed-origins", '["chat.example.com/app"]'], "front_door.cors.allowed_origins"),
+    (["--allowed-headers", '["X Debug"]'], "front_door.cors.allowed_headers"),
+])
+def test_cors_settings_that_cannot_be_served_are_one_line(built_engines, args, says):
+    code, err = run("serve", "--model", str(built_engines), *args)
+    line = one_error_line(err)
+    assert code != 0 and says in line, line
+
+
 def test_serve_names_the_port_in_use_by_flag_and_by_environment(built_engines, held_port):
     code, err = run("serve", "--model", str(built_engines), "--http-port", str(held_port),
                     "--grpc-port", str(free_port()))

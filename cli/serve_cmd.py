@@ -77,12 +77,13 @@ _JSON_STRINGS = _json("a JSON list of strings", "'[\"https://chat.example.com\"]
 @click.option("--host", default=None, **_env("HOST"), help="Front-door address (default 127.0.0.1).")
 @click.option("--grpc-port", type=click.IntRange(0, 65535), default=None, **_env("GRPC_PORT"),
               help="Triton gRPC protocol (default 8001).")
-@click.option("--http-port", type=click.IntRange(0, 65535), default=None, **_env("HTTP_PORT"),
-              help="OpenAI HTTP, /health, /metrics (default 8000).")
+@click.option("--http-port", "--port", "http_port", type=click.IntRange(0, 65535), default=None, **_env("HTTP_PORT"),
+              help="OpenAI HTTP, /health, /metrics (default 8000; --port as vLLM's).")
 @click.option("--model-name", default=None, **_env("MODEL_NAME"),
               help="The Triton model name on gRPC / KServe HTTP (default ensemble).")
-@click.option("--served-model-name", default=None, **_env("SERVED_MODEL_NAME"),
-              help="The OpenAI model id (default: the model's own name, e.g. smollm2-135m).")
+@click.option("--served-model-name", multiple=True, **_env("SERVED_MODEL_NAME"),
+              help="The OpenAI model id (default: the model's own name, e.g. smollm2-135m); repeated (or the "
+                   "variable's space-separated names), the first is the id answers carry and the others aliases.")
 @click.option("--chat-template", default=None, **_env("CHAT_TEMPLATE"),
               help="A Jinja chat template file, or the name of one of the model's named templates.")
 @click.option("--tool-call-parser", type=click.Choice(PARSER_NAMES), default=None, **_env("TOOL_CALL_PARSER"),
@@ -156,7 +157,7 @@ def serve_command(model, dtype, config_path, mode, prefill, decode, replicas, tr
     overrides = {k: v for k, v in {
         "mode": mode, "dtype": dtype, "device": device, "prefill.count": prefill, "decode.count": decode, "replicas": replicas,
         "transport": transport, "handoff.mode": handoff, "backend": backend,
-        "router": router, "front_door.served_model_name": served_model_name,
+        "router": router, "front_door.served_model_name": list(served_model_name) or None,
         "front_door.chat_template": chat_template, "front_door.tool_call_parser": tool_call_parser,
         "front_door.reasoning_parser": reasoning_parser, "front_door.generation_config": generation_config,
         "front_door.override_generation_config": override_generation_config,

@@ -22,8 +22,7 @@ The served model (`ServedModel`) is the one LLM model every door serves: its nam
 metadata, and statistics. gRPC and KServe HTTP serve it as `triton_name` (`ensemble` by default,
 TensorRT-LLM's name, so existing Triton clients work unchanged); the OpenAI API serves it as
 `served_name` (the model's own name, e.g. `smollm2-135m`, as vLLM's --served-model-name) and accepts
-the Triton name as an alias.
-"""
+its aliases and the Triton name too."""
 
 from __future__ import annotations
 
@@ -89,14 +88,16 @@ class Stats:
 class ServedModel:
     def __init__(self, service: Orchestrator, triton_name: str = "ensemble", served_name: str | None = None,
                  tool_call_parser: str | None = None, reasoning_parser: str | None = None,
-                 sampling_defaults: dict | None = None):
+                 sampling_defaults: dict | None = None, aliases: tuple[str, ...] = ()):
         """`tool_call_parser`: how the model writes a tool call in its text (frontdoor/tool_call_text.py);
         None: tool_choice "auto" is refused. `reasoning_parser`: how it marks its thinking
         (frontdoor/reasoning_text.py); None: every answer is all content. `sampling_defaults`: the OpenAI
-        doors' defaults for fields a request leaves out (frontdoor/generation_defaults.py)."""
-        self.service = service
-        self.triton_name = triton_name
+        doors' defaults for fields a request leaves out (frontdoor/generation_defaults.py). `aliases`: more
+        OpenAI model ids a request may name (answers carry `served_name`)."""
+        self.service, self.triton_name = service, triton_name
         self.served_name = served_name or triton_name
+        self.listed = (self.served_name, *aliases)  # the OpenAI ids, as /v1/models lists them
+        self.openai_names = (*self.listed, triton_name)  # what a request's `model` may be
         self.tool_call_parser, self.reasoning_parser = tool_call_parser, reasoning_parser
         self.sampling_defaults = sampling_defaults or {}
         self.config = model_config(triton_name)
@@ -106,7 +107,7 @@ class ServedModel:
         return name == self.triton_name and version in ("", "1")
 
     def known_openai(self, name: str | None) -> bool:
-        return name is None or name in (self.served_name, self.triton_name)
+        return name is None or name in self.openai_names
 
     def metadata(self) -> dict:
         meta = lambda ts: [{"name": t.name, "datatype": t.datatype, "shape": [-1, *t.dims]} for t in ts]  # noqa: E731

@@ -4,7 +4,7 @@ streaming); /v1/responses is http_responses.py, over the same chat reading and s
 A codec over the front-door core (frontdoor/core.py): parse (openai_api.py), answer or collect, shape
 the reply. A request's answers (a batch of prompts, `n` each) are served concurrently
 (FrontDoor.answer_all / collect_all) and come back as its choices. The model id is the served model's
-name (ServedModel.served_name); its Triton name is an alias. Fields the server does not know are
+name (ServedModel.served_name); its aliases and its Triton name are accepted too. Fields the server does not know are
 accepted and named once in the log (openai_fields.py). Logprobs (and an echoed prompt's) are built
 token by token (openai_tokens.py). A client that disconnects mid-stream cancels its request (one
 debug line, no traceback); a failure after the stream began is sent as a last SSE event carrying the
@@ -45,21 +45,23 @@ class OpenAIRoutes:
     def __init__(self, door: FrontDoor):
         self.door, self.served = door, door.served
         self.service = door.service
-        self.names = (self.served.served_name, self.served.triton_name)
+        self.names = self.served.openai_names
         self.unknown = UnknownFields()
 
     async def models(self, request):
-        return web.json_response({"object": "list", "data": [self._card()]})
+        """One card per OpenAI id (the served name, then its aliases), as vLLM lists them."""
+        return web.json_response({"object": "list", "data": [self._card(n) for n in self.served.listed]})
 
-    def _card(self) -> dict:
-        return {"id": self.served.served_name, "object": "model", "created": 0, "owned_by": "tandem",
+    def _card(self, name: str) -> dict:
+        return {"id": name, "object": "model", "created": 0, "owned_by": "tandem",
                 "max_model_len": self.service.limits.max_context}  # as vLLM's cards carry it
 
     async def model(self, request):
+        """The card of a name a request may use (the Triton name's is the served name's)."""
         name = request.match_info["model"]
         if name not in self.names:
-            raise oa.unknown_model(name, self.served.served_name)
-        return web.json_response(self._card())
+            raise oa.unknown_model(name, self.names)
+        return web.json_response(self._card(name if name in self.served.listed else self.served.served_name))
 
     async def completions(self, request):
         self.service.refuse_if_closed()

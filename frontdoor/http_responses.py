@@ -51,7 +51,7 @@ class ResponsesRoutes:
     def __init__(self, door: FrontDoor, store: ResponseStore, unknown: UnknownFields):
         self.door, self.store, self.unknown = door, store, unknown
         self.served = door.served
-        self.names = (self.served.served_name, self.served.triton_name)
+        self.names = self.served.openai_names
 
     async def read(self, request):
         """The response as it is now; with `?stream=true` a streamed background response's events after

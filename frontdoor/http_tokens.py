@@ -95,7 +95,7 @@ class TokenRoutes:
         if extra:
             self.unknown.note(extra, route)
         if not self.served.known_openai(body.get("model")):
-            raise oa.unknown_model(body.get("model"), self.served.served_name)
+            raise oa.unknown_model(body.get("model"), self.served.openai_names)
         return body
 
 

@@ -31,7 +31,7 @@ def _common(body: dict, allowed: set[str], models: tuple[str, ...], max_tokens_d
     if extra and unknown is not None:
         unknown.note(extra, endpoint)
     if body.get("model") is not None and body.get("model") not in models:
-        raise unknown_model(body.get("model"), models[0])
+        raise unknown_model(body.get("model"), models)
     refuse_unsupported(body)
     stop = body.get("stop") or []
     if isinstance(stop, str):
@@ -212,9 +212,11 @@ def _is_call(c) -> bool:
     return isinstance(fn, dict) and isinstance(fn.get("name"), str) and isinstance(fn.get("arguments"), str)
 
 
-def unknown_model(name, served_name: str) -> NotFound:
-    """The 404 for a model this server does not serve (OpenAI's and vLLM's wording)."""
-    return NotFound(f"unknown model {name!r}: the model does not exist; this server serves {served_name!r}")
+def unknown_model(name, names: tuple[str, ...]) -> NotFound:
+    """The 404 for a model this server does not serve (OpenAI's and vLLM's wording); `names`: those it
+    serves the model as."""
+    return NotFound(f"unknown model {name!r:.80}: the model does not exist; this server serves "
+                    f"{' or '.join(repr(n) for n in names)}")
 
 
 def new_id(prefix: str) -> str:

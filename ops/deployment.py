@@ -25,7 +25,7 @@
                                          # only among themselves
     chunk_tokens: 256              # chunked mode: prompt tokens mixed into each decode step
     front_door: {host: 127.0.0.1, grpc_port: 8001, http_port: 8000, model_name: ensemble,
-                 served_model_name: null,   # OpenAI model id; null: the model's own name
+                 served_model_name: null,   # OpenAI model id, or a list (the first, then aliases); null: the model's
                  api_key_file: null,        # keys, one a line (and/or TANDEM_API_KEY); needed beyond loopback ...
                  no_api_key: false,         # ... unless switched off here
                  open_probes: true,         # /health, /metrics, gRPC ServerLive/Ready without a key
@@ -99,7 +99,7 @@ class FrontDoor(_Strict):
     grpc_port: int = Field(8001, ge=0, le=65535)
     http_port: int = Field(8000, ge=0, le=65535)
     model_name: str = Field("ensemble", min_length=1)  # the Triton model name (gRPC, KServe HTTP)
-    served_model_name: str | None = Field(None, min_length=1)  # the OpenAI model id (default: the model's name)
+    served_model_name: list[str] | str | None = None  # OpenAI model id(s): ops/model_files.served_names
     # API keys, one a line with its holder's name if any (frontdoor/api_keys.py); TANDEM_API_KEY adds one
     api_key_file: str | None = None
     no_api_key: bool = False  # serve beyond loopback without keys: only when said explicitly

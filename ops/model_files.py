@@ -1,6 +1,7 @@
 """What the front door reads from the engines folder, before any worker starts: the tokenizer (with the
-deployment's chat template), the tokens a request may use, and the model's sampling defaults. Each
-failure is a DeploymentError naming its cause, so a start that cannot succeed ends in one line."""
+deployment's chat template), the tokens a request may use, and the model's sampling defaults; and the
+names it serves the model under. Each failure is a DeploymentError naming its cause, so a start that
+cannot succeed ends in one line."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import json
 import os
 from dataclasses import dataclass
 
+from engine.checkpoint import KNOWN_MODELS
 from engine.config import ModelConfig
 from engine.errors import ModelLoadError
 from engine.tokenizer import Tokenizer
@@ -48,3 +50,18 @@ def front_door_tokenizer(engines: str, dep: Deployment) -> Tokenizer:
         return Tokenizer(os.path.join(engines, "prefill"), dep.front_door.chat_template)
     except ModelLoadError as e:
         raise DeploymentError(str(e)) from None
+
+
+def served_names(dep: Deployment, source: str) -> list[str]:
+    """The OpenAI model ids, as vLLM's --served-model-name: the deployment's (a name, or a list whose first
+    name is the one answers carry, the others aliases a request may use), else the model's own name
+    (`source`: smollm2-135m, or a checkpoint's path: its folder's or file's name)."""
+    given = dep.front_door.served_model_name
+    names = [given] if isinstance(given, str) else list(given or [])
+    if not all(names) or len(set(names)) < len(names):
+        raise DeploymentError(f"front_door.served_model_name must be distinct non-empty names, got {given!r}")
+    if names:
+        return names
+    if source in KNOWN_MODELS:
+        return [source]
+    return [os.path.basename(os.path.normpath(source)).removesuffix(".gguf")]

@@ -17,11 +17,10 @@ import time
 
 from builder.build import BuildError, BuildRequest, build
 from builder.repo import RepoOptions
-from engine.checkpoint import KNOWN_MODELS
 from engine.shm_region import remove_orphaned_triton_regions, remove_stale_segments
 from control.admission import Admission
 from ops.deployment import Deployment, DeploymentError
-from ops.model_files import read_model_files
+from ops.model_files import read_model_files, served_names
 from ops.door_security import DoorSecurity, check_ports_free, check_secret_links, door_security, reload_doors
 from control.discovery import Discovery
 from control.fleet import Fleet
@@ -74,16 +73,6 @@ def ensure_engines(dep: Deployment, log=print) -> str:
     except ManifestError as e:
         raise DeploymentError(str(e)) from None
     return folder
-
-
-def served_name(dep: Deployment, manifest: EngineManifest) -> str:
-    """The OpenAI model id: the deployment's, else the model's own name (smollm2-135m, a folder's name)."""
-    if dep.front_door.served_model_name:
-        return dep.front_door.served_model_name
-    source = manifest.source
-    if source in KNOWN_MODELS:
-        return source
-    return os.path.basename(os.path.normpath(source)).removesuffix(".gguf")
 
 
 def worker_counts(dep: Deployment) -> dict[Role, int]:
@@ -146,12 +135,12 @@ class Stack:
         trtllm = dep.backend == "tensorrt-llm"
         if trtllm:  # TensorRT-LLM role engines: no Tandem manifest; they place themselves on the GPUs
             built = await loop.run_in_executor(None, trtllm_engines, dep, self.log)
-            engines, tokens_per_page, model_id = built.folder, built.tokens_per_page, built.served_name
+            engines, tokens_per_page, names = built.folder, built.tokens_per_page, built.served_names
             per_node, gpus = trtllm_gpus_per_node(dep, gpus, built), {}
         else:
             engines = await loop.run_in_executor(None, ensure_engines, dep, self.log)
             manifest = read_manifest(os.path.join(engines, "decode"))
-            tokens_per_page, model_id, per_node = manifest.kv_layout.tokens_per_page, served_name(dep, manifest), 0
+            tokens_per_page, names, per_node = manifest.kv_layout.tokens_per_page, served_names(dep, manifest.source), 0
         model = read_model_files(engines, dep, self.log)  # before any worker starts: one line if it cannot be read
         counts = worker_counts(dep)
         if gpus:
@@ -178,7 +167,7 @@ class Stack:
             await asyncio.gather(*[loop.run_in_executor(None, self.workers.wait_ready, name)
                                    for name in self.workers.specs])
         self._record_workers()
-        metrics = Metrics(dep.mode, tokens_per_page, model_id)
+        metrics = Metrics(dep.mode, tokens_per_page, names[0])
         auth = ((SECRET_PARAMETER, secret),) if secret else ()
         self.fleet = Fleet(dep.health.heartbeat_s, dep.health.stall_s, auth=auth, tls=security.worker_tls,
                            clients=TRTLLM_CLIENTS if trtllm else CLIENTS)
@@ -204,8 +193,8 @@ class Stack:
         if self.workers.servers:  # remote-only: /health says 503 until the workers answer, the front door is up
             await self._until_ready()
         fd = dep.front_door
-        served = ServedModel(self.service, fd.model_name, model_id, fd.tool_call_parser, fd.reasoning_parser,
-                             model.sampling_defaults)
+        served = ServedModel(self.service, fd.model_name, names[0], fd.tool_call_parser, fd.reasoning_parser,
+                             model.sampling_defaults, aliases=tuple(names[1:]))
         door = FrontDoor(served)
         try:
             self.grpc = await start_grpc(TritonProtocolServicer(door), fd.host, fd.grpc_port,

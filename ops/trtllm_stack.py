@@ -17,8 +17,8 @@ from builder.build import BuildError, BuildRequest
 from builder.repo import RenderError
 from builder.trtllm_build import build_trtllm
 from builder.trtllm_repo import OPTIONS_FILE, role_files
-from engine.checkpoint import KNOWN_MODELS
 from ops.deployment import Deployment, DeploymentError
+from ops.model_files import served_names
 from tandem.roles import Role
 
 
@@ -26,7 +26,7 @@ from tandem.roles import Role
 class TrtllmEngines:
     folder: str
     tokens_per_page: int  # kv_cache_config.tokens_per_block, the same in both role YAMLs
-    served_name: str  # the OpenAI model id
+    served_names: list[str]  # the OpenAI model ids (ops/model_files.served_names)
     gpus_per_engine: dict[str, int]  # role -> tensor_parallel_size of its YAML
 
 
@@ -47,10 +47,8 @@ def trtllm_engines(dep: Deployment, log=print) -> TrtllmEngines:
     except RenderError as e:
         raise DeploymentError(str(e)) from None
     tokens = files[Role.DECODE][1]["kv_cache_config"]["tokens_per_block"]
-    name = dep.front_door.served_model_name or (dep.model if dep.model in KNOWN_MODELS else
-                                                os.path.basename(os.path.normpath(dep.model)))
     tp = {role.value: options.get("tensor_parallel_size", 1) for role, (_, options) in files.items()}
-    return TrtllmEngines(folder, tokens, name, tp)
+    return TrtllmEngines(folder, tokens, served_names(dep, dep.model), tp)
 
 
 def trtllm_gpus_per_node(dep: Deployment, gpus: dict[str, tuple[int, ...]], engines: TrtllmEngines) -> int:

@@ -88,6 +88,10 @@ def test_serve_names_the_port_in_use_by_flag_and_by_environment(built_engines, h
                     env={"TANDEM_GRPC_PORT": str(held_port)})
     line = one_error_line(err)
     assert code != 0 and f"127.0.0.1:{held_port}" in line and "gRPC" in line
+    code, err = run("serve", "--model", str(built_engines), "--port", str(held_port),  # vLLM's name for it
+                    "--grpc-port", str(free_port()))
+    line = one_error_line(err)
+    assert code != 0 and f"127.0.0.1:{held_port}" in line and "HTTP" in line
 
 
 def test_serve_beyond_loopback_needs_keys_or_says_so(built_engines, tmp_path):

@@ -18,20 +18,18 @@ NAMES = ["gpt-4o-mini", "tiny-chat"]
 
 @pytest.fixture(scope="module")
 def named(built_engines, tmp_path_factory):
+    """The stack, and the `openai` SDK against it."""
     s = start_serve(built_engines, tmp_path_factory.mktemp("serve-named"),
                     env={"TANDEM_SERVED_MODEL_NAME": " ".join(NAMES)})
-    yield s
-    stop_serve(s)
+    try:
+        with openai.OpenAI(base_url=s.http + "/v1", api_key="unused", max_retries=0, timeout=120) as c:
+            yield s, c
+    finally:
+        stop_serve(s)
 
 
-@pytest.fixture(scope="module")
-def client(named):
-    c = openai.OpenAI(base_url=named.http + "/v1", api_key="unused", max_retries=0, timeout=120)
-    yield c
-    c.close()
-
-
-def test_every_name_is_listed_and_answers_carry_the_first(named, client):
+def test_every_name_is_listed_and_answers_carry_the_first(named):
+    serve, client = named
     assert [m.id for m in client.models.list()] == NAMES
     assert client.models.retrieve("tiny-chat").id == "tiny-chat"
     assert client.models.retrieve("ensemble").id == NAMES[0]  # the Triton name's card is the served one's
@@ -41,11 +39,12 @@ def test_every_name_is_listed_and_answers_carry_the_first(named, client):
     assert len({a.choices[0].message.content for a in answers}) == 1  # one model, whichever name
     done = client.responses.create(model="tiny-chat", input="Name a colour.", max_output_tokens=4, temperature=0)
     assert done.model == NAMES[0]
-    status, reply, _ = http(named.http, "/tokenize", {"model": "tiny-chat", "prompt": "Hello"})
+    status, reply, _ = http(serve.http, "/tokenize", {"model": "tiny-chat", "prompt": "Hello"})
     assert status == 200 and reply["tokens"], reply
 
 
-def test_another_name_is_a_404_listing_those_served(named, client):
+def test_another_name_is_a_404_listing_those_served(named):
+    _, client = named
     with pytest.raises(openai.NotFoundError) as e:
         client.chat.completions.create(model="smollm2-135m", messages=[{"role": "user", "content": "Hi"}],
                                        max_tokens=2)

@@ -16,7 +16,8 @@ every route, as the Fetch standard has browsers ask:
   origin is always named, never `*`).
 
 A request from a page of an origin not allowed is still served as any other (CORS is the browser's
-check, not an access control: API keys are); only the headers that would let the page read it are left out.
+check, not an access control: API keys are); only the headers that would let the page read it are
+left out.
 """
 
 from __future__ import annotations

@@ -6,9 +6,9 @@ overload burst of hundreds of requests the last refusal then waits for all the o
 sits between the socket and aiohttp's protocol. While the service takes no new request (`refusal`
 returns the answer to send), the first request on a connection is refused right here when it is a
 generation request (POST to /v1/completions, /v1/chat/completions or the model's KServe infer)
-that arrived whole (headers, and all of its Content-Length body, in one read), and not from a web page
-(no `Origin` header: a page's refusal needs the CORS headers aiohttp adds, frontdoor/cors.py). It gets the same
-status, headers and JSON body as aiohttp would have sent, then `Connection: close`.
+that arrived whole (headers, and all of its Content-Length body, in one read), and not from a web
+page (no `Origin` header: a page's refusal needs the CORS headers aiohttp adds, frontdoor/cors.py). It
+gets the same status, headers and JSON body as aiohttp would have sent, then `Connection: close`.
 
 Everything else goes to aiohttp untouched: health, metrics, admin, a request in pieces, a chunked
 body, pipelined requests, the second request on a keep-alive connection (aiohttp refuses those
@@ -48,7 +48,7 @@ def is_whole(data: bytes) -> bool:
 
 
 def from_page(data: bytes) -> bool:
-    """Whether a request's headers have an Origin (a browser sends one from a page of another origin)."""
+    """Whether a request's headers have an Origin (a browser sends one with a page's POSTs)."""
     return b"\r\norigin:" in data[:data.find(b"\r\n\r\n")].lower()
 
 

@@ -55,8 +55,8 @@ _ROLES = {"user": "user", "assistant": "assistant", "system": "system", "develop
 LOGPROBS = "message.output_text.logprobs"
 # what `include` may name: the logprobs, and what is never made here (so including it adds nothing)
 INCLUDABLE = {LOGPROBS, "reasoning.encrypted_content", "file_search_call.results", "web_search_call.results",
-               "web_search_call.action.sources", "message.input_image.image_url",
-               "computer_call_output.output.image_url", "code_interpreter_call.outputs"}
+              "web_search_call.action.sources", "message.input_image.image_url",
+              "computer_call_output.output.image_url", "code_interpreter_call.outputs"}
 
 
 def chat_request_of(body: dict, earlier: tuple[dict, ...] = ()) -> tuple[dict, list[str]]:

@@ -5,10 +5,10 @@ A codec over the front-door core (frontdoor/core.py): parse (openai_api.py), ans
 the reply. A request's answers (a batch of prompts, `n` each) are served concurrently
 (FrontDoor.answer_all / collect_all) and come back as its choices. The model id is the served model's
 name (ServedModel.served_name); its aliases and its Triton name are accepted too. Fields the server
-does not know are accepted and named once in the log (openai_fields.py). Logprobs (and an echoed prompt's) are built
-token by token (openai_tokens.py). A client that disconnects mid-stream cancels its request (one
-debug line, no traceback); a failure after the stream began is sent as a last SSE event carrying the
-status, then [DONE].
+does not know are accepted and named once in the log (openai_fields.py). Logprobs (and an echoed
+prompt's) are built token by token (openai_tokens.py). A client that disconnects mid-stream cancels
+its request (one debug line, no traceback); a failure after the stream began is sent as a last SSE
+event carrying the status, then [DONE].
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ The keys, and the names of their holders, are read by frontdoor/api_keys.py. A c
 Without a valid key a request is answered 401 (OpenAI's error JSON) or gRPC UNAUTHENTICATED, before
 its body is looked at. Every configured key is compared in constant time, all of them every time.
 
-Open without a key, when `open_probes` (the default): the probes, `/health`, `/metrics`,
+Open without a key, when `open_probes` (the default): the probes, `/health`, `/ping`, `/metrics`,
 `/v2/health/*` and gRPC ServerLive/ServerReady/ModelReady, so load balancers, kubelets and Prometheus
 need no key. `/admin/*` has its own stronger rule (the deployment secret, frontdoor/http_admin.py).
 
@@ -30,7 +30,7 @@ from frontdoor.grpc_calls import around_calls, behavior_kind
 from tandem.request_context import set_caller
 from tandem.status import TandemError, Unauthenticated
 
-OPEN_HTTP_PATHS = ("/health", "/metrics", "/v2/health/live", "/v2/health/ready")
+OPEN_HTTP_PATHS = ("/health", "/ping", "/metrics", "/v2/health/live", "/v2/health/ready")
 OPEN_GRPC_METHODS = ("ServerLive", "ServerReady", "ModelReady")
 _HINT = "send 'Authorization: Bearer <key>' with a key this server was given (TANDEM_API_KEY or --api-key-file)"
 

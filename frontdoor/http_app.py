@@ -1,8 +1,8 @@
 """Front door 2: HTTP. OpenAI-compatible endpoints (http_openai.py), the KServe v2 HTTP protocol for the
 same model (http_kserve.py, so `tritonclient.http` works too), health and Prometheus metrics.
 
-    GET  /health   /metrics   /v1/models
-    POST /v1/completions   /v1/chat/completions      (SSE streaming with "stream": true)
+    GET  /health   /metrics   /v1/models               (and SageMaker's GET/POST /ping)
+    POST /v1/completions   /v1/chat/completions      (SSE streaming with "stream": true; SageMaker's /invocations)
     POST /tokenize   /detokenize   GET /tokenizer_info   /version      (vLLM's, http_tokens.py)
     GET  /v2/health/live   /v2/health/ready   /v2   /v2/models/{m}   /v2/models/{m}/ready   /v2/models/{m}/config
     POST /v2/models/{m}/infer                        (JSON tensors, or the binary tensor data extension)
@@ -103,6 +103,8 @@ class HttpFrontend:
         add_request_ids(self.app)
         r = self.app.router
         r.add_get("/health", self.health)
+        for ping in (r.add_get, r.add_post):  # SageMaker's health check, as vLLM serves it
+            ping("/ping", self.health)
         r.add_get("/metrics", self.metrics)
         add_openai_routes(r, door)
         kept = kept or ResponseStore(0)

@@ -1,5 +1,6 @@
 """The OpenAI-compatible routes: /v1/models[/{id}], /v1/completions, /v1/chat/completions (SSE when
-streaming); /v1/responses is http_responses.py, over the same chat reading and shaping.
+streaming), and SageMaker's /invocations (either of the two, by its body, as vLLM's); /v1/responses is
+http_responses.py, over the same chat reading and shaping.
 
 A codec over the front-door core (frontdoor/core.py): parse (openai_api.py), answer or collect, shape
 the reply. A request's answers (a batch of prompts, `n` each) are served concurrently
@@ -27,7 +28,7 @@ from frontdoor.http_body import read_object, request_timeout
 from frontdoor.openai_fields import UnknownFields
 from frontdoor.openai_tokens import TokenTrail, chunk_extras, trail_of, watching, whole_extras
 from frontdoor.reasoning_text import ReasoningShape, chat_shape
-from tandem.status import Internal, TandemError, status_of
+from tandem.status import Internal, InvalidArgument, TandemError, status_of
 
 log = logging.getLogger("tandem.http")
 GONE = (ConnectionResetError, ConnectionError)  # the client went away
@@ -39,6 +40,7 @@ def add_openai_routes(router, door: FrontDoor) -> None:
     router.add_get("/v1/models/{model}", api.model)
     router.add_post("/v1/completions", api.completions)
     router.add_post("/v1/chat/completions", api.chat)
+    router.add_post("/invocations", api.invocations)  # SageMaker's, as vLLM serves it
 
 
 class OpenAIRoutes:
@@ -78,6 +80,17 @@ class OpenAIRoutes:
                                  self.served.sampling_defaults)
         return await self._answer(request, parsed, rid, chat_shape(parsed, self.served.reasoning_parser), body,
                                   chat=True)
+
+    async def invocations(self, request):
+        """POST /invocations (the route SageMaker sends requests to), as vLLM serves it: a body with
+        `messages` is a chat completion, one with `prompt` a completion."""
+        body = await read_object(request)  # aiohttp keeps the bytes: the route it goes to reads them again
+        if "messages" in body:
+            return await self.chat(request)
+        if "prompt" in body:
+            return await self.completions(request)
+        raise InvalidArgument("/invocations takes a chat completion request (with messages) or a completion "
+                              "request (with prompt)", "messages")
 
     async def _answer(self, request, parsed: oa.Parsed, rid: str, shape, body: dict, chat: bool):
         """Every answer the request asks for (its choices), collected into one reply or streamed. `shape`

@@ -20,7 +20,8 @@ def _register() -> None:
     from cli.bench_cmd import bench_group
     from cli.cache_cmd import cache_group
     from cli.chaos_cmd import chaos_command
-    from cli.serve_cmd import chat_command, serve_command
+    from cli.chat_cmd import chat_command
+    from cli.serve_cmd import serve_command
     from cli.worker_cmd import worker_command
     from cli.workers_cmd import workers_group
     from cli.plan_cmd import plan_command, profile_command

@@ -1,4 +1,4 @@
-"""`tandem serve` (the whole stack, until Ctrl-C) and `tandem chat` (a streaming client for it)."""
+"""`tandem serve`: the whole stack, until Ctrl-C (`tandem chat`, cli/chat_cmd.py, talks to it)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,6 @@ import json
 import logging
 import os
 import signal
-import sys
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 
 import click
@@ -230,36 +227,3 @@ async def _serve(dep, workdir, config_path=None, overrides=None, log_format: str
         say("stopping ...")
     finally:
         await stack.stop()
-
-
-@click.command("chat")
-@click.argument("message")
-@click.option("--url", default="http://127.0.0.1:8000", show_default=True, help="A `tandem serve` HTTP address.")
-@click.option("--max-tokens", type=click.IntRange(1), default=256, show_default=True)
-@click.option("--temperature", type=float, default=0.0, show_default=True)
-def chat_command(message, url, max_tokens, temperature):
-    """Ask a running `tandem serve` one question; the answer streams to the terminal. A server that
-    needs an API key gets TANDEM_API_KEY's."""
-    body = json.dumps({"messages": [{"role": "user", "content": message}], "max_tokens": max_tokens,
-                       "temperature": temperature, "stream": True}).encode()
-    headers = {"Content-Type": "application/json"}
-    if os.environ.get("TANDEM_API_KEY"):
-        headers["Authorization"] = f"Bearer {os.environ['TANDEM_API_KEY'].strip()}"
-    req = urllib.request.Request(f"{url.rstrip('/')}/v1/chat/completions", data=body, headers=headers)
-    try:
-        with urllib.request.urlopen(req, timeout=600) as resp:
-            for raw in resp:
-                line = raw.decode().strip()
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                chunk = json.loads(line[6:])
-                if "error" in chunk:
-                    raise click.ClickException(chunk["error"]["message"])
-                for choice in chunk.get("choices", []):
-                    sys.stdout.write(choice.get("delta", {}).get("content") or "")
-                    sys.stdout.flush()
-    except urllib.error.HTTPError as e:
-        raise click.ClickException(f"{e.code}: {e.read().decode(errors='replace')}") from None
-    except urllib.error.URLError as e:
-        raise click.ClickException(f"cannot reach {url}: {e.reason} (is 'tandem serve' running?)") from None
-    click.echo()

@@ -3,7 +3,8 @@
 Conventions (what alerting and autoscaling need):
 - every request-level series carries the served `model`; counters end in `_total`, durations are in
   seconds (Tandem's own) or microseconds (the `nv_inference_*` series of frontdoor/triton_metrics.py,
-  named and labelled as Triton exports them, so Triton dashboards work against the front door);
+  named and labelled as Triton exports them, so Triton dashboards work against the front door); the
+  load that schedulers and autoscalers read is in vLLM's names too (frontdoor/vllm_metrics.py);
 - a request is counted from its arrival at the door: TTFT and queue time include tokenization and
   the wait for a worker, and a request refused at the door (429, 400, 503) is counted as a failure
   with its status;
@@ -20,6 +21,7 @@ import time
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from frontdoor.triton_metrics import TritonSeries
+from frontdoor.vllm_metrics import VllmCollector
 from frontdoor.worker_metrics import WorkerCollector
 from tandem.request_context import api_key_name
 from tandem.status import Status
@@ -82,6 +84,8 @@ class Metrics:
         self.triton = TritonSeries(model)
         self.workers = WorkerCollector()
         r.register(self.workers)
+        self.vllm = VllmCollector(model, tokens_per_page, self.workers)
+        r.register(self.vllm)
 
     def _zero_series(self) -> None:
         """Export the served model's request series at 0 from the start: a counter first seen at 1 gives
@@ -144,6 +148,7 @@ class RequestMeter:
         self.first = self.last = None
         self.tokens, self.streaming, self.ended = 0, False, False
         self.m.waiting.labels(self.m.model).inc()
+        self.m.vllm.waiting += 1
         self.m.triton.add("nv_inference_pending_request_count")
 
     def admitted(self, prompt_tokens: int) -> None:
@@ -164,6 +169,7 @@ class RequestMeter:
             self.first = now
             m.ttft.labels(m.model, m.mode).observe(now - self.t0)
             m.waiting.labels(m.model).dec()
+            m.vllm.waiting, m.vllm.running = m.vllm.waiting - 1, m.vllm.running + 1
             m.triton.add("nv_inference_pending_request_count", -1)
             m.triton.add("nv_inference_queue_duration_us", (now - self.t0) * 1e6)
         else:
@@ -200,7 +206,10 @@ class RequestMeter:
         m = self.m
         if self.first is None:
             m.waiting.labels(m.model).dec()
+            m.vllm.waiting -= 1
             m.triton.add("nv_inference_pending_request_count", -1)
+        else:
+            m.vllm.running -= 1
         if self.streaming:
             m.in_flight.labels(m.model).dec()
         return False

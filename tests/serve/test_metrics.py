@@ -3,6 +3,7 @@ parsed with prometheus_client's own parser, counted from arrival, refusals inclu
 
 from __future__ import annotations
 
+import json
 import re
 import time
 import urllib.request
@@ -88,3 +89,37 @@ def test_alerts_rules_and_dashboard_use_only_series_the_front_door_exports(serve
     used = {m for e in exprs for m in re.findall(r"[\w:]*(?:tandem|nv_inference)[\w:]*", e)}
     assert used - recorded and not {m for m in used - recorded - exported if ":" not in m}
     assert {m for m in used if ":" in m} <= recorded  # recording rules read are defined here
+
+
+def _until(http: str, ok, what: str, timeout_s: float = 30.0) -> dict:
+    """Scrape until `ok(samples)`; the samples then (AssertionError naming `what` after `timeout_s`)."""
+    deadline = time.monotonic() + timeout_s
+    while not ok(samples := scrape(http)[0]):
+        assert time.monotonic() < deadline, f"{what} not within {timeout_s:.0f}s"
+        time.sleep(0.2)
+    return samples
+
+
+def test_the_load_is_exported_in_vllms_names_for_schedulers_and_autoscalers(served):
+    """frontdoor/vllm_metrics.py: idle, nothing waits or runs; while an answer streams, vLLM's running
+    gauge counts it and the decode pool's usage (as the worker reports it) is above 0; once the client
+    left, both fall back; the page size and pages are Tandem's own series'."""
+    model = "smollm2-135m"
+    load = lambda s, n: value(s, f"vllm:{n}", model_name=model)  # noqa: E731
+    idle = _until(served.http, lambda s: load(s, "num_requests_running") == load(s, "num_requests_waiting") == 0,
+                  "an idle front door")
+    types = scrape(served.http)[1]
+    assert {types[f"vllm:{n}"] for n in ("num_requests_waiting", "num_requests_running", "kv_cache_usage_perc",
+                                        "cache_config_info")} == {"gauge"}
+    [info] = [dict(ls) for (n, ls) in idle if n == "vllm:cache_config_info"]
+    assert info == {"model_name": model, "block_size": str(int(value(idle, "tandem_kv_tokens_per_page"))),
+                    "num_gpu_blocks": str(int(value(idle, "tandem_kv_pages_total", role="decode")))}
+    body = {"prompt": "Count upwards:", "max_tokens": 1500, "ignore_eos": True, "stream": True, "temperature": 0}
+    req = urllib.request.Request(served.http + "/v1/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as r:
+        assert r.readline().startswith(b"data: ")  # its first token came: it streams
+        during = _until(served.http, lambda s: load(s, "kv_cache_usage_perc") > 0, "the decode pool's usage")
+        assert load(during, "num_requests_running") == 1 and load(during, "num_requests_waiting") == 0
+        assert load(during, "kv_cache_usage_perc") <= 1
+    _until(served.http, lambda s: load(s, "num_requests_running") == 0, "the left stream's end")

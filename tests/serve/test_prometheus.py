@@ -68,6 +68,8 @@ def test_ttft_refusals_queue_depth_and_cache_hit_rate_answer_with_data(traffic):
         'sum by (status) (rate(tandem_request_failures_total{status="RESOURCE_EXHAUSTED"}[1m])) > 0')
     assert refusals[0]["metric"] == {"status": "RESOURCE_EXHAUSTED"}
     assert values(traffic.wait_for("max_over_time(sum(tandem_requests_waiting)[2m:1s]) >= 1")) == [1]
+    # the same queue in vLLM's name, as schedulers and autoscalers written for vLLM query it
+    assert values(traffic.wait_for("max_over_time(sum(vllm:num_requests_waiting)[2m:1s]) >= 1")) == [1]
     # the workers' own Triton series, from their metrics ports: both role models served requests
     served = traffic.wait_for('sum by (model) (nv_inference_request_success{job="tandem-workers"}) > 0')
     assert len(served) >= 2, served

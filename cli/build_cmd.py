@@ -25,7 +25,8 @@ def _roles(text: str) -> tuple[Role, ...]:
 
 @click.command("build")
 @click.option("--model", default=DEFAULT_MODEL, show_default=True,
-              help="smollm2-135m, a .gguf file or a Hugging Face Llama-family folder.")
+              help="smollm2-135m, a .gguf file, a Hugging Face Llama-family folder, or its repo id (org/name) "
+                   "in the local Hugging Face cache.")
 @click.option("--out", default=None, help="Output folder (default: engines/<model name>).")
 @click.option("--roles", default="prefill,decode", show_default=True, help="Comma-separated roles to build.")
 @click.option("--backend", type=click.Choice(["torch", "tensorrt-llm"]), default="torch", show_default=True)

@@ -47,7 +47,8 @@ _JSON_STRINGS = _json("a JSON list of strings", "'[\"https://chat.example.com\"]
 
 @click.command("serve")
 @click.option("--model", default=None, **_env("MODEL"),
-              help="smollm2-135m, a checkpoint path, or an engines folder (prefill/ + decode/).")
+              help="smollm2-135m, a checkpoint path, a Hugging Face repo id (org/name) in the local Hugging Face "
+                   "cache, or an engines folder (prefill/ + decode/).")
 @click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]), default=None, **_env("DTYPE"),
               help="Weights and KV of engines built from --model (default auto: bfloat16 on CUDA, else float32).")
 @click.option("--config", "config_path", default=None, **_env("CONFIG"),

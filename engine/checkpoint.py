@@ -1,4 +1,5 @@
-"""Find and read a checkpoint: a model name, a GGUF file, a Hugging Face folder or a built engine.
+"""Find and read a checkpoint: a model name, a GGUF file, a Hugging Face folder (or repo id, in the local
+Hugging Face cache: engine/hub_cache.py) or a built engine.
 
 Everything ends up as a Hugging Face style folder (config.json + *.safetensors + tokenizer.json). A
 GGUF file is converted once into a cache folder keyed by its path, size and modification time, so
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 
 from engine.config import ModelConfig
 from engine.errors import ModelLoadError
+from engine.hub_cache import cache_root, is_repo_id, snapshot
 
 DEFAULT_MODEL = "smollm2-135m"
 # name -> (python package that carries the file, file name inside it, how to install it)
@@ -62,10 +64,18 @@ def resolve(model: str) -> Checkpoint:
     """Turn what the user typed (--model) into a Checkpoint, converting a GGUF on first use."""
     if model in KNOWN_MODELS:
         return _from_folder(_convert_cached(_known_model_file(model)), model)
+    if is_repo_id(model):
+        folder = snapshot(model)
+        if folder is None:
+            raise ModelLoadError(f"model {model!r} is not in the Hugging Face cache ({cache_root()}); Tandem "
+                                 f"downloads nothing: fetch it first (hf download {model}), or set HF_HUB_CACHE "
+                                 f"or HF_HOME to the cache that holds it")
+        return _from_folder(folder, model)
     if not os.path.exists(model):
         raise ModelLoadError(
             f"unknown model {model!r}: expected one of {', '.join(KNOWN_MODELS)}, a .gguf file, a Hugging Face "
-            f"folder (config.json + *.safetensors + tokenizer.json), or an engine folder from 'tandem build'")
+            f"folder (config.json + *.safetensors + tokenizer.json) or repo id in the Hugging Face cache "
+            f"(org/name), or an engine folder from 'tandem build'")
     if os.path.isfile(model):
         if not model.endswith(".gguf"):
             raise ModelLoadError(f"{model} is a file but not a .gguf; pass a GGUF file or a model folder")

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from engine.checkpoint import KNOWN_MODELS
 from engine.config import ModelConfig
+from engine.hub_cache import is_repo_id, snapshot
 from engine.errors import ModelLoadError
 from engine.tokenizer import Tokenizer
 from frontdoor.generation_defaults import GenerationConfigError, sampling_defaults
@@ -55,13 +56,14 @@ def front_door_tokenizer(engines: str, dep: Deployment) -> Tokenizer:
 def served_names(dep: Deployment, source: str) -> list[str]:
     """The OpenAI model ids, as vLLM's --served-model-name: the deployment's (a name, or a list whose first
     name is the one answers carry, the others aliases a request may use), else the model's own name
-    (`source`: smollm2-135m, or a checkpoint's path: its folder's or file's name)."""
+    (`source`: smollm2-135m, a Hugging Face repo id found in the cache, or a checkpoint's path: its
+    folder's or file's name)."""
     given = dep.front_door.served_model_name
     names = [given] if isinstance(given, str) else list(given or [])
     if not all(names) or len(set(names)) < len(names):
         raise DeploymentError(f"front_door.served_model_name must be distinct non-empty names, got {given!r}")
     if names:
         return names
-    if source in KNOWN_MODELS:
+    if source in KNOWN_MODELS or (is_repo_id(source) and snapshot(source)):  # a repo id whole, as vLLM's
         return [source]
     return [os.path.basename(os.path.normpath(source)).removesuffix(".gguf")]

@@ -84,7 +84,11 @@ class Metrics:
         self.triton = TritonSeries(model)
         self.workers = WorkerCollector()
         r.register(self.workers)
-        self.vllm = VllmCollector(model, tokens_per_page, self.workers)
+        self.vllm = VllmCollector(model, tokens_per_page, self.workers, {
+            "vllm:time_to_first_token_seconds": self.ttft, "vllm:inter_token_latency_seconds": self.itl,
+            "vllm:request_time_per_output_token_seconds": self.tpot, "vllm:e2e_request_latency_seconds": self.e2e,
+            "vllm:prompt_tokens": self.prompt_tokens, "vllm:generation_tokens": self.tokens,
+            "vllm:request_success": self.finished})
         r.register(self.vllm)
 
     def _zero_series(self) -> None:

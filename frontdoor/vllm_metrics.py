@@ -1,5 +1,5 @@
-"""The served model's load in vLLM's series names, so schedulers and autoscalers written for vLLM read
-the front door unchanged: the Gateway API Inference Extension's endpoint picker (llm-d's scheduler)
+"""The served model's load (and request series) in vLLM's names, so schedulers, autoscalers and dashboards
+written for vLLM read the front door unchanged: the Gateway API Inference Extension's endpoint picker (llm-d's scheduler)
 scrapes these names by default (its model server protocol), and KEDA or HPA rules keyed on
 `vllm:num_requests_waiting` scale a Tandem deployment as they scale vLLM. Labelled `model_name` (the
 served name), as vLLM labels them.
@@ -13,26 +13,39 @@ served name), as vLLM labels them.
 - `vllm:cache_config_info` (gauge, 1): labels `block_size` (the tokens a KV page holds) and
   `num_gpu_blocks` (the pages of those pools).
 
+vLLM's dashboards read the request series too; these are the front door's own (frontdoor/door_metrics.py),
+renamed at scrape time (nothing more is counted per token): `vllm:time_to_first_token_seconds`,
+`vllm:inter_token_latency_seconds`, `vllm:request_time_per_output_token_seconds` and
+`vllm:e2e_request_latency_seconds` (histograms, Tandem's buckets), `vllm:prompt_tokens_total`,
+`vllm:generation_tokens_total` and `vllm:request_success_total` (`finished_reason`) (counters).
+
 The two request gauges move with the front door's own (frontdoor/door_metrics.RequestMeter); the pool
 numbers are read from the fleet at scrape time (frontdoor/worker_metrics.WorkerCollector's fleet).
 """
 
 from __future__ import annotations
 
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import GaugeMetricFamily, Metric
 
 from tandem.roles import Role
+
+
+_LABELS = {"model": "model_name", "reason": "finished_reason"}  # Tandem's label -> vLLM's; others dropped
 
 
 class VllmCollector:
     """A prometheus_client collector: `waiting` and `running` are kept by the request meters."""
 
-    def __init__(self, model: str, tokens_per_page: int, workers):
-        """`workers`: the WorkerCollector whose fleet reports the pools."""
-        self.model, self.tokens_per_page, self.workers = model, tokens_per_page, workers
+    def __init__(self, model: str, tokens_per_page: int, workers, renamed: dict[str, object]):
+        """`workers`: the WorkerCollector whose fleet reports the pools; `renamed`: vLLM's name of each
+        front-door metric exported again under it."""
+        self.model, self.tokens_per_page, self.workers, self.renamed = model, tokens_per_page, workers, renamed
         self.waiting = self.running = 0
 
     def collect(self):
+        for name, metric in self.renamed.items():
+            for family in metric.collect():
+                yield _as(family, name)
         fleet = self.workers.fleet
         pools = [w.stats for w in (fleet.workers.values() if fleet else ()) if w.role is not Role.PREFILL
                  and w.stats is not None and w.stats.pages_total]
@@ -49,3 +62,13 @@ class VllmCollector:
                                  labels=["model_name", "block_size", "num_gpu_blocks"])
         info.add_metric([self.model, str(self.tokens_per_page), str(total)], 1.0)
         yield info
+
+
+def _as(family: Metric, name: str) -> Metric:
+    """`family` under `name`, its labels in vLLM's names (the `mode` label, one value a process, dropped)."""
+    out = Metric(name, family.documentation, family.type)
+    for sample in family.samples:
+        labels = {_LABELS[k]: v for k, v in sample.labels.items() if k in _LABELS} | \
+            ({"le": sample.labels["le"]} if "le" in sample.labels else {})
+        out.add_sample(name + sample.name.removeprefix(family.name), labels, sample.value, sample.timestamp)
+    return out

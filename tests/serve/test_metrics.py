@@ -123,3 +123,25 @@ def test_the_load_is_exported_in_vllms_names_for_schedulers_and_autoscalers(serv
         assert load(during, "num_requests_running") == 1 and load(during, "num_requests_waiting") == 0
         assert load(during, "kv_cache_usage_perc") <= 1
     _until(served.http, lambda s: load(s, "num_requests_running") == 0, "the left stream's end")
+
+
+def test_the_request_series_are_also_in_vllms_names(served):
+    """vLLM's dashboards' series are the front door's own, renamed: the same values, `model` as
+    `model_name`, `reason` as `finished_reason`."""
+    model = "smollm2-135m"
+    status, body = post(served.http, "/v1/completions", {"prompt": "The sky is", "max_tokens": 3, "ignore_eos": True})
+    assert status == 200 and body["choices"][0]["finish_reason"] == "length", body
+    samples, types = scrape(served.http)
+    for ours, theirs in (("tandem_prompt_tokens_total", "vllm:prompt_tokens_total"),
+                         ("tandem_output_tokens_total", "vllm:generation_tokens_total"),
+                         ("tandem_ttft_seconds_count", "vllm:time_to_first_token_seconds_count"),
+                         ("tandem_ttft_seconds_sum", "vllm:time_to_first_token_seconds_sum"),
+                         ("tandem_itl_seconds_count", "vllm:inter_token_latency_seconds_count"),
+                         ("tandem_tpot_seconds_count", "vllm:request_time_per_output_token_seconds_count"),
+                         ("tandem_e2e_seconds_count", "vllm:e2e_request_latency_seconds_count")):
+        assert value(samples, theirs, model_name=model) == value(samples, ours, model=model) > 0, theirs
+    assert value(samples, "vllm:request_success_total", model_name=model, finished_reason="length") == \
+        value(samples, "tandem_request_finished_total", model=model, reason="length") > 0
+    assert value(samples, "vllm:e2e_request_latency_seconds_bucket", model_name=model, le="+Inf") == \
+        value(samples, "tandem_e2e_seconds_count", model=model)
+    assert types["vllm:time_to_first_token_seconds"] == "histogram" and types["vllm:prompt_tokens"] == "counter"

@@ -1,8 +1,8 @@
-"""The served model's load (and request series) in vLLM's names, so schedulers, autoscalers and dashboards
-written for vLLM read the front door unchanged: the Gateway API Inference Extension's endpoint picker (llm-d's scheduler)
-scrapes these names by default (its model server protocol), and KEDA or HPA rules keyed on
-`vllm:num_requests_waiting` scale a Tandem deployment as they scale vLLM. Labelled `model_name` (the
-served name), as vLLM labels them.
+"""The served model's load (and request series) in vLLM's names, so schedulers, autoscalers and
+dashboards written for vLLM read the front door unchanged: the Gateway API Inference Extension's
+endpoint picker (llm-d's scheduler) scrapes the load's names by default (its model server protocol),
+and KEDA or HPA rules keyed on `vllm:num_requests_waiting` scale a Tandem deployment as they scale
+vLLM. Labelled `model_name` (the served name), as vLLM labels them.
 
 - `vllm:num_requests_waiting` (gauge): requests arrived with no first token yet: being tokenized, queued
   for a worker, or in prefill (as `tandem_requests_waiting`);
@@ -13,8 +13,8 @@ served name), as vLLM labels them.
 - `vllm:cache_config_info` (gauge, 1): labels `block_size` (the tokens a KV page holds) and
   `num_gpu_blocks` (the pages of those pools).
 
-vLLM's dashboards read the request series too; these are the front door's own (frontdoor/door_metrics.py),
-renamed at scrape time (nothing more is counted per token): `vllm:time_to_first_token_seconds`,
+vLLM's dashboards read the request series too; these are the front door's own
+(frontdoor/door_metrics.py), renamed at scrape time (nothing more is counted per token): `vllm:time_to_first_token_seconds`,
 `vllm:inter_token_latency_seconds`, `vllm:request_time_per_output_token_seconds` and
 `vllm:e2e_request_latency_seconds` (histograms, Tandem's buckets), `vllm:prompt_tokens_total`,
 `vllm:generation_tokens_total` and `vllm:request_success_total` (`finished_reason`) (counters).

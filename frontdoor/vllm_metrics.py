@@ -14,10 +14,11 @@ vLLM. Labelled `model_name` (the served name), as vLLM labels them.
   `num_gpu_blocks` (the pages of those pools).
 
 vLLM's dashboards read the request series too; these are the front door's own
-(frontdoor/door_metrics.py), renamed at scrape time (nothing more is counted per token): `vllm:time_to_first_token_seconds`,
-`vllm:inter_token_latency_seconds`, `vllm:request_time_per_output_token_seconds` and
-`vllm:e2e_request_latency_seconds` (histograms, Tandem's buckets), `vllm:prompt_tokens_total`,
-`vllm:generation_tokens_total` and `vllm:request_success_total` (`finished_reason`) (counters).
+(frontdoor/door_metrics.py), renamed at scrape time (nothing more is counted per token):
+`vllm:time_to_first_token_seconds`, `vllm:inter_token_latency_seconds`,
+`vllm:request_time_per_output_token_seconds` and `vllm:e2e_request_latency_seconds` (histograms,
+Tandem's buckets), `vllm:prompt_tokens_total`, `vllm:generation_tokens_total` and
+`vllm:request_success_total` (`finished_reason`) (counters).
 
 The two request gauges move with the front door's own (frontdoor/door_metrics.RequestMeter); the pool
 numbers are read from the fleet at scrape time (frontdoor/worker_metrics.WorkerCollector's fleet).

@@ -67,9 +67,9 @@ def resolve(model: str) -> Checkpoint:
     if is_repo_id(model):
         folder = snapshot(model)
         if folder is None:
-            raise ModelLoadError(f"model {model!r} is not in the Hugging Face cache ({cache_root()}); Tandem "
-                                 f"downloads nothing: fetch it first (hf download {model}), or set HF_HUB_CACHE "
-                                 f"or HF_HOME to the cache that holds it")
+            raise ModelLoadError(f"model {model!r} is no path here, nor a repo in the Hugging Face cache "
+                                 f"({cache_root()}); Tandem downloads nothing: fetch it first (hf download "
+                                 f"{model}), or set HF_HUB_CACHE or HF_HOME to the cache that holds it")
         return _from_folder(folder, model)
     if not os.path.exists(model):
         raise ModelLoadError(

@@ -6,7 +6,8 @@ A request is read into the chat it amounts to (openai_responses.py: after the co
 that chat, and the chat reply it would have had (text, tool calls, reasoning: reasoning_text.chat_shape)
 is reshaped into the response's items (responses_shape.py), whole or as Responses events. A response
 made with `store` (the default) on a server that keeps responses is kept for its caller; GET reads it
-back (and its input items: response_items.py), DELETE drops it. One made with `background` is answered
+back (and its input items: response_items.py), DELETE drops it, and a later request's `item_reference`
+input items name its items. One made with `background` is answered
 after the reply (response_background.py), and cancel ends it.
 """
 
@@ -83,6 +84,8 @@ class ResponsesRoutes:
     async def create(self, request):
         self.door.service.refuse_if_closed()
         body = await read_object(request)
+        rs.refuse_state_elsewhere(body)
+        body = self._referenced(body)
         with rs.named_as_responses():
             earlier = self._earlier(body.get("previous_response_id"))
             chat, extra = rs.chat_request_of(body, earlier.conversation if earlier else ())
@@ -160,6 +163,26 @@ class ResponsesRoutes:
             feed.add(closing)
             return closing[-1]["response"]
         return streamed
+
+    def _referenced(self, body: dict) -> dict:
+        """`body` with each `item_reference` input item replaced by the item of a kept response it names
+        (the caller's own: response_store.ResponseStore.item); a 400 naming `input` where it names none."""
+        given = body.get("input")
+        if not isinstance(given, list) or not any(rs.is_reference(i) for i in given):
+            return body
+        if not self.store.capacity:
+            raise InvalidArgument("input: an item_reference names an item of a kept response, and this server keeps "
+                                  "none (tandem serve --responses-kept N); send the item itself", "input")
+        items = []
+        for i, item in enumerate(given):
+            if rs.is_reference(item):
+                rid = item.get("id")
+                item = self.store.item(rid, api_key_name()) if isinstance(rid, str) else None
+                if item is None:
+                    raise InvalidArgument(f"input[{i}]: item_reference {rid!r:.80} names no item of this caller's "
+                                          f"kept responses", "input")
+            items.append(item)
+        return body | {"input": items}
 
     def _earlier(self, previous) -> Kept | None:
         """The kept response a follow-up continues (its conversation and input items), or None."""

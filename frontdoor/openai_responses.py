@@ -4,7 +4,8 @@ A Responses request is read into the chat completions request it amounts to (`ch
 is prepared, admitted and served exactly as that chat is, by the same core; only the shapes differ
 (the replies: responses_shape.py):
 
-- `input`: a string (one user message) or a list of items: messages, `{"role", "content"}` with an
+- `input`: a string (one user message) or a list of items (an `item_reference` stands for a kept
+  response's item, put in its place first): messages, `{"role", "content"}` with an
   optional `"type": "message"`, content a string or `input_text` / `output_text` parts (`developer` is
   a system message); `function_call` items (`call_id`, `name`, `arguments`: an assistant's tool calls,
   joined to the assistant message just before them, if any) and `function_call_output` items
@@ -26,7 +27,8 @@ is prepared, admitted and served exactly as that chat is, by the same core; only
   messages stay) until it fits the context with its max_output_tokens (control/requests.py); "disabled"
   (the default) refuses a conversation that does not fit.
 - Refused with a 400 naming the field: tools other than functions (hosted tools), `top_logprobs` above 0
-  without the logprobs include, input items other than the above.
+  without the logprobs include, input items other than the above, and state this server does not keep
+  (`conversation`, a reusable `prompt`): ignoring them would answer without it.
 - `previous_response_id` continues a kept response's conversation (its instructions aside), where the
   server keeps responses (response_store.py). `reasoning`, `stream_options` and bookkeeping
   (`metadata`, `user`, ...) change nothing. Errors name the Responses fields (max_output_tokens, input,
@@ -85,6 +87,20 @@ def chat_request_of(body: dict, earlier: tuple[dict, ...] = ()) -> tuple[dict, l
     return chat, sorted(set(body) - FIELDS - _CARRIED)
 
 
+def refuse_state_elsewhere(body: dict) -> None:
+    """A 400 naming `conversation` or `prompt` where given: state this server does not keep (ignoring it
+    would answer without it). Called outside `named_as_responses`: `prompt` is the Responses field here."""
+    for name, why in _ELSEWHERE.items():
+        if body.get(name) is not None:
+            raise InvalidArgument(f"{name}: {why}", name)
+
+
+def is_reference(item) -> bool:
+    """Whether an input item is an `item_reference` (`{"type": "item_reference", "id"}`: an item of a kept
+    response, put in its place before the request is read: frontdoor/http_responses.py)."""
+    return isinstance(item, dict) and item.get("type") == "item_reference"
+
+
 def in_background(body: dict, kept: bool) -> bool:
     """Whether the response is answered in the background (response_background.py), where `kept`: whether
     it will be kept (a server keeping responses, and `store`). A 400 where it cannot be."""
@@ -121,6 +137,11 @@ def named_as_responses():
         raise
 
 
+# fields whose state lives where this server keeps none: refused, since ignoring them would lose it
+_ELSEWHERE = {"conversation": "the Conversations API is not served; continue a conversation with "
+                              "previous_response_id (tandem serve --responses-kept N) or send it whole as input",
+              "prompt": "reusable prompts (prompt templates kept by id) are not served; send instructions and "
+                        "input"}
 _RENAMED = {"max_tokens": "max_output_tokens", "messages": "input", "prompt": "input", "response_format": "text"}
 
 
@@ -200,8 +221,8 @@ def _messages(items) -> list[dict]:
             out.append({"role": _ROLES[m["role"]], "content": _text(m.get("content"), f"input[{i}].content")})
         else:
             raise InvalidArgument(f"input[{i}] must be a message {{\"role\": one of {sorted(_ROLES)}, \"content\"}}, "
-                                  f"a function_call, a function_call_output or reasoning; other items (references, "
-                                  f"hosted tools' calls) are not served", "input")
+                                  f"a function_call, a function_call_output, reasoning or an item_reference; "
+                                  f"other items (hosted tools' calls) are not served", "input")
     return out
 
 

@@ -77,6 +77,16 @@ class ResponseStore:
                            f"older than the last {self.capacity}, deleted, or another API key's)", param)
         return kept
 
+    def item(self, item_id: str, owner: str) -> dict | None:
+        """The input or output item `item_id` of one of `owner`'s kept responses (the newest holding it),
+        or None: what an `item_reference` names. A scan of the owner's responses, newest first."""
+        for kept in reversed(self._kept.values()):
+            if kept.owner == owner:
+                for item in (*kept.response.get("output", ()), *kept.items):
+                    if item.get("id") == item_id:
+                        return item
+        return None
+
     def delete(self, rid: str, owner: str) -> None:
         _stop(self.get(rid, owner))
         del self._kept[rid]

@@ -121,6 +121,27 @@ def test_a_responses_input_items_are_the_conversation_it_was_asked_a_page_at_a_t
         b.responses.input_items.list(follow.id)
 
 
+def test_an_item_reference_stands_for_the_kept_item_it_names(clients):
+    """A client that sends the conversation again naming earlier items by id (item_reference) is answered
+    as with the items themselves; an id of another key's response, or of none, is a 400 naming input."""
+    a, b = clients
+    first = a.responses.create(model=MODEL, input="My name is Ada. Greet me.", max_output_tokens=6, temperature=0)
+    [asked] = list(a.responses.input_items.list(first.id))
+    again = [{"type": "item_reference", "id": asked.id}, {"type": "item_reference", "id": first.output[0].id},
+             {"role": "user", "content": "What is my name?"}]
+    by_reference = a.responses.create(model=MODEL, input=again, max_output_tokens=6, temperature=0)
+    by_previous = a.responses.create(model=MODEL, previous_response_id=first.id, input="What is my name?",
+                                     max_output_tokens=6, temperature=0)
+    assert by_reference.output_text == by_previous.output_text
+    assert by_reference.usage.input_tokens == by_previous.usage.input_tokens
+    items = list(a.responses.input_items.list(by_reference.id, order="asc"))
+    assert [i.id for i in items[:2]] == [asked.id, first.output[0].id]  # the items themselves, with their ids
+    for client, rid in ((b, asked.id), (a, "msg_nothing")):
+        with pytest.raises(openai.BadRequestError) as e:
+            client.responses.create(model=MODEL, input=[{"type": "item_reference", "id": rid}], max_output_tokens=2)
+        assert e.value.body["param"] == "input" and rid in e.value.body["message"], e.value.body
+
+
 @pytest.mark.parametrize("query, param", [({"order": "sideways"}, "order"), ({"limit": "0"}, "limit"),
                                           ({"limit": "101"}, "limit"), ({"limit": "ten"}, "limit"),
                                           ({"after": "msg_nothing"}, "after"), ({"include[]": "everything"}, "include")])

@@ -115,7 +115,9 @@ def test_the_logprobs_include_gives_the_chat_doors_logprobs_whole_and_streamed(o
     ({"tool_choice": "required"}, "tool_choice"),
     ({"input": [{"type": "function_call", "name": "get_time", "arguments": "{}"}]}, "input"),  # no call_id
     ({"input": [{"type": "function_call_output", "output": "x"}]}, "input"),
-    ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input"),
+    ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input"),  # this server keeps no responses
+    ({"conversation": "conv_1"}, "conversation"),  # state kept elsewhere: ignoring it would lose it
+    ({"prompt": {"id": "pmpt_1", "variables": {"city": "Paris"}}}, "prompt"),
     ({"previous_response_id": "resp_1"}, "previous_response_id"),
     ({"background": True}, "background"),
     ({"truncation": "middle"}, "truncation"),

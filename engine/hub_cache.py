@@ -38,7 +38,8 @@ def snapshot(repo_id: str) -> str | None:
         with open(os.path.join(repo, "refs", "main"), encoding="utf-8") as f:
             commit = f.read().strip()
     except OSError:
-        found = os.listdir(os.path.join(repo, "snapshots")) if os.path.isdir(os.path.join(repo, "snapshots")) else []
+        snapshots = os.path.join(repo, "snapshots")
+        found = os.listdir(snapshots) if os.path.isdir(snapshots) else []
         if len(found) != 1:
             return None
         commit = found[0]

@@ -1,9 +1,9 @@
 """API keys on both front doors: who may use them, and who each request's caller is.
 
 The keys, and the names of their holders, are read by frontdoor/api_keys.py. A client presents a key as
-`Authorization: Bearer <key>`: the HTTP header, or the gRPC metadata entry `authorization`.
-Without a valid key a request is answered 401 (OpenAI's error JSON) or gRPC UNAUTHENTICATED, before
-its body is looked at. Every configured key is compared in constant time, all of them every time.
+`Authorization: Bearer <key>`: the HTTP header (or `x-api-key: <key>`, Anthropic's clients' header), or
+the gRPC metadata entry `authorization`. Without a valid key a request is answered 401 (the route's
+error JSON) or gRPC UNAUTHENTICATED, before its body is looked at. Every configured key is compared in constant time, all of them every time.
 
 Open without a key, when `open_probes` (the default): the probes, `/health`, `/ping`, `/metrics`,
 `/v2/health/*` and gRPC ServerLive/ServerReady/ModelReady, so load balancers, kubelets and Prometheus
@@ -41,8 +41,9 @@ def refusal(authorization: str | None) -> Unauthenticated:
     return Unauthenticated(f"{why}; {_HINT}")
 
 
-def http_middleware(keys: ApiKeys, respond: Callable[[TandemError], web.StreamResponse]):
-    """aiohttp middleware: a request without a valid key is answered `respond(Unauthenticated)`."""
+def http_middleware(keys: ApiKeys, respond: Callable[[TandemError, str], web.StreamResponse]):
+    """aiohttp middleware: a request without a valid key is answered `respond(Unauthenticated, its path)`.
+    The key comes as `Authorization: Bearer <key>`, or as `x-api-key: <key>` (Anthropic's clients)."""
 
     @web.middleware
     async def require_key(request: web.Request, handler):
@@ -50,9 +51,11 @@ def http_middleware(keys: ApiKeys, respond: Callable[[TandemError], web.StreamRe
         exempt = path.startswith("/admin/") or (keys.open_probes and path in OPEN_HTTP_PATHS)
         if not exempt:
             given = request.headers.get("Authorization")
+            if given is None and request.headers.get("x-api-key"):
+                given = f"Bearer {request.headers['x-api-key']}"
             caller = keys.caller(given)
             if caller is None:
-                resp = respond(refusal(given))
+                resp = respond(refusal(given), path)
                 resp.headers["WWW-Authenticate"] = 'Bearer realm="tandem"'
                 return resp
             set_caller(caller.name, caller.scope)  # inside frontdoor/request_ids.py's middleware, same task

@@ -4,13 +4,14 @@ same model (http_kserve.py, so `tritonclient.http` works too), health and Promet
     GET  /health   /metrics   /v1/models               (and SageMaker's GET/POST /ping)
     POST /v1/completions   /v1/chat/completions      (SSE streaming with "stream": true; SageMaker's /invocations)
     POST /tokenize   /detokenize   GET /tokenizer_info   /version      (vLLM's, http_tokens.py)
+    POST /v1/responses ... (http_responses.py)   POST /v1/messages (Anthropic's, http_anthropic.py)
     GET  /v2/health/live   /v2/health/ready   /v2   /v2/models/{m}   /v2/models/{m}/ready   /v2/models/{m}/config
     POST /v2/models/{m}/infer                        (JSON tensors, or the binary tensor data extension)
     POST /v2/models/{m}/generate   /v2/models/{m}/generate_stream   GET /v2/models/{m}/stats   (http_generate.py)
 
 Every failure, aiohttp's own 404, 405 and 413 included, is answered with the HTTP status of its tandem
 status (tandem/status.py), a JSON body naming the problem (OpenAI's error shape; on the KServe v2
-routes Triton's `{"error": "..."}`), and Retry-After when retrying may help. A body over the size
+routes Triton's `{"error": "..."}`, on /v1/messages Anthropic's), and Retry-After when retrying may help. A body over the size
 limit is refused (413) before it is read whole. A client that disconnects cancels its request.
 Under overload a generation request is refused before aiohttp sees it (frontdoor/http_gate.py).
 """
@@ -30,6 +31,7 @@ from frontdoor.api_keys import ApiKeys
 from frontdoor.auth import http_middleware
 from frontdoor.cors import Cors, CorsPolicy
 from frontdoor.http_admin import add_admin_routes
+from frontdoor.http_anthropic import add_anthropic_routes, error_type
 from frontdoor.http_generate import add_generate_routes
 from frontdoor.http_gate import Gate, Turnstile, arrived, generation_line, raw_response
 from frontdoor.http_kserve import add_kserve_routes
@@ -56,23 +58,27 @@ _AIOHTTP = {400: InvalidArgument, 404: NotFound, 405: MethodNotAllowed, 413: Too
 
 
 def is_kserve(path: str) -> bool:
-    """KServe v2 routes answer errors in Triton's shape {"error": "..."}; every other route in OpenAI's."""
+    """KServe v2 routes answer errors in Triton's shape {"error": "..."}; /v1/messages in Anthropic's; every
+    other route in OpenAI's."""
     return path == "/v2" or path.startswith("/v2/")
 
 
-def error_parts(e: TandemError, kserve: bool = False) -> tuple[int, dict[str, str], dict]:
-    """The HTTP status, headers and JSON body that answer an error (OpenAI's error shape, or KServe's)."""
+def error_parts(e: TandemError, path: str = "") -> tuple[int, dict[str, str], dict]:
+    """The HTTP status, headers and JSON body that answer an error on route `path` (OpenAI's error shape,
+    KServe's, or Anthropic's)."""
     status = status_of(e)
-    if kserve:
+    if is_kserve(path):
         body = {"error": str(e)}
+    elif path == "/v1/messages":
+        body = {"type": "error", "error": {"type": error_type(status), "message": str(e)}}
     else:
         body = oa.error_body(str(e), getattr(e, "param", None), _KIND.get(status, "server_error"))
         body["error"]["code"] = status.value
     return http_status(status), http_headers(status), body
 
 
-def error_response(e: TandemError, kserve: bool = False) -> web.Response:
-    code, headers, body = error_parts(e, kserve)
+def error_response(e: TandemError, path: str = "") -> web.Response:
+    code, headers, body = error_parts(e, path)
     return web.json_response(body, status=code, headers=headers)
 
 
@@ -82,7 +88,7 @@ def raw_refusal(refuse_if_closed: Callable[[int], None], ahead: int, path: str =
     try:
         refuse_if_closed(ahead)
     except TandemError as e:
-        return raw_response(*error_parts(e, is_kserve(path)))
+        return raw_response(*error_parts(e, path))
     return None
 
 
@@ -109,6 +115,7 @@ class HttpFrontend:
         add_openai_routes(r, door)
         kept = kept or ResponseStore(0)
         add_responses_routes(r, door, kept)  # /v1/responses (frontdoor/http_responses.py)
+        add_anthropic_routes(r, door)  # /v1/messages (frontdoor/http_anthropic.py)
         self.app.on_shutdown.append(lambda _app: kept.close())  # background answers end at the stop
         add_kserve_routes(r, door)
         add_generate_routes(r, door)  # Triton's generate extension and /stats (frontdoor/http_generate.py)
@@ -118,11 +125,11 @@ class HttpFrontend:
     @web.middleware
     async def _errors(self, request, handler):
         arrived(request)  # admission counts it from here on (see http_gate.Turnstile)
-        kserve = is_kserve(request.path)
+        path = request.path
         try:
             return await handler(request)
         except TandemError as e:
-            return error_response(e, kserve)
+            return error_response(e, path)
         except web.HTTPException as e:  # aiohttp's 404, 405, 413 ...: JSON through the status table too
             if e.status not in _AIOHTTP:
                 raise
@@ -133,7 +140,7 @@ class HttpFrontend:
                 why = f"method {request.method} is not allowed on {request.path}; allowed: {', '.join(allowed)}"
             else:
                 why = f"{e.reason}: {request.method} {request.path}"
-            resp = error_response(_AIOHTTP[e.status](why), kserve)
+            resp = error_response(_AIOHTTP[e.status](why), path)
             if allowed:
                 resp.headers["Allow"] = ", ".join(allowed)
             return resp
@@ -142,7 +149,7 @@ class HttpFrontend:
             return web.Response(status=499)
         except Exception as e:  # a bug: 500 with the log holding the traceback, never a client error
             log.exception("internal error serving %s", request.path)
-            return error_response(Internal(f"internal error ({type(e).__name__}); see the server log"), kserve)
+            return error_response(Internal(f"internal error ({type(e).__name__}); see the server log"), path)
 
     async def health(self, request):
         ok = self.service.ready()

@@ -83,17 +83,17 @@ def _turn(turn, i: int) -> list[dict]:
         if kind == "text" and isinstance(block.get("text"), str):
             texts.append(block["text"])
         elif kind == "tool_use" and role == "assistant":
-            calls.append({"id": _name(block, "id", where), "type": "function",
-                          "function": {"name": _name(block, "name", where), "arguments": json.dumps(block.get("input", {}))}})
+            fn = {"name": _name(block, "name", where), "arguments": json.dumps(block.get("input", {}))}
+            calls.append({"id": _name(block, "id", where), "type": "function", "function": fn})
         elif kind == "tool_result" and role == "user":
             results.append({"role": "tool", "tool_call_id": _name(block, "tool_use_id", where),
                             "content": _text(block.get("content", ""), f"{where}.content")})
         elif kind in ("thinking", "redacted_thinking") and role == "assistant":
             continue  # earlier thinking: not shown to the model again
         else:
-            raise InvalidArgument(f"{where} must be a text block, a {'tool_use' if role == 'assistant' else 'tool_result'}"
-                                  f" block{' or thinking' if role == 'assistant' else ''}; images and documents are "
-                                  f"not served", "messages")
+            allowed = "a tool_use or thinking block" if role == "assistant" else "a tool_result block"
+            raise InvalidArgument(f"{where} must be a text block or {allowed}; images and documents are not served",
+                                  "messages")
     if role == "assistant":
         return [{"role": "assistant", "content": "".join(texts) or None} | ({"tool_calls": calls} if calls else {})]
     return results + ([{"role": "user", "content": "".join(texts)}] if texts or not results else [])
@@ -110,8 +110,8 @@ def _text(content, where: str) -> str:
     """A string, or text blocks joined."""
     if isinstance(content, str):
         return content
-    if isinstance(content, list) and all(isinstance(b, dict) and b.get("type") == "text" and isinstance(b.get("text"), str)
-                                         for b in content):
+    if isinstance(content, list) and all(isinstance(b, dict) and b.get("type") == "text"
+                                         and isinstance(b.get("text"), str) for b in content):
         return "".join(b["text"] for b in content)
     raise InvalidArgument(f"{where} must be a string or a list of text blocks (only text is served)",
                           "system" if where == "system" else "messages")

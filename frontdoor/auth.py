@@ -3,7 +3,8 @@
 The keys, and the names of their holders, are read by frontdoor/api_keys.py. A client presents a key as
 `Authorization: Bearer <key>`: the HTTP header (or `x-api-key: <key>`, Anthropic's clients' header), or
 the gRPC metadata entry `authorization`. Without a valid key a request is answered 401 (the route's
-error JSON) or gRPC UNAUTHENTICATED, before its body is looked at. Every configured key is compared in constant time, all of them every time.
+error JSON) or gRPC UNAUTHENTICATED, before its body is looked at. Every configured key is compared in
+constant time, all of them every time.
 
 Open without a key, when `open_probes` (the default): the probes, `/health`, `/ping`, `/metrics`,
 `/v2/health/*` and gRPC ServerLive/ServerReady/ModelReady, so load balancers, kubelets and Prometheus

@@ -11,8 +11,9 @@ same model (http_kserve.py, so `tritonclient.http` works too), health and Promet
 
 Every failure, aiohttp's own 404, 405 and 413 included, is answered with the HTTP status of its tandem
 status (tandem/status.py), a JSON body naming the problem (OpenAI's error shape; on the KServe v2
-routes Triton's `{"error": "..."}`, on /v1/messages Anthropic's), and Retry-After when retrying may help. A body over the size
-limit is refused (413) before it is read whole. A client that disconnects cancels its request.
+routes Triton's `{"error": "..."}`, on /v1/messages Anthropic's), and Retry-After when retrying may
+help. A body over the size limit is refused (413) before it is read whole. A client that disconnects
+cancels its request.
 Under overload a generation request is refused before aiohttp sees it (frontdoor/http_gate.py).
 """
 

@@ -78,11 +78,10 @@ def test_a_forced_tool_is_a_tool_use_block_and_its_result_continues_the_conversa
         streamed = s.get_final_message()  # rebuilt from input_json_delta events
     assert streamed.stop_reason == "tool_use" and (streamed.content[-1].name, streamed.content[-1].input) == \
         (use.name, use.input)
+    result = {"type": "tool_result", "tool_use_id": use.id, "content": "18 degrees, sunny"}
+    turns = [*TOOL_ASK, {"role": "assistant", "content": called.content}, {"role": "user", "content": [result]}]
     follow = client.messages.create(model=MODEL, tools=[TOOL], tool_choice={"type": "none"}, max_tokens=16,
-                                    extra_body=GREEDY, messages=[*TOOL_ASK, {"role": "assistant", "content": called.content},
-                                                             {"role": "user", "content": [{
-                                                                 "type": "tool_result", "tool_use_id": use.id,
-                                                                 "content": "18 degrees, sunny"}]}])
+                                    extra_body=GREEDY, messages=turns)
     want = chat(served.http, [*TOOL_ASK, {"role": "assistant", "content": None, "tool_calls": [{
         "id": use.id, "type": "function", "function": {"name": use.name, "arguments": json.dumps(use.input)}}]},
         {"role": "tool", "tool_call_id": use.id, "content": "18 degrees, sunny"}], 16, tools=[WEATHER],

@@ -107,7 +107,7 @@ class Limits:
 
 
 def prepare(req: GenerationRequest, tokenizer: Tokenizer, limits: Limits) -> Prepared:
-    ids = _prompt_ids(req, tokenizer, limits)
+    ids = prompt_ids(req, tokenizer, limits)
     max_context = limits.max_context
     if req.drop_oldest_turns and not _fits(ids, req, max_context):
         ids = _fitted_turns(req, ids, tokenizer, max_context)
@@ -203,7 +203,8 @@ def _bad_words(words: tuple[str, ...], tokenizer: Tokenizer) -> tuple[tuple[int,
     return tuple(dict.fromkeys(tuple(tokenizer.encode(w, add_special_tokens=False)) for w in words))
 
 
-def _prompt_ids(req: GenerationRequest, tokenizer: Tokenizer, limits: Limits) -> list[int]:
+def prompt_ids(req: GenerationRequest, tokenizer: Tokenizer, limits: Limits) -> list[int]:
+    """The ids the request's prompt (text, ids or chat with its tools) is, before any truncation."""
     limits.check_chars(len(req.prompt or "") + sum(len(m.content) for m in req.messages))
     if req.messages:
         if not any(m.content for m in req.messages):

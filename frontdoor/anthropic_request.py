@@ -20,7 +20,9 @@ amounts to, so it is prepared, admitted and served exactly as that chat is; only
   `parallel_tool_calls: false`); Anthropic's server tools (web search, bash, ...) are refused;
 - `metadata`, `thinking`, `service_tier` change nothing; any other field is named once in the log.
 
-Errors name the Messages fields (`stop_sequences` for chat's `stop`).
+Errors name the Messages fields (`stop_sequences` for chat's `stop`). POST /v1/messages/count_tokens
+takes `model`, `messages`, `system`, `tools`, `tool_choice`, `thinking` and `output_config` as a
+Messages request does, and counts the prompt that request would have (its `usage.input_tokens`).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from tandem.status import InvalidArgument, TandemError
 
 FIELDS = {"model", "max_tokens", "messages", "system", "stop_sequences", "stream", "temperature", "top_p", "top_k",
           "tools", "tool_choice", "output_config", "metadata", "thinking", "service_tier"}
+COUNT_FIELDS = {"model", "messages", "system", "tools", "tool_choice", "thinking", "output_config"}
 _CHOICES = {"auto": "auto", "any": "required", "none": "none"}
 
 
@@ -54,6 +57,13 @@ def chat_request_of(body: dict) -> tuple[dict, list[str]]:
     chat |= _tools(body.get("tools"), body.get("tool_choice"))
     chat |= _output(body.get("output_config"))
     return chat, sorted(set(body) - FIELDS)
+
+
+def count_request_of(body: dict) -> tuple[dict, list[str]]:
+    """(the chat body whose prompt a count_tokens request counts, its fields unknown there): the Messages
+    request it would be, with one token to generate (its max_tokens changes no prompt token)."""
+    chat, _ = chat_request_of({k: v for k, v in body.items() if k in COUNT_FIELDS} | {"max_tokens": 1})
+    return chat, sorted(set(body) - COUNT_FIELDS)
 
 
 @contextlib.contextmanager

@@ -1,4 +1,4 @@
-"""POST /v1/messages: Anthropic's Messages API over the chat door.
+"""POST /v1/messages: Anthropic's Messages API over the chat door (and /v1/messages/count_tokens).
 
 A request is read into the chat it amounts to (anthropic_request.py), served by the core like that
 chat, and the chat reply it would have had (text, tool calls, reasoning: reasoning_text.chat_shape) is
@@ -11,17 +11,17 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import logging
 
 from aiohttp import web
 
+from control.requests import prompt_ids
 from frontdoor import anthropic_request as ar
 from frontdoor import anthropic_shape as ashape
 from frontdoor import openai_api as oa
 from frontdoor.core import FrontDoor
 from frontdoor.http_body import read_object, request_timeout
-from frontdoor.http_openai import GONE, count, event_stream
+from frontdoor.http_openai import GONE, count, event_stream, typed_events
 from frontdoor.openai_fields import UnknownFields
 from frontdoor.reasoning_text import chat_shape
 from tandem.status import Internal, TandemError, status_of
@@ -30,7 +30,9 @@ log = logging.getLogger("tandem.http")
 
 
 def add_anthropic_routes(router, door: FrontDoor) -> None:
-    router.add_post("/v1/messages", MessagesRoute(door).create)
+    route = MessagesRoute(door)
+    router.add_post("/v1/messages", route.create)
+    router.add_post("/v1/messages/count_tokens", route.count_tokens)
 
 
 def error_type(status) -> str:
@@ -75,6 +77,22 @@ class MessagesRoute:
             raise Internal(f"the answer of {mid} ended before its first delta")
         return stream.resp
 
+    async def count_tokens(self, request):
+        """{"input_tokens": n}: the prompt tokens POST /v1/messages would be asked with these messages,
+        system and tools (its `usage.input_tokens`), counted by the same template off the event loop
+        under admission; nothing is generated and no context limit applies to the count."""
+        svc = self.door.service
+        svc.refuse_if_closed()
+        body = await read_object(request)
+        with ar.named_as_messages():
+            chat, extra = ar.count_request_of(body)
+            if extra:
+                self.unknown.note(extra, "/v1/messages/count_tokens")
+            parsed = oa.chat_request(chat, self.served.openai_names, ashape.new_id(), self.unknown,
+                                     self.served.tool_call_parser, self.served.sampling_defaults)
+            ids = await svc.off_loop(prompt_ids, parsed.answers[0], svc.tokenizer, svc.limits)
+        return web.json_response({"input_tokens": len(ids)})
+
 
 class _Stream:
     """One streamed message: `message_start` with the first delta (so a refusal before it is still an
@@ -112,5 +130,4 @@ class _Stream:
             log.debug("client of %s disconnected after %d tokens; request cancelled", ev.id, self.seen[1])
 
     async def _sse(self, events: list[dict]) -> None:
-        for obj in events:
-            await self.resp.write(f"event: {obj['type']}\ndata: ".encode() + json.dumps(obj).encode() + b"\n\n")
+        await typed_events(self.resp, events)

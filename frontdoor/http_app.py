@@ -4,14 +4,14 @@ same model (http_kserve.py, so `tritonclient.http` works too), health and Promet
     GET  /health   /metrics   /v1/models               (and SageMaker's GET/POST /ping)
     POST /v1/completions   /v1/chat/completions      (SSE streaming with "stream": true; SageMaker's /invocations)
     POST /tokenize   /detokenize   GET /tokenizer_info   /version      (vLLM's, http_tokens.py)
-    POST /v1/responses ... (http_responses.py)   POST /v1/messages (Anthropic's, http_anthropic.py)
+    POST /v1/responses ... (http_responses.py)   POST /v1/messages[/count_tokens] (Anthropic's, http_anthropic.py)
     GET  /v2/health/live   /v2/health/ready   /v2   /v2/models/{m}   /v2/models/{m}/ready   /v2/models/{m}/config
     POST /v2/models/{m}/infer                        (JSON tensors, or the binary tensor data extension)
     POST /v2/models/{m}/generate   /v2/models/{m}/generate_stream   GET /v2/models/{m}/stats   (http_generate.py)
 
 Every failure, aiohttp's own 404, 405 and 413 included, is answered with the HTTP status of its tandem
 status (tandem/status.py), a JSON body naming the problem (OpenAI's error shape; on the KServe v2
-routes Triton's `{"error": "..."}`, on /v1/messages Anthropic's), and Retry-After when retrying may
+routes Triton's `{"error": "..."}`, on /v1/messages[/count_tokens] Anthropic's), and Retry-After when retrying may
 help. A body over the size limit is refused (413) before it is read whole. A client that disconnects
 cancels its request.
 Under overload a generation request is refused before aiohttp sees it (frontdoor/http_gate.py).
@@ -70,7 +70,7 @@ def error_parts(e: TandemError, path: str = "") -> tuple[int, dict[str, str], di
     status = status_of(e)
     if is_kserve(path):
         body = {"error": str(e)}
-    elif path == "/v1/messages":
+    elif path in ("/v1/messages", "/v1/messages/count_tokens"):
         body = {"type": "error", "error": {"type": error_type(status), "message": str(e)}}
     else:
         body = oa.error_body(str(e), getattr(e, "param", None), _KIND.get(status, "server_error"))

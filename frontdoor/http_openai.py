@@ -128,6 +128,13 @@ async def event_stream(request) -> web.StreamResponse:
     return resp
 
 
+async def typed_events(resp: web.StreamResponse, events: list[dict]) -> None:
+    """Write each event as a named SSE event (`event: <its type>`, then `data: <it as JSON>`), as the
+    Responses and Messages APIs stream (chat completions send bare `data:` lines)."""
+    for obj in events:
+        await resp.write(f"event: {obj['type']}\ndata: ".encode() + json.dumps(obj).encode() + b"\n\n")
+
+
 def thought(usage: dict, thoughts: list) -> dict:
     """`usage` with the answers' reasoning tokens, when a reasoning parser counted them (ReasoningShape)."""
     if thoughts:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import logging
 from collections.abc import Callable
 
@@ -26,7 +25,7 @@ from frontdoor import openai_responses as rs
 from frontdoor import response_background, response_items
 from frontdoor.core import Answer, FrontDoor
 from frontdoor.http_body import read_object, request_timeout
-from frontdoor.http_openai import GONE, event_stream
+from frontdoor.http_openai import GONE, event_stream, typed_events
 from frontdoor.openai_fields import UnknownFields
 from frontdoor.openai_tokens import trail_of, watching
 from frontdoor.reasoning_text import ReasoningShape, chat_shape
@@ -214,16 +213,16 @@ class _ResponseEvents:
             async for d in deltas:
                 if self.resp is None:
                     self.resp = await event_stream(self.request)
-                    await _sse(self.resp, self.events.opening())
-                await _sse(self.resp, self.events.of(d))
+                    await typed_events(self.resp, self.events.opening())
+                await typed_events(self.resp, self.events.of(d))
             closing = self.events.closing()
-            await _sse(self.resp, closing)
+            await typed_events(self.resp, closing)
             return closing[-1]["response"]
         except TandemError as e:
             if self.resp is None:
                 raise
             with contextlib.suppress(*GONE):
-                await _sse(self.resp, [self.events.failure(e)])
+                await typed_events(self.resp, [self.events.failure(e)])
         except GONE:
             log.debug("client of %s disconnected after %d tokens; request cancelled", self.events.shaper.id,
                       self.events.seen[1])
@@ -236,7 +235,7 @@ async def _follow(request, feed: EventFeed, after: int) -> web.StreamResponse:
     resp = await event_stream(request)
     with contextlib.suppress(*GONE):
         async for event in feed.follow(after):
-            await _sse(resp, [event])
+            await typed_events(resp, [event])
     return resp
 
 
@@ -256,8 +255,3 @@ def _starting_after(query) -> int | None:
         raise InvalidArgument(f"starting_after must be an event's sequence number (an integer >= 0), got "
                               f"{after!r:.40}", "starting_after")
     return int(after)
-
-
-async def _sse(resp: web.StreamResponse, events: list[dict]) -> None:
-    for obj in events:
-        await resp.write(f"event: {obj['type']}\ndata: ".encode() + json.dumps(obj).encode() + b"\n\n")

@@ -2,8 +2,9 @@
 `anthropic` SDK: a message is the chat door's answer to the chat it amounts to (system, turns, usage),
 whole and streamed (the SDK rebuilds the same message from the events); a stop string that ends the text
 is its stop_sequence; a forced tool makes a tool_use block, and its tool_result continues the
-conversation as the chat door's tool message does; keys come as x-api-key; what is not served is a 400
-in Anthropic's error shape naming what was wrong."""
+conversation as the chat door's tool message does; count_tokens counts the prompt a message would have
+(with tools too, past the context too); keys come as x-api-key; what is not served is a 400 in
+Anthropic's error shape naming what was wrong."""
 
 from __future__ import annotations
 
@@ -98,6 +99,21 @@ def test_output_config_gives_json_its_schema_accepts(client):
     assert list(city) == ["city"] and isinstance(city["city"], str)
 
 
+def test_count_tokens_is_the_input_tokens_of_the_message(served, client):
+    asked = {"model": MODEL, "system": SYSTEM, "messages": ASK}
+    tools = {"tools": [TOOL], "tool_choice": {"type": "tool", "name": TOOL["name"]}}
+    plain, with_tools = (client.messages.count_tokens(**asked, **more).input_tokens for more in ({}, tools))
+    for more, counted in (({}, plain), (tools, with_tools)):
+        sent = client.messages.create(**asked, **more, max_tokens=1, extra_body=GREEDY)
+        assert sent.usage.input_tokens == counted, more
+    _, info, _ = http(served.http, "/tokenize", {"messages": [{"role": "system", "content": SYSTEM}, *ASK]})
+    assert info["count"] == plain
+    long = [{"role": "user", "content": " x" * info["max_model_len"]}]
+    assert client.messages.count_tokens(model=MODEL, messages=long).input_tokens > info["max_model_len"]
+    with pytest.raises(anthropic.BadRequestError):  # counted, though the message itself is refused
+        client.messages.create(model=MODEL, messages=long, max_tokens=1)
+
+
 @pytest.mark.parametrize("body, status, kind, says", [
     ({"messages": ASK}, 400, "invalid_request_error", "max_tokens"),
     ({"messages": ASK, "max_tokens": 8, "model": "claude-x"}, 404, "not_found_error", "unknown model"),
@@ -112,6 +128,19 @@ def test_output_config_gives_json_its_schema_accepts(client):
 ])
 def test_what_is_not_served_is_an_error_in_anthropics_shape(served, body, status, kind, says):
     code, reply, _ = http(served.http, "/v1/messages", body)
+    assert code == status and reply["type"] == "error" and reply["error"]["type"] == kind, reply
+    assert says in reply["error"]["message"], reply
+
+
+@pytest.mark.parametrize("body, status, kind, says", [
+    ({}, 400, "invalid_request_error", "messages"),
+    ({"messages": ASK, "model": "claude-x"}, 404, "not_found_error", "unknown model"),
+    ({"messages": ASK, "tool_choice": {"type": "any"}}, 400, "invalid_request_error", "tools"),
+    ({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, 400, "invalid_request_error",
+     "images"),
+])
+def test_what_count_tokens_cannot_count_is_an_error_in_anthropics_shape(served, body, status, kind, says):
+    code, reply, _ = http(served.http, "/v1/messages/count_tokens", body)
     assert code == status and reply["type"] == "error" and reply["error"]["type"] == kind, reply
     assert says in reply["error"]["message"], reply
 

@@ -21,8 +21,12 @@ def _tokenizer(path: str | None):
 @click.option("--url", default="127.0.0.1:8001", show_default=True, help="Front door (gRPC host:port or HTTP URL).")
 @click.option("--protocol", type=click.Choice(["grpc", "openai"]), default="grpc", show_default=True)
 @click.option("--scenario", type=click.Choice(sorted(SCENARIOS)), default=None, help="A built-in workload ...")
+@click.option("--dataset", default=None,
+              help="... or prompts from this file: ShareGPT JSON (answers as long as its replies, as vLLM's "
+                   "benchmark) or JSON Lines of {\"prompt\", \"max_tokens\"}; --requests of them, shuffled by --seed.")
 @click.option("--prompt-len", type=click.IntRange(1), default=256, show_default=True, help="... or this one.")
-@click.option("--output-len", type=click.IntRange(1), default=64, show_default=True)
+@click.option("--output-len", type=click.IntRange(1), default=64, show_default=True,
+              help="Answer tokens (with --dataset: where the file gives none; given, it sets them all).")
 @click.option("--output-len-max", type=click.IntRange(0), default=0, help="Draw output lengths up to this.")
 @click.option("--requests", type=click.IntRange(1), default=32, show_default=True)
 @click.option("--concurrency", type=click.IntRange(0), default=8, show_default=True)
@@ -34,8 +38,8 @@ def _tokenizer(path: str | None):
 @click.option("--tokenizer", default=None, help="Folder with tokenizer.json (default: the default model's).")
 @click.option("--out", default=None, help="Write report.json, report.md and plots here.")
 @click.pass_context
-def bench_group(ctx, url, protocol, scenario, prompt_len, output_len, output_len_max, requests, concurrency, rate,
-                warmup, seed, slo_ttft_ms, slo_tpot_ms, tokenizer, out):
+def bench_group(ctx, url, protocol, scenario, dataset, prompt_len, output_len, output_len_max, requests, concurrency,
+                rate, warmup, seed, slo_ttft_ms, slo_tpot_ms, tokenizer, out):
     """Drive a front door with a workload; print TTFT / ITL / E2E percentiles, throughput and goodput."""
     if ctx.invoked_subcommand is not None:
         return
@@ -45,12 +49,18 @@ def bench_group(ctx, url, protocol, scenario, prompt_len, output_len, output_len
     from clients.bench.runner import run_scenario
     from clients.bench.stats import summarize
 
+    if scenario and dataset:
+        raise click.UsageError("give --scenario or --dataset, not both")
+    arrivals = {"concurrency": 0 if rate else concurrency, "rate": rate}
+    tok = _tokenizer(tokenizer)
     if scenario:
         sc = SCENARIOS[scenario]
+    elif dataset:
+        given = ctx.get_parameter_source("output_len") != click.core.ParameterSource.DEFAULT
+        sc = _dataset(dataset, tok, requests, seed, output_len if given else None, output_len, arrivals, warmup)
     else:
         try:
-            stream = Stream("custom", prompt_len, output_len, requests, concurrency=0 if rate else concurrency,
-                            rate=rate, output_len_max=output_len_max)
+            stream = Stream("custom", prompt_len, output_len, requests, output_len_max=output_len_max, **arrivals)
         except ValueError as e:
             raise click.BadParameter(str(e)) from None
         sc = Scenario("custom", (stream,), warmup=warmup, seed=seed)
@@ -58,7 +68,7 @@ def bench_group(ctx, url, protocol, scenario, prompt_len, output_len, output_len
     async def go():
         driver = make_driver(protocol, url)
         try:
-            return await run_scenario(sc, driver, _tokenizer(tokenizer))
+            return await run_scenario(sc, driver, tok)
         finally:
             await driver.close()
 
@@ -76,6 +86,31 @@ def bench_group(ctx, url, protocol, scenario, prompt_len, output_len, output_len
         click.echo(f"report written to {out}")
     if summary.get("failed"):
         raise click.ClickException(f"{summary['failed']} request(s) failed")
+
+
+def _dataset(path: str, tok, requests: int, seed: int, output_len: int | None, default_output_len: int,
+             arrivals: dict, warmup: int) -> Scenario:
+    """The scenario of `requests` prompts of the file at `path` (clients/bench/dataset.py)."""
+    from clients.bench.dataset import sample
+
+    try:
+        got, note = sample(path, tok, requests, seed, output_len, default_output_len)
+    except (OSError, ValueError) as e:
+        raise click.BadParameter(str(e), param_hint="--dataset") from None
+    try:
+        stream = Stream("dataset", _mean([g.prompt_tokens for g in got]), _mean([g.output_tokens for g in got]),
+                        len(got), prompts=tuple((g.prompt, g.output_tokens) for g in got), source=path, **arrivals)
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None
+    if note:
+        click.echo(note, err=True)
+    return Scenario("dataset", (stream,), warmup=warmup, seed=seed,
+                    description=f"{len(got)} prompts of {path} ({stream.prompt_len} prompt / {stream.output_len} "
+                                f"answer tokens on average)")
+
+
+def _mean(xs: list[int]) -> int:
+    return max(1, round(sum(xs) / len(xs)))
 
 
 @bench_group.command("compare")

@@ -3,7 +3,7 @@
 A stream sends `count` requests either closed-loop (`concurrency` clients, each sending its next
 request when the last one finished), as a Poisson process (`rate` requests/s), or at a fixed
 `interval`. Prompts are made of seeded random words cut to the requested token count, so the same
-seed gives the same prompts in every mode.
+seed gives the same prompts in every mode, or come from a file (a dataset stream, clients/bench/dataset.py).
 
 The seed workload is the shape the disaggregation claim is reported on (64 concurrent requests,
 512-token prompts, 128-token answers: phase separation cut TTFT by 25% and total time by 22%); it
@@ -33,12 +33,18 @@ class Stream:
     interval: float = 0.0  # ... or one request every `interval` seconds
     start_after: float = 0.0  # seconds after the run starts
     output_len_max: int = 0  # > output_len: output lengths drawn uniformly in [output_len, output_len_max]
+    # a dataset's (prompt, answer tokens), one per request in order, in place of made-up prompts
+    # (clients/bench/dataset.py); prompt_len and output_len are then their means, for the report
+    prompts: tuple[tuple[str, int], ...] = ()
+    source: str = ""  # the file `prompts` came from
 
     def __post_init__(self):
         if sum(bool(x) for x in (self.concurrency, self.rate, self.interval)) != 1:
             raise ValueError(f"stream {self.name!r}: give exactly one of concurrency, rate, interval")
         if self.prompt_len < 1 or self.output_len < 1 or self.count < 1:
             raise ValueError(f"stream {self.name!r}: prompt_len, output_len and count must be >= 1")
+        if self.prompts and len(self.prompts) != self.count:
+            raise ValueError(f"stream {self.name!r}: {len(self.prompts)} prompts for {self.count} requests")
 
 
 @dataclass(frozen=True)
@@ -50,7 +56,10 @@ class Scenario:
     description: str = ""
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        d = asdict(self)
+        for s in d["streams"]:
+            s["prompts"] = len(s["prompts"])  # a dataset is named by its file and count, not copied
+        return d
 
 
 @dataclass(frozen=True)
@@ -140,7 +149,11 @@ def requests_for(scenario: Scenario, tokenizer) -> list[RequestSpec]:
                 arrival = t
             elif s.interval:
                 arrival = s.start_after + i * s.interval
-            n_out = rng.randint(s.output_len, s.output_len_max) if s.output_len_max > s.output_len else s.output_len
-            out.append(RequestSpec(s.name, i, make_prompt(tokenizer, s.prompt_len, rng), n_out, arrival,
-                                   warmup=i < scenario.warmup))
+            if s.prompts:
+                prompt, n_out = s.prompts[i]
+            else:
+                n_out = rng.randint(s.output_len, s.output_len_max) if s.output_len_max > s.output_len \
+                    else s.output_len
+                prompt = make_prompt(tokenizer, s.prompt_len, rng)
+            out.append(RequestSpec(s.name, i, prompt, n_out, arrival, warmup=i < scenario.warmup))
     return out

@@ -17,6 +17,7 @@ import tempfile
 from dataclasses import dataclass
 
 import model_repository
+from engine.lora import modules_text
 from tandem.manifest import ManifestError, check_pair, read_manifest
 from tandem.modes import HandoffMode
 from tandem.roles import Role
@@ -61,6 +62,7 @@ class RepoOptions:
     prefill_pool_bytes: int | None = None  # prefill/: its own pool (long prompts, its cache); None: the decode pool's
     handoff: str = HandoffMode.PUSH  # push: prefill writes into decode's pages; pull: prefill holds them, decode reads
     gpus: tuple[tuple[str, int], ...] = ()  # (model, GPU index) of models on a GPU (KIND_GPU); others: KIND_CPU
+    lora_modules: tuple[tuple[str, str], ...] = ()  # (name, folder) of LoRA adapters requests may name (engine/lora.py)
 
     def __post_init__(self):
         if self.transport is not None and self.transport not in TRANSPORT_CHOICES:
@@ -111,8 +113,9 @@ def model_values(engines: str, opts: RepoOptions) -> dict[str, dict]:
     gpu = dict(opts.gpus)
     cpu_pass = pm.profile.cpu_pass_tokens or pm.profile.max_num_tokens
     cache = "on" if opts.prefix_cache else "off"
+    loras = modules_text({name: os.path.abspath(folder) for name, folder in opts.lora_modules})
     return {
-        "prefill": dict(name="prefill", engine_dir=prefill_dir, max_batch_size=pm.profile.max_batch_size,
+        "prefill": dict(name="prefill", engine_dir=prefill_dir, lora_modules=loras, max_batch_size=pm.profile.max_batch_size,
                         max_queue_delay_us=pm.profile.max_queue_delay_us, max_num_tokens=pm.profile.max_num_tokens,
                         cpu_pass_tokens=cpu_pass, fault_write_delay_ms=opts.fault_write_delay_ms,
                         threads=opts.threads, prefix_cache=cache, instance_group=instance_group(gpu.get("prefill")),
@@ -120,13 +123,13 @@ def model_values(engines: str, opts: RepoOptions) -> dict[str, dict]:
                         transports=_transports(opts.transport, "prefill" in gpu, "prefill") if opts.handoff == "pull"
                         else "",
                         pool_bytes=opts.prefill_pool_bytes if opts.prefill_pool_bytes is not None else pool),
-        "decode": dict(name="decode", engine_dir=decode_dir, transports=_transports(opts.transport, "decode" in gpu),
+        "decode": dict(name="decode", engine_dir=decode_dir, lora_modules=loras, transports=_transports(opts.transport, "decode" in gpu),
                        kv_pool_bytes=pool, max_batch_size=dm.profile.max_batch_size,
                        max_num_tokens=pm.profile.max_num_tokens, cpu_pass_tokens=cpu_pass,
                        chunk_tokens=opts.decode_chunk_tokens, transfer_timeout_s=opts.transfer_timeout_s,
                        fence_timeout_s=opts.fence_timeout_s, threads=opts.threads, prefix_cache=cache,
                        instance_group=instance_group(gpu.get("decode"))),
-        "generate": dict(name="generate", engine_dir=prefill_dir, kv_pool_bytes=pool,
+        "generate": dict(name="generate", engine_dir=prefill_dir, lora_modules=loras, kv_pool_bytes=pool,
                          max_batch_size=opts.colocated_max_batch_size, max_num_tokens=pm.profile.max_num_tokens,
                          cpu_pass_tokens=cpu_pass, chunk_tokens=opts.chunk_tokens, threads=opts.threads,
                          prefix_cache=cache, instance_group=instance_group(gpu.get("generate"))),

@@ -21,6 +21,7 @@ import threading
 
 import click
 
+from cli.options import name_path_pairs
 from tandem.logs import FORMATS, setup_logging
 from tandem.modes import HandoffMode
 from tandem.roles import Role
@@ -58,6 +59,8 @@ def _env(name: str) -> dict:
 @click.option("--handoff", type=click.Choice([m.value for m in HandoffMode]), default=HandoffMode.PUSH.value, show_default=True,
               help="prefill: pull keeps each prompt's K/V in its own pool for decode to read (over --transport).",
               **_env("HANDOFF"))
+@click.option("--lora-modules", multiple=True, callback=name_path_pairs, **_env("LORA_MODULES"),
+              help="LoRA adapters as NAME=PATH, repeated: the orchestrator's (tandem serve --lora-modules).")
 @click.option("--tls-cert", default=None, help="PEM certificate: Triton's gRPC serves TLS (needed beyond loopback "
               "for the orchestrator to send the secret).", **_env("TLS_CERT"))
 @click.option("--tls-key", default=None, help="PEM private key of --tls-cert.", **_env("TLS_KEY"))
@@ -70,11 +73,13 @@ def _env(name: str) -> dict:
               help="OpenTelemetry traces: OTLP URL of a collector (HTTP, or gRPC with OTEL_EXPORTER_OTLP_PROTOCOL="
                    "grpc; default: the OTEL_EXPORTER_OTLP_* variables; off when none is set). Needs the otel extra.")
 def worker_command(role, engines, host, grpc_port, http_port, metrics_port, transport, device, gpu, kv_pool_bytes,
-                   threads, chunk_tokens, handoff, tls_cert, tls_key, workdir, log_file, log_format, otlp_endpoint):
+                   threads, chunk_tokens, handoff, lora_modules, tls_cert, tls_key, workdir, log_file, log_format,
+                   otlp_endpoint):
     """Run one role's Triton instance on this node until stopped.
 
     Every option can be set by its TANDEM_WORKER_* variable (shown in each option's help by --help)."""
     from builder.repo import RenderError, RepoOptions, render_repo
+    from engine.lora import check_modules
     from engine.shm_region import remove_orphaned_triton_regions, remove_stale_segments
     from ops.door_security import port_refusal
     from ops.triton_process import TritonError, TritonServer
@@ -96,7 +101,8 @@ def worker_command(role, engines, host, grpc_port, http_port, metrics_port, tran
         on_gpu = resolve_device(device) == "cuda" and resolve_device("cuda", [gpu]) == "cuda"  # --gpu must exist
         load_secret(required=not is_loopback(host))  # checked here; the models read it themselves
         traced = TraceConfig.from_env(os.environ, otlp_endpoint, role)
-    except (DeviceError, SecretError, TraceConfigError) as e:
+        check_modules(lora_modules or {})
+    except (DeviceError, SecretError, TraceConfigError, ValueError) as e:
         raise click.ClickException(str(e)) from None
     if not is_loopback(host) and tls_cert is None:
         logging.getLogger("tandem.worker").warning(
@@ -109,7 +115,8 @@ def worker_command(role, engines, host, grpc_port, http_port, metrics_port, tran
     try:
         render_repo(engines, repo, RepoOptions(transport=transport, kv_pool_bytes=kv_pool_bytes, chunk_tokens=chunk_tokens,
                                                threads=threads or len(os.sched_getaffinity(0)), handoff=handoff,
-                                               gpus=((role, gpu),) if on_gpu else ()))
+                                               gpus=((role, gpu),) if on_gpu else (),
+                                               lora_modules=tuple((lora_modules or {}).items())))
     except RenderError as e:
         raise click.ClickException(str(e)) from None
     server = TritonServer(repo, (role,), name=role, host=host, grpc_port=grpc_port, http_port=http_port,

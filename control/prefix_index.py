@@ -140,9 +140,9 @@ class PrefixView:
         self.index.drop(worker)
         self.salts.pop(worker, None)
 
-    def lookup(self, token_ids: Sequence[int], cache_salt: str = "") -> "PrefixLookup":
-        """`cache_salt`: the request's (SamplingParams.cache_salt); it matches only pages cached under it."""
-        return PrefixLookup(self, list(token_ids), cache_salt)
+    def lookup(self, token_ids: Sequence[int], cache_salt: str = "", lora: str = "") -> "PrefixLookup":
+        """`cache_salt`, `lora`: the request's (SamplingParams'); it matches only pages cached under both."""
+        return PrefixLookup(self, list(token_ids), cache_salt, lora)
 
 
 class PrefixLookup:
@@ -151,8 +151,8 @@ class PrefixLookup:
     At most all but the last token count (the worker computes that one to get the next token), the
     same rule the worker's own match follows (engine/prefix_cache.py)."""
 
-    def __init__(self, view: PrefixView, token_ids: list[int], cache_salt: str):
-        self.view, self.token_ids, self.cache_salt = view, token_ids, cache_salt
+    def __init__(self, view: PrefixView, token_ids: list[int], cache_salt: str, lora: str = ""):
+        self.view, self.token_ids, self.cache_salt, self.lora = view, token_ids, cache_salt, lora
         self._hashes: dict[bytes, list[bytes]] = {}  # per engine salt: computed once per request
 
     def tokens(self, worker: str) -> int:
@@ -162,7 +162,8 @@ class PrefixLookup:
         tpp = self.view.tokens_per_page
         if salt not in self._hashes:
             usable = max(0, len(self.token_ids) - 1) // tpp
-            self._hashes[salt] = page_hashes(self.token_ids, tpp, tenant_salt(salt, self.cache_salt), limit=usable)
+            chain = tenant_salt(salt, self.cache_salt, self.lora)
+            self._hashes[salt] = page_hashes(self.token_ids, tpp, chain, limit=usable)
         return self.view.index.matched_pages(worker, self._hashes[salt]) * tpp
 
 

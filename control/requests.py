@@ -63,6 +63,7 @@ class GenerationRequest:
     include_stop_str_in_output: bool = False  # True: the text ends with the stop string that ended it (vLLM's)
     prompt_only: bool = False  # the answer shows no generated token (an echoed prompt scored: max_tokens 0)
     timeout_s: float | None = None  # the client's own deadline for this request (None: the deployment's)
+    model: str | None = None  # the name the request asked for: a LoRA adapter's is answered with it (Limits.adapters)
     extra: dict = field(default_factory=dict)
 
 
@@ -92,6 +93,7 @@ class Limits:
     vocab_size: int
     max_prompt_chars: int = 1 << 20  # refused before tokenizing: a 10 MB prompt never reaches the tokenizer
     end_ids: tuple[int, ...] = ()  # the tokens the model's answers end with (engine.tokenizer.Tokenizer.end_ids)
+    adapters: frozenset[str] = frozenset()  # LoRA adapters a request's `model` may name (engine/lora.py)
 
     def check_chars(self, chars: int) -> None:
         """Refuse text of more characters than this server tokenizes."""
@@ -134,7 +136,8 @@ def prepare(req: GenerationRequest, tokenizer: Tokenizer, limits: Limits) -> Pre
                             stop_token_ids=tuple(req.stop_token_ids), logit_bias=tuple(req.logit_bias), guide=req.guide,
                             bad_words=_bad_words(req.bad_words, tokenizer),
                             allowed_token_ids=tuple(sorted(set(req.allowed_token_ids))), cache_salt=req.cache_salt,
-                            extra_eos=(req.end_id,) if req.end_id is not None else ()).with_seed()
+                            extra_eos=(req.end_id,) if req.end_id is not None else (),
+                            lora=req.model if req.model in limits.adapters else "").with_seed()
     limits.check_ids([t for t, _ in params.logit_bias], "logit_bias")
     limits.check_ids(params.allowed_token_ids, "allowed_token_ids")
     if params.guide is not None:  # compiled here once, so a bad schema is the client's 400, never a worker's fault

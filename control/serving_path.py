@@ -126,7 +126,7 @@ class ServingPath(ABC):
 
     def _demand(self, prep, sent: list[int], local_max: int) -> Demand:
         ids = list(prep.prompt_ids) + sent
-        lookup = self.prefix.lookup(ids, prep.params.cache_salt)
+        lookup = self.prefix.lookup(ids, prep.params.cache_salt, prep.params.lora)
         pages = self.pages_for(len(ids) + prep.params.max_tokens - len(sent))
         return Demand(len(ids), pages, self.tokens_per_page, lambda w: lookup.tokens(w.name), local_max)
 

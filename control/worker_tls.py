@@ -15,8 +15,24 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import grpc
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tandem.secret import is_loopback
+
+
+class WorkerTlsFiles(BaseModel):
+    """The files of worker TLS: `worker_tls` in the deployment file (ops/deployment.py)."""
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    ca: str = Field(min_length=1)  # PEM CA that signed the workers' certificates
+    server_name: str | None = None  # the name in their certificates, when they are dialled by address
+    cert: str | None = None  # local workers serve gRPC with this certificate and key
+    key: str | None = None
+
+    @model_validator(mode="after")
+    def _pair(self):
+        if (self.cert is None) != (self.key is None):
+            raise ValueError("worker_tls.cert and worker_tls.key go together")
+        return self
 
 
 @dataclass(frozen=True)

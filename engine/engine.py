@@ -113,6 +113,9 @@ class Engine:
             raise InvalidRequest(
                 f"prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the model's context of "
                 f"{self.max_context}; ask for at most {self.max_context - len(prompt_ids)} tokens")
+        if params.lora and params.lora not in self.model.loras:
+            raise InvalidRequest(f"unknown LoRA adapter {params.lora!r}; this engine has "
+                                 f"{sorted(self.model.loras) or 'none'}")
         if len(output_ids) >= params.max_tokens:
             raise InvalidRequest(f"{len(output_ids)} tokens already generated; max_tokens is {params.max_tokens}")
         bad = [t for t in [*prompt_ids, *output_ids, *(t for w in params.bad_words for t in w)]
@@ -220,7 +223,7 @@ class Engine:
             if c > s.num_tokens:
                 raise ValueError(f"request {s.request_id}: cannot process past token {s.num_tokens}")
         if self.graphs is not None and writers is None and stop is None and self.graphs.fits(len(seqs)) \
-                and all(n == 1 and c == s.num_tokens for s, n, c in zip(seqs, counts, ctx)):
+                and all(n == 1 and c == s.num_tokens and not s.params.lora for s, n, c in zip(seqs, counts, ctx)):
             logits = self.graphs.run([s.all_ids[a] for s, a in zip(seqs, starts)], starts,
                                      [s.page_table for s in seqs])  # [B, V]
             for s, c in zip(seqs, ctx):

@@ -14,6 +14,7 @@ from engine.checkpoint import resolve
 from engine.engine import Engine
 from engine.errors import ModelLoadError
 from engine.kv_pool import TORCH_DTYPES, KVCache
+from engine.lora import load_adapter
 from engine.model import LlamaModel
 from engine.tokenizer import Tokenizer
 from tandem.kv_layout import KVLayout
@@ -54,7 +55,7 @@ def verify_weights(folder: str, m: EngineManifest) -> None:
 def load_engine(model: str, *, dtype: str = "auto", device: str = "cpu",
                 tokens_per_page: int = DEFAULT_TOKENS_PER_PAGE, kv_bytes: int | None = DEFAULT_KV_BYTES,
                 shared_kv: bool = False, weight_quant: str = "none", prefix_cache: bool = True,
-                cuda_graphs: bool | str = "auto") -> Engine:
+                cuda_graphs: bool | str = "auto", lora_modules: dict[str, str] | None = None) -> Engine:
     """Load weights and tokenizer, and allocate a KV pool of `kv_bytes` (None: no pool, prefill-only)
     on `device` (weights and pool alike: on "cuda" the pool is GPU memory).
 
@@ -63,7 +64,8 @@ def load_engine(model: str, *, dtype: str = "auto", device: str = "cpu",
     after its request (see engine/prefix_cache.py). `cuda_graphs` (True, False, "auto" = on for a
     CUDA engine with a pool): decode steps replay graphs captured at the padded batch sizes of the
     role profile (a decode engine's manifest, else the default decode profile); see
-    engine/cuda_graphs.py.
+    engine/cuda_graphs.py. `lora_modules`: LoRA adapters by name (folder), which requests may name
+    (engine/lora.py; decode steps with an adapter's rows stay off the graphs).
     """
     manifest = engine_manifest(model)
     graph_sizes = DECODE.cuda_graph_batch_sizes
@@ -82,6 +84,8 @@ def load_engine(model: str, *, dtype: str = "auto", device: str = "cpu",
     tdt = torch_dtype(dtype)
     graphs = _want_graphs(cuda_graphs, dev, kv_bytes)
     lm = LlamaModel(ckpt.config, ckpt.load_weights(), dev, tdt, weight_quant)
+    for name, folder in (lora_modules or {}).items():
+        lm.loras[name] = load_adapter(name, folder, ckpt.config, dev, tdt)
     tokenizer = Tokenizer(ckpt.folder)
     cache = None
     if kv_bytes is not None:

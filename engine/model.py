@@ -17,6 +17,7 @@ from engine.cpu_kernels import layers as cpu_layers
 from engine.cpu_kernels import norm as cpu_norm
 from engine.errors import ModelLoadError
 from engine.linear import Dense
+from engine.lora import LoraAdapter, LoraRows
 from engine.quant import SCALE_SUFFIX, make_quantized
 from engine.rope import Rotary
 
@@ -69,6 +70,7 @@ class LlamaModel:
         w.check_all_used()
         self.rotary = Rotary(cfg, self.device)
         self._one_call = cpu_layers.layer_weights(self.layers)  # None unless every layer can run in one call
+        self.loras: dict[str, LoraAdapter] = {}  # by name: the adapters a request may name (engine/lora.py)
 
     @property
     def one_call_rows(self) -> int:
@@ -101,39 +103,48 @@ class LlamaModel:
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, seq_lens_for_rope: torch.Tensor,
                 attn: Attention, last_rows: torch.Tensor,
-                max_len: int | None = None) -> torch.Tensor:
+                max_len: int | None = None, lora: LoraRows | None = None) -> torch.Tensor:
         """tokens, positions: [T] -> logits [R, V] at rows `last_rows` [R] (each sequence's last, and any
         prompt rows whose logprobs were asked for).
 
-        `max_len`: the longest sequence length in the pass, when known (see Rotary.cos_sin)."""
+        `max_len`: the longest sequence length in the pass, when known (see Rotary.cos_sin). `lora`: the
+        rows that take LoRA adapters' updates (a pass with any runs the layer loop, not the one call)."""
         c = self.cfg
         T = tokens.shape[0]
         x = self.lm_head.rows(tokens) if self.embed is None else self.embed[tokens]  # [T, D]
         cos, sin = self.rotary.cos_sin(positions, seq_lens_for_rope, self.dtype, max_len)  # [T, hd] each
-        in_place = attn.in_place_rows() if T <= self.one_call_rows else None
+        in_place = attn.in_place_rows() if T <= self.one_call_rows and lora is None else None
         if in_place is not None:  # every layer in one call (engine/cpu_kernels/layers.py)
             x = cpu_layers.run_pass(x, self._one_call, in_place, cos, sin, c.num_heads, c.rms_norm_eps,
                                     attn.in_place_layer_done())
         else:  # cos, sin [T, 1, hd]: broadcast over heads, shaped once per pass
-            self._layer_loop(x, cos[:, None, :], sin[:, None, :], attn)
+            self._layer_loop(x, cos[:, None, :], sin[:, None, :], attn, lora)
         x = rms_norm(x[last_rows], self.norm, c.rms_norm_eps)  # [B, D]
         return self.lm_head(x)  # [B, V]
 
-    def _layer_loop(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: Attention) -> None:
-        """x: [T, D] through every layer, in place; cos, sin: [T, 1, hd]."""
+    def _layer_loop(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: Attention,
+                    lora: LoraRows | None = None) -> None:
+        """x: [T, D] through every layer, in place; cos, sin: [T, 1, hd]; `lora`'s rows take its updates."""
+        up = lora.add if lora is not None else _no_update
         c = self.cfg
         T = x.shape[0]
         H, Hkv, hd = c.num_heads, c.num_kv_heads, c.head_dim
         mlp_out = None  # the previous layer's MLP output [T, D], added to x by the next norm
         for i, L in enumerate(self.layers):
             h = add_rms_norm(x, mlp_out, L.attn_norm, c.rms_norm_eps)  # [T, D]; x is this pass's own tensor
-            qkv = L.qkv(h).view(T, H + 2 * Hkv, hd)  # [T, H + 2*Hkv, hd]: q heads, k heads, v heads
+            qkv = up(i, "qkv", h, L.qkv(h)).view(T, H + 2 * Hkv, hd)  # [T, H + 2*Hkv, hd]: q, k, v heads
             out = attn.attend_qkv(i, qkv, cos, sin, H)  # [T, H*hd]: rotary embedding, K/V written, attention
-            h = add_rms_norm(x, L.o(out), L.mlp_norm, c.rms_norm_eps)  # x += attention's projection
-            gate, up = L.gate_up(h).chunk(2, dim=-1)  # [T, I] each, views of one fresh tensor
-            mlp_out = L.down(F.silu(gate).mul_(up))  # [T, D]; silu writes a contiguous [T, I] the product takes as it is
+            h = add_rms_norm(x, up(i, "o", out, L.o(out)), L.mlp_norm, c.rms_norm_eps)  # x += attention's projection
+            gate, u = up(i, "gate_up", h, L.gate_up(h)).chunk(2, dim=-1)  # [T, I] each, views of one fresh tensor
+            act = F.silu(gate).mul_(u)  # [T, I]; silu writes a contiguous [T, I] the product takes as it is
+            mlp_out = up(i, "down", act, L.down(act))  # [T, D]
         if mlp_out is not None:
             x += mlp_out
+
+
+def _no_update(layer: int, fused: str, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """A pass without LoRA rows: the layer's output as it is."""
+    return y
 
 
 class _Weights:

@@ -15,6 +15,7 @@ from collections.abc import Callable
 import torch
 
 from engine.attention import Attention, StoppableAttention
+from engine.lora import rows_of
 from engine.model import LlamaModel
 from engine.sampler import report
 from engine.sequence import Sequence
@@ -40,8 +41,8 @@ def rounds(counts: list[int], limit: int, split: bool = True) -> list[list[tuple
 def forward(model: LlamaModel, seqs: list[Sequence], starts: list[int], counts: list[int], attn: Attention,
             stop: Callable[[], bool] | None) -> torch.Tensor:
     """`counts[i]` tokens of sequence i from position `starts[i]` through the model, attending through
-    `attn` (checked against `stop` before each layer); prompt log-probs recorded -> logits [B, V] at each
-    sequence's last row."""
+    `attn` (checked against `stop` before each layer), each sequence's rows with its LoRA adapter's
+    updates (SamplingParams.lora); prompt log-probs recorded -> logits [B, V] at each sequence's last row."""
     ends = [a + n for a, n in zip(starts, counts)]
     tokens, positions, rope_lens, last = upload(  # [T], [T], [T] sequence length per token, [B]
         model.device, [t for s, a, c in zip(seqs, starts, ends) for t in s.all_ids[a:c]],
@@ -50,7 +51,9 @@ def forward(model: LlamaModel, seqs: list[Sequence], starts: list[int], counts: 
     if stop is not None:
         attn = StoppableAttention(attn, stop)
     rows, spans = _logit_rows(seqs, starts, ends, last)
-    logits = model.forward(tokens, positions, rope_lens, attn, rows, max_len=max(ends))  # [B + prompt rows, V]
+    lora = rows_of(model.loras, [s.params.lora for s in seqs], counts, model.device)
+    logits = model.forward(tokens, positions, rope_lens, attn, rows, max_len=max(ends),
+                           lora=lora)  # [B + prompt rows, V]
     _prompt_logprobs(seqs, logits, spans)
     return logits[:len(seqs)]  # [B, V]
 

@@ -70,8 +70,9 @@ class PrefixCache:
 
     def _hashes(self, seq: Sequence, pages: int) -> list[bytes]:
         """The hashes of the first `pages` full pages of seq.all_ids (computed once, extended as it grows),
-        chained from the engine's salt with the request's cache_salt mixed in."""
+        chained from the engine's salt with the request's cache_salt and LoRA adapter mixed in."""
         if len(seq.page_hashes) < pages:
             extend_page_hashes(seq.page_hashes, seq.all_ids, self.tokens_per_page,
-                               tenant_salt(self.salt, seq.params.cache_salt), limit=pages)
+                               tenant_salt(self.salt, seq.params.cache_salt, seq.params.lora),
+                               limit=pages)
         return seq.page_hashes[:pages]

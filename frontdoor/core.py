@@ -13,16 +13,14 @@ into text incrementally and records the latencies clients see. Failures are tand
 each door shapes them for its protocol through the one status table. Nothing is ever streamed twice.
 
 The scope rule: under per-key isolation a request's cache salt is scoped to its API key's holder
-(frontdoor/api_keys.py, tandem/prefix.scoped_salt) before it is prepared.
+(frontdoor/api_keys.py, tandem/prefix.scoped_salt) before it is prepared. The echo rule: the text a
+prepared request echoes (`Prepared.echo`, control/requests.py: its prompt, or a chat's final assistant
+message) goes in front of the first delta's text, and so of a collected answer.
 
-The echo rule: the text a prepared request echoes (`Prepared.echo`, control/requests.py: its prompt, or
-a chat's final assistant message) goes in front of the first delta's text, and so of a collected answer.
-
-The served model (`ServedModel`) is the one LLM model every door serves: its names, Triton config and
-metadata, and statistics. gRPC and KServe HTTP serve it as `triton_name` (`ensemble` by default,
-TensorRT-LLM's name, so existing Triton clients work unchanged); the OpenAI API serves it as
-`served_name` (the model's own name, e.g. `smollm2-135m`, as vLLM's --served-model-name) and accepts
-its aliases and the Triton name too."""
+The served model (`ServedModel`): its names, Triton config and metadata, and statistics. gRPC and KServe
+HTTP serve it as `triton_name` (`ensemble`, TensorRT-LLM's name, so Triton clients work unchanged); the
+OpenAI API as `served_name` (e.g. `smollm2-135m`, as vLLM's --served-model-name), accepting its aliases,
+the Triton name, and its LoRA adapters' names (a request naming one is answered with that adapter)."""
 
 from __future__ import annotations
 
@@ -88,26 +86,27 @@ class Stats:
 class ServedModel:
     def __init__(self, service: Orchestrator, triton_name: str = "ensemble", served_name: str | None = None,
                  tool_call_parser: str | None = None, reasoning_parser: str | None = None,
-                 sampling_defaults: dict | None = None, aliases: tuple[str, ...] = ()):
+                 sampling_defaults: dict | None = None, aliases: tuple[str, ...] = (), adapters: tuple[str, ...] = ()):
         """`tool_call_parser`: how the model writes a tool call in its text (frontdoor/tool_call_text.py);
         None: tool_choice "auto" is refused. `reasoning_parser`: how it marks its thinking
         (frontdoor/reasoning_text.py); None: every answer is all content. `sampling_defaults`: the OpenAI
         doors' defaults for fields a request leaves out (frontdoor/generation_defaults.py). `aliases`: more
-        OpenAI model ids a request may name (answers carry `served_name`)."""
-        self.service, self.triton_name = service, triton_name
-        self.served_name = served_name or triton_name
-        self.listed = (self.served_name, *aliases)  # the OpenAI ids, as /v1/models lists them
-        self.openai_names = (*self.listed, triton_name)  # what a request's `model` may be
+        OpenAI model ids a request may name (answers carry `served_name`); `adapters`: LoRA adapters' names."""
+        self.service, self.triton_name, self.served_name = service, triton_name, served_name or triton_name
+        self.listed, self.adapters = (self.served_name, *aliases), adapters  # the base model's OpenAI ids first
+        self.openai_names = (*self.listed, triton_name, *adapters)  # what a request's `model` may be
         self.tool_call_parser, self.reasoning_parser = tool_call_parser, reasoning_parser
-        self.sampling_defaults = sampling_defaults or {}
-        self.config = model_config(triton_name)
-        self.stats = Stats()
+        self.sampling_defaults, self.config, self.stats = sampling_defaults or {}, model_config(triton_name), Stats()
 
     def known_triton(self, name: str, version: str = "") -> bool:
         return name == self.triton_name and version in ("", "1")
 
     def known_openai(self, name: str | None) -> bool:
         return name is None or name in self.openai_names
+
+    def answered_as(self, name: str | None) -> str:
+        """The model name an answer to a request for `name` carries: the adapter's, else the served name."""
+        return name if name in self.adapters else self.served_name
 
     def metadata(self) -> dict:
         meta = lambda ts: [{"name": t.name, "datatype": t.datatype, "shape": [-1, *t.dims]} for t in ts]  # noqa: E731

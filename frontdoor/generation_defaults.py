@@ -20,9 +20,9 @@ defaults.
 
 from __future__ import annotations
 
-import json
 import os
 
+from tandem.json_object import read_json_object
 from tandem.sampling_params import SamplingParams
 from tandem.status import InvalidArgument
 
@@ -61,12 +61,9 @@ def _read(choice: str, engines: str) -> dict:
         raise GenerationConfigError(f"generation config {choice}: no such file, nor a folder holding {FILE} "
                                     f"(use auto, none, or a path)")
     try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except (OSError, ValueError) as e:
-        raise GenerationConfigError(f"cannot read the generation config {path}: {e}") from None
-    if not isinstance(data, dict):
-        raise GenerationConfigError(f"{path}: a generation config is a JSON object")
+        data = read_json_object(path)
+    except ValueError as e:
+        raise GenerationConfigError(f"the generation config: {e}") from None
     return _checked({field: data[key] for key, field in _FIELDS.items()
                      if data.get(key) is not None and data[key] != _TRANSFORMERS.get(key)}, path)
 

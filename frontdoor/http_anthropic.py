@@ -63,7 +63,7 @@ class MessagesRoute:
                                      self.served.sampling_defaults)
             shape = chat_shape(parsed, self.served.reasoning_parser)
             reqs = [dataclasses.replace(r, timeout_s=request_timeout(request)) for r in parsed.answers]
-            model = self.served.served_name
+            model = self.served.answered_as(body.get("model"))
             if not parsed.stream:
                 [a] = await self.door.collect_all(reqs)
                 use = oa.usage(a.prompt_tokens, a.tokens, a.cached_tokens)

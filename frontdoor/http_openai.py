@@ -51,19 +51,23 @@ class OpenAIRoutes:
         self.unknown = UnknownFields()
 
     async def models(self, request):
-        """One card per OpenAI id (the served name, then its aliases), as vLLM lists them."""
-        return web.json_response({"object": "list", "data": [self._card(n) for n in self.served.listed]})
+        """One card per OpenAI id (the served name, its aliases, then its LoRA adapters), as vLLM lists them."""
+        cards = [self._card(n) for n in (*self.served.listed, *self.served.adapters)]
+        return web.json_response({"object": "list", "data": cards})
 
     def _card(self, name: str) -> dict:
+        """A model's card; an adapter's names its base model as `parent` (vLLM's)."""
+        parent = {"parent": self.served.served_name} if name in self.served.adapters else {}
         return {"id": name, "object": "model", "created": 0, "owned_by": "tandem",
-                "max_model_len": self.service.limits.max_context}  # as vLLM's cards carry it
+                "max_model_len": self.service.limits.max_context, **parent}  # as vLLM's cards carry it
 
     async def model(self, request):
         """The card of a name a request may use (the Triton name's is the served name's)."""
         name = request.match_info["model"]
         if name not in self.names:
             raise oa.unknown_model(name, self.names)
-        return web.json_response(self._card(name if name in self.served.listed else self.served.served_name))
+        own = name in self.served.listed or name in self.served.adapters
+        return web.json_response(self._card(name if own else self.served.served_name))
 
     async def completions(self, request):
         self.service.refuse_if_closed()
@@ -100,7 +104,7 @@ class OpenAIRoutes:
         trails = [trail_of(r, chat, parsed.shown, self.service.tokenizer) for r in reqs]
         # under a reasoning parser: each answer's reasoning tokens (usage's completion_tokens_details)
         thoughts = [shape.thoughts() for _ in reqs] if isinstance(shape, ReasoningShape) else []
-        model = self.served.served_name
+        model = self.served.answered_as(body.get("model"))
         if not parsed.stream:
             answers = await self.door.collect_all(reqs, [watching(t.add if t else None, th.add if th else None)
                                                          for t, th in zip_longest(trails, thoughts)])

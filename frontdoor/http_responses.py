@@ -105,8 +105,8 @@ class ResponsesRoutes:
             if trail and thinks:
                 raise InvalidArgument(f"include: {rs.LOGPROBS} is not served where answers are split into reasoning "
                                       f"and text (this server's reasoning parser)", "include")
-            shaper = Shaper(body, rid, self.served.served_name, calls=parsed.tools is not None, stored=keep,
-                            reasoning_parser=self.served.reasoning_parser if thinks else None)
+            shaper = Shaper(body, rid, self.served.answered_as(body.get("model")), calls=parsed.tools is not None,
+                            stored=keep, reasoning_parser=self.served.reasoning_parser if thinks else None)
             watch = watching(shaper.see, trail.add if trail else None)  # each delta: reasoning tokens, logprobs
             owner, asked = api_key_name(), rs.asked(chat, body)
 

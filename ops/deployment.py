@@ -49,6 +49,8 @@
                                    # holds the K/V in its own pool and decode reads them (shm, cuda_ipc, NIXL READ)
     tracing: {otlp_endpoint: null} # OpenTelemetry traces over OTLP, HTTP or gRPC (docs/monitoring.md); null: the
                                    # OTEL_* variables decide, off when they name no endpoint
+    lora_modules: {}               # LoRA adapters (PEFT folders) by name, e.g. {sql: /adapters/sql}: a request
+                                   # whose model is `sql` is answered with it (engine/lora.py; torch backend)
 
 Unknown keys are rejected with the list of allowed ones.
 """
@@ -56,11 +58,14 @@ Unknown keys are rejected with the list of allowed ones.
 from __future__ import annotations
 
 import os
-from typing import Literal
+from typing import Annotated, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, ValidationError, field_validator, model_validator
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, NonNegativeInt, ValidationError, field_validator,
+                      model_validator)
 
+from control.worker_tls import WorkerTlsFiles
+from engine.lora import check_modules
 from frontdoor.cors import Cors
 from frontdoor.reasoning_text import PARSER_NAMES as REASONING_PARSERS
 from frontdoor.response_store import DEFAULT_MAX_BYTES as DEFAULT_KEPT_BYTES
@@ -113,19 +118,6 @@ class FrontDoor(_Strict):
     responses_kept: int = Field(0, ge=0, le=100_000)  # /v1/responses kept for follow-ups (frontdoor/response_store.py)
     responses_kept_bytes: int = Field(DEFAULT_KEPT_BYTES, ge=1 << 20)  # their size at most, as JSON
     cors: Cors = Cors()  # web pages of other origins that may call (frontdoor/cors.py)
-
-
-class WorkerTlsFiles(_Strict):
-    ca: str = Field(min_length=1)  # PEM CA that signed the workers' certificates
-    server_name: str | None = None  # the name in their certificates, when they are dialled by address
-    cert: str | None = None  # local workers serve gRPC with this certificate and key
-    key: str | None = None
-
-    @model_validator(mode="after")
-    def _pair(self):
-        if (self.cert is None) != (self.key is None):
-            raise ValueError("worker_tls.cert and worker_tls.key go together")
-        return self
 
 
 class Limits(_Strict):
@@ -197,6 +189,8 @@ class Deployment(_Strict):
     handoff: Handoff = Handoff()
     worker_tls: WorkerTlsFiles | None = None
     tracing: Tracing = Tracing()
+    # LoRA adapters a request's `model` may name: folder by name (engine/lora.py)
+    lora_modules: Annotated[dict[str, str], AfterValidator(check_modules)] = {}
 
     @model_validator(mode="after")
     def _workers(self):
@@ -229,6 +223,9 @@ class Deployment(_Strict):
         if self.local_prefill_tokens:
             raise ValueError("backend tensorrt-llm decode workers do not prefill prompts themselves; "
                              "local_prefill_tokens must be 0")
+        if self.lora_modules:
+            raise ValueError("backend tensorrt-llm roles run TensorRT-LLM's engines, not Tandem's LoRA adapters; "
+                             "leave lora_modules out")
         if self.prefix_cache.per_api_key:
             raise ValueError("backend tensorrt-llm roles take no cache salt, so they cannot keep cached prefixes "
                              "apart per API key; leave prefix_cache.per_api_key off")

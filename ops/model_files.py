@@ -1,7 +1,7 @@
 """What the front door reads from the engines folder, before any worker starts: the tokenizer (with the
-deployment's chat template), the tokens a request may use, and the model's sampling defaults; and the
-names it serves the model under. Each failure is a DeploymentError naming its cause, so a start that
-cannot succeed ends in one line."""
+deployment's chat template), the tokens a request may use, and the model's sampling defaults, with its
+LoRA adapters checked against the model; and the names it serves the model under. Each failure is a
+DeploymentError naming its cause, so a start that cannot succeed ends in one line."""
 
 from __future__ import annotations
 
@@ -9,10 +9,13 @@ import json
 import os
 from dataclasses import dataclass
 
+import torch
+
 from engine.checkpoint import KNOWN_MODELS
 from engine.config import ModelConfig
 from engine.hub_cache import is_repo_id, snapshot
 from engine.errors import ModelLoadError
+from engine.lora import load_adapter
 from engine.tokenizer import Tokenizer
 from frontdoor.generation_defaults import GenerationConfigError, sampling_defaults
 from ops.deployment import Deployment, DeploymentError
@@ -39,6 +42,11 @@ def read_model_files(engines: str, dep: Deployment, log=print) -> ModelFiles:
                                      dep.front_door.override_generation_config)
     except GenerationConfigError as e:
         raise DeploymentError(str(e)) from None
+    for name, folder in dep.lora_modules.items():  # their shapes against the model, before a worker loads them
+        try:
+            load_adapter(name, folder, cfg, torch.device("cpu"), torch.float32)
+        except ModelLoadError as e:
+            raise DeploymentError(str(e)) from None
     if defaults:
         log(f"sampling defaults from the model's generation config (a request's own values win): "
             f"{', '.join(f'{k}={v}' for k, v in defaults.items())}")
@@ -62,6 +70,9 @@ def served_names(dep: Deployment, source: str) -> list[str]:
     names = [given] if isinstance(given, str) else list(given or [])
     if not all(names) or len(set(names)) < len(names):
         raise DeploymentError(f"front_door.served_model_name must be distinct non-empty names, got {given!r}")
+    if set(names) & set(dep.lora_modules):
+        raise DeploymentError(f"lora_modules {sorted(set(names) & set(dep.lora_modules))}: a LoRA adapter may not "
+                              f"have a name the model is served under")
     if names:
         return names
     if source in KNOWN_MODELS or (is_repo_id(source) and snapshot(source)):  # a repo id whole, as vLLM's

@@ -152,7 +152,8 @@ class Stack:
                               chunk_tokens=dep.chunk_tokens if dep.mode is Mode.CHUNKED else 0,
                               transfer_timeout_s=dep.handoff.transfer_timeout_s,
                               fence_timeout_s=dep.handoff.fence_timeout_s, prefix_cache=dep.prefix_cache.enabled,
-                              prefill_pool_bytes=dep.prefix_cache.prefill_pool_bytes, handoff=dep.handoff.mode)
+                              prefill_pool_bytes=dep.prefix_cache.prefill_pool_bytes, handoff=dep.handoff.mode,
+                              lora_modules=tuple(dep.lora_modules.items()))
         for name in remove_stale_segments() + remove_orphaned_triton_regions():
             self.log(f"removed shared memory {name} left by a process that is gone")
         self.workers = WorkerSet(engines, self.workdir, counts, options, gpus=gpus, nice=dep.worker_nice,
@@ -186,7 +187,8 @@ class Stack:
         tokenizer, cfg = model.tokenizer, model.config
         self.service = Orchestrator(path=path, tokenizer=tokenizer, metrics=metrics, mode=dep.mode,
                                     limits=Limits(model.context, cfg.vocab_size, lim.max_prompt_chars,
-                                                  tuple(sorted(tokenizer.end_ids(cfg.eos_token_ids)))),
+                                                  tuple(sorted(tokenizer.end_ids(cfg.eos_token_ids))),
+                                                  frozenset(dep.lora_modules)),
                                     admission=Admission(lim.max_in_flight, lim.max_queued_tokens,
                                                         max_in_flight_per_key=lim.max_in_flight_per_key),
                                     timeout_s=lim.request_timeout_s, tracer=self.tracer)
@@ -194,7 +196,7 @@ class Stack:
             await self._until_ready()
         fd = dep.front_door
         served = ServedModel(self.service, fd.model_name, names[0], fd.tool_call_parser, fd.reasoning_parser,
-                             model.sampling_defaults, aliases=tuple(names[1:]))
+                             model.sampling_defaults, aliases=tuple(names[1:]), adapters=tuple(dep.lora_modules))
         door = FrontDoor(served)
         try:
             self.grpc = await start_grpc(TritonProtocolServicer(door), fd.host, fd.grpc_port,

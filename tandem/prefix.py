@@ -36,6 +36,7 @@ _PAGE_PERSON = b"tandem-page-v1"  # bump the version if the page encoding ever c
 _SALT_PERSON = b"tandem-salt-v1"
 _SCOPE_PERSON = b"tandem-scope-v1"
 _TENANT_PERSON = b"tandem-tenant-v1"
+_LORA_PERSON = b"tandem-lora-v1"
 _TOKEN_MAX = 2**32 - 1  # token ids are encoded as little-endian uint32
 _HEX_DIGITS = frozenset("0123456789abcdef")
 _PAGE_BASE = hashlib.blake2b(digest_size=HASH_BYTES, person=_PAGE_PERSON)
@@ -66,14 +67,19 @@ def engine_salt(weights_digest: str, kv_layout_dict: dict) -> bytes:
     return hashlib.blake2b(identity, digest_size=HASH_BYTES, person=_SALT_PERSON).digest()
 
 
-def tenant_salt(salt: bytes, cache_salt: str) -> bytes:
+def tenant_salt(salt: bytes, cache_salt: str, lora: str = "") -> bytes:
     """The salt of one request's page chain: the engine's `salt` itself when `cache_salt` is empty, else
     a 16-byte hash of both, so requests with different cache salts (or none) never share a page: a
     tenant's cached prefix cannot serve, or be timed by, another tenant's prompt (vLLM's `cache_salt`).
+    A request answered with a LoRA adapter (`lora`, its name) chains from a salt of the adapter's own
+    first: its pages hold other K/V than the base model's, and no cache salt reaches them.
     """
     _check_hash(salt, "salt")
-    if not isinstance(cache_salt, str):
-        raise PrefixHashError(f"cache_salt must be a string, got {type(cache_salt).__name__}")
+    if not isinstance(cache_salt, str) or not isinstance(lora, str):
+        raise PrefixHashError(f"cache_salt and lora must be strings, got {type(cache_salt).__name__} and "
+                              f"{type(lora).__name__}")
+    if lora:
+        salt = hashlib.blake2b(salt + lora.encode(), digest_size=HASH_BYTES, person=_LORA_PERSON).digest()
     if not cache_salt:
         return salt
     return hashlib.blake2b(salt + cache_salt.encode(), digest_size=HASH_BYTES, person=_TENANT_PERSON).digest()

@@ -20,6 +20,7 @@ MAX_LOGIT_BIAS = 1024  # tokens one request may bias: the sampler adds each to i
 MAX_BAD_WORDS = 64  # token sequences one request may ban (engine/sequence.py checks each at every step)
 MAX_BAD_WORD_TOKENS = 16
 MAX_CACHE_SALT = 256  # characters of a request's cache_salt
+MAX_LORA_NAME = 128  # characters of a LoRA adapter's name
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,7 @@ class SamplingParams:
     # is banned where the output ends with the rest)
     allowed_token_ids: tuple[int, ...] = ()  # the only tokens the output may hold, distinct; () = any
     cache_salt: str = ""  # prefix-cache pages are shared only among requests with the same one (tandem/prefix.py)
+    lora: str = ""  # the LoRA adapter the answer is computed with (engine/lora.py); "": the base model
 
     def __post_init__(self) -> None:
         if not _is_int(self.max_tokens) or self.max_tokens < 1:
@@ -96,6 +98,8 @@ class SamplingParams:
         if allowed and self.guide is not None:
             raise InvalidArgument("allowed_token_ids and structured output exclude each other (the grammar already "
                                   "says which tokens may come): send one of them", "allowed_token_ids")
+        if not isinstance(self.lora, str) or len(self.lora) > MAX_LORA_NAME:
+            raise InvalidArgument(f"lora must be an adapter's name of at most {MAX_LORA_NAME} characters", "lora")
         if not isinstance(self.cache_salt, str) or len(self.cache_salt) > MAX_CACHE_SALT:
             raise InvalidArgument(f"cache_salt must be a string of at most {MAX_CACHE_SALT} characters", "cache_salt")
         if self.guide is not None and not isinstance(self.guide, Guide):

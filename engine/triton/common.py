@@ -20,6 +20,7 @@ import numpy as np
 import torch
 import triton_python_backend_utils as pb_utils
 
+from engine.lora import parse_modules
 from tandem.logs import setup_logging
 from tandem.request_context import begin, end
 from tandem.secret import PARAMETER, load_secret
@@ -48,6 +49,10 @@ class Params:
 
     def float(self, key: str) -> float:
         return float(self.str(key))
+
+    def lora_modules(self) -> dict[str, str]:
+        """The LoRA adapters requests may name: folder by name (engine/lora.py: modules_text)."""
+        return parse_modules(self.str("lora_modules"))
 
 
 def instance_device(args: dict) -> str:

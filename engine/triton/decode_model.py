@@ -35,7 +35,8 @@ class TritonPythonModel:
         self.tracer = worker_tracer("decode")  # spans of traced requests, exported from this process
         transports = tuple(t for t in p.str("transports").split(",") if t)
         self.engine = load_engine(p.str("engine_dir"), device=instance_device(args), kv_bytes=p.int("kv_pool_bytes"),
-                                  shared_kv="shm" in transports, prefix_cache=p.str("prefix_cache") == "on")
+                                  shared_kv="shm" in transports, prefix_cache=p.str("prefix_cache") == "on",
+                                  lora_modules=p.lora_modules())
         self.pool = PoolHost(self.engine.cache, transports)
         chunk = p.int("chunk_tokens")
         self.worker = DecodeWorker(self.engine, self.pool, role=Role.DECODE, max_batch_size=p.int("max_batch_size"),

@@ -21,7 +21,7 @@ class TritonPythonModel:
         setup_threads(p)
         self.tracer = worker_tracer("generate")  # spans of traced requests, exported from this process
         engine = load_engine(p.str("engine_dir"), device=instance_device(args), kv_bytes=p.int("kv_pool_bytes"),
-                             prefix_cache=p.str("prefix_cache") == "on")
+                             prefix_cache=p.str("prefix_cache") == "on", lora_modules=p.lora_modules())
         chunk = p.int("chunk_tokens")
         # the same prefill pass budget as the disaggregated prefill worker: a fair baseline
         self.worker = DecodeWorker(engine, None, role=Role.GENERATE, max_batch_size=p.int("max_batch_size"),

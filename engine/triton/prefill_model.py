@@ -22,7 +22,8 @@ class TritonPythonModel:
         self.auth = Auth()  # before anything slow: a bad secret fails the load at once
         setup_threads(p)
         self.tracer = worker_tracer("prefill")  # spans of traced requests, exported from this process
-        engine = load_engine(p.str("engine_dir"), device=instance_device(args), kv_bytes=None)
+        engine = load_engine(p.str("engine_dir"), device=instance_device(args), kv_bytes=None,
+                             lora_modules=p.lora_modules())
         budget = pass_budget(p, engine.device)
         caching = p.str("prefix_cache") == "on"
         pull = p.str("handoff") == HandoffMode.PULL

@@ -59,7 +59,7 @@ def tandem_sampling(kw: dict) -> SamplingParams:
 # Tandem fields with no recorded counterpart
 NOT_CARRIED = {"top_logprobs": 0, "prompt_logprobs": False, "min_p": 0.0, "repetition_penalty": 1.0,
                "presence_penalty": 0.0, "frequency_penalty": 0.0, "logit_bias": (), "guide": None,
-               "bad_words": (), "allowed_token_ids": (), "cache_salt": ""}
+               "bad_words": (), "allowed_token_ids": (), "cache_salt": "", "lora": ""}
 
 
 def refuse_not_carried(p: SamplingParams) -> None:

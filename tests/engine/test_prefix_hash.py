@@ -64,8 +64,19 @@ def test_a_cache_salt_starts_a_chain_of_its_own():
     other_engine = tenant_salt(engine_salt("sha256:" + "cd" * 32, LAYOUT.to_dict()), "tenant-a")
     chains = [set(page_hashes(TOKENS, 4, s)) for s in (SALT, *salts, other_engine)]
     assert all(not a & b for i, a in enumerate(chains) for b in chains[i + 1:])
-    with pytest.raises(PrefixHashError, match="cache_salt must be a string"):
+    with pytest.raises(PrefixHashError, match="cache_salt and lora must be strings"):
         tenant_salt(SALT, b"tenant-a")
+
+
+def test_a_lora_adapter_starts_a_chain_of_its_own_that_no_cache_salt_reaches():
+    """An adapter's pages hold other K/V: its chain (with any salt) shares no page with the base model's
+    chains, whatever cache salt either names, nor with another adapter's."""
+    salts = ["", "tenant-a", "lora:sql", "sql"]
+    base = [tenant_salt(SALT, t) for t in salts]
+    adapted = [tenant_salt(SALT, t, lora) for lora in ("sql", "chat") for t in salts]
+    assert tenant_salt(SALT, "", "sql") == adapted[0] and len({*base, *adapted}) == len(base) + len(adapted)
+    chains = [set(page_hashes(TOKENS, 4, s)) for s in (*base, *adapted)]
+    assert all(not a & b for i, a in enumerate(chains) for b in chains[i + 1:])
 
 
 def test_a_scoped_salt_stays_inside_its_scope():

@@ -17,7 +17,7 @@ import tempfile
 from dataclasses import dataclass
 
 import model_repository
-from engine.lora import modules_text
+from engine.lora_files import modules_text
 from tandem.manifest import ManifestError, check_pair, read_manifest
 from tandem.modes import HandoffMode
 from tandem.roles import Role

@@ -79,7 +79,7 @@ def worker_command(role, engines, host, grpc_port, http_port, metrics_port, tran
 
     Every option can be set by its TANDEM_WORKER_* variable (shown in each option's help by --help)."""
     from builder.repo import RenderError, RepoOptions, render_repo
-    from engine.lora import check_modules
+    from engine.lora_files import check_modules
     from engine.shm_region import remove_orphaned_triton_regions, remove_stale_segments
     from ops.door_security import port_refusal
     from ops.triton_process import TritonError, TritonServer

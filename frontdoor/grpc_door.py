@@ -118,8 +118,8 @@ class TritonProtocolServicer(pb_grpc.GRPCInferenceServiceServicer):
         timeout = max(remaining - DEADLINE_MARGIN_S, 0.001) if remaining is not None else None
         # the client's KServe id, else (one call, one request) the call's request id, else a fresh one
         rid = request.id or (current_id() if context is not None else "") or f"{current_id('grpc')}-{next(self._ids)}"
-        return decode_call(grpc_inputs(request), rid,
-                           [o.name for o in request.outputs], timeout, unary=context is not None)
+        return decode_call(grpc_inputs(request), rid, [o.name for o in request.outputs], timeout,
+                           unary=context is not None, adapters=self.served.adapters)
 
     async def ModelInfer(self, request, context):
         try:

@@ -24,7 +24,7 @@ import numpy as np
 
 from frontdoor.model_contract import OUTPUTS, TensorSpec, parse_requests
 from control.requests import GenerationRequest
-from tandem.status import InvalidArgument, MethodNotAllowed
+from tandem.status import InvalidArgument, MethodNotAllowed, NotFound
 
 _OUTPUT_NAMES = tuple(t.name for t in OUTPUTS)
 Inputs = dict[str, tuple[str, np.ndarray]]  # name -> (datatype, array shaped [batch, ...])
@@ -92,12 +92,17 @@ class InferCall:
 
 
 def decode_call(inputs: Inputs, request_id: str, wanted: list[str], timeout_s: float | None,
-                unary: bool) -> InferCall:
-    """The typed call; `unary`: the transport answers once (ModelInfer, HTTP infer): stream=true is refused."""
+                unary: bool, adapters: tuple[str, ...] = ()) -> InferCall:
+    """The typed call; `unary`: the transport answers once (ModelInfer, HTTP infer): stream=true is refused.
+    `adapters`: the LoRA adapters a `lora_name` may name (another is NOT_FOUND)."""
     unknown = sorted(set(wanted) - set(_OUTPUT_NAMES))
     if unknown:
         raise InvalidArgument(f"unknown outputs {unknown}; this model has {', '.join(_OUTPUT_NAMES)}")
     reqs, stream = parse_requests(inputs, request_id)
+    for r in reqs:
+        if r.model is not None and r.model not in adapters:
+            raise NotFound(f"unknown LoRA adapter {r.model!r:.80} in lora_name; this server serves "
+                           f"{list(adapters) or 'none'} (tandem serve --lora-modules)")
     if stream and unary:
         raise InvalidArgument("stream=true needs a streaming call: gRPC ModelStreamInfer, or /v1/completions "
                               "and /v1/chat/completions with \"stream\": true")

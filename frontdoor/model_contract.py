@@ -5,7 +5,8 @@ optional sampling inputs, shaped [batch, 1] because the model has a batch dimens
 responses carry only the new text in `text_output`. Inputs we accept only at their neutral value
 (e.g. beam_width 1, length_penalty 1) are refused otherwise, with the reason; the repetition, presence
 and frequency penalties, `bad_words`, guided decoding and `cache_salt` are honoured (the same rules as the OpenAI
-door's; a bad word is tokenized as it is sent, as TensorRT-LLM's preprocessing does).
+door's; a bad word is tokenized as it is sent, as TensorRT-LLM's preprocessing does). `lora_name`
+(Tandem's own input) names a LoRA adapter the server serves, as an OpenAI request's `model` does.
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ INPUTS = (
     TensorSpec("guided_decoding_guide_type", "BYTES", (1,)),  # json, json_schema, regex, ebnf_grammar (choice)
     TensorSpec("guided_decoding_guide", "BYTES", (1,)),  # the schema, regex or grammar (tandem/guides.py)
     TensorSpec("cache_salt", "BYTES", (1,)),  # cached prefix pages are shared only under the same salt (vLLM's)
+    TensorSpec("lora_name", "BYTES", (1,)),  # a LoRA adapter the server serves (--lora-modules); empty: the base
 )
 OUTPUTS = (
     TensorSpec("text_output", "BYTES", (-1,)),
@@ -122,7 +124,7 @@ def parse_requests(inputs: dict[str, tuple[str, np.ndarray]], request_id: str) -
             repetition_penalty=row.get("repetition_penalty", 1.0),
             presence_penalty=row.get("presence_penalty", 0.0), frequency_penalty=row.get("frequency_penalty", 0.0),
             exclude_input=bool(row.get("exclude_input_in_output", False)) or stream, guide=_guide(row),
-            cache_salt=_text(row, "cache_salt")))
+            cache_salt=_text(row, "cache_salt"), model=_text(row, "lora_name") or None))
     return out, stream
 
 

@@ -65,7 +65,7 @@ from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, NonNegativeI
                       model_validator)
 
 from control.worker_tls import WorkerTlsFiles
-from engine.lora import check_modules
+from engine.lora_files import check_modules
 from frontdoor.cors import Cors
 from frontdoor.reasoning_text import PARSER_NAMES as REASONING_PARSERS
 from frontdoor.response_store import DEFAULT_MAX_BYTES as DEFAULT_KEPT_BYTES

@@ -9,13 +9,11 @@ import json
 import os
 from dataclasses import dataclass
 
-import torch
-
 from engine.checkpoint import KNOWN_MODELS
 from engine.config import ModelConfig
 from engine.hub_cache import is_repo_id, snapshot
 from engine.errors import ModelLoadError
-from engine.lora import load_adapter
+from engine.lora_files import check_against
 from engine.tokenizer import Tokenizer
 from frontdoor.generation_defaults import GenerationConfigError, sampling_defaults
 from ops.deployment import Deployment, DeploymentError
@@ -44,7 +42,7 @@ def read_model_files(engines: str, dep: Deployment, log=print) -> ModelFiles:
         raise DeploymentError(str(e)) from None
     for name, folder in dep.lora_modules.items():  # their shapes against the model, before a worker loads them
         try:
-            load_adapter(name, folder, cfg, torch.device("cpu"), torch.float32)
+            check_against(name, folder, cfg)
         except ModelLoadError as e:
             raise DeploymentError(str(e)) from None
     if defaults:

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 import triton_python_backend_utils as pb_utils
 
-from engine.lora import parse_modules
+from engine.lora_files import parse_modules
 from tandem.logs import setup_logging
 from tandem.request_context import begin, end
 from tandem.secret import PARAMETER, load_secret

@@ -16,6 +16,7 @@ from engine.checkpoint import resolve
 from engine.errors import InvalidRequest, ModelLoadError
 from engine.load import load_engine
 from engine.lora import load_adapter
+from engine.lora_files import check_against
 from engine.tokenizer import ChatMessage
 from tandem.sampling_params import SamplingParams
 from tests.engine.test_exactness import CHAT_PROMPTS, hf_greedy
@@ -125,7 +126,9 @@ def _edited(adapters, tmp_path, config: dict | None = None, tensors=None) -> str
     (None, lambda w: {}, "holds no LoRA update"),
 ])
 def test_what_the_engine_cannot_apply_is_refused_at_load(adapters, tmp_path, config, tensors, says):
-    folder = _edited(adapters, tmp_path, config, tensors)
-    with pytest.raises(ModelLoadError) as e:
-        load_adapter("edited", folder, resolve("smollm2-135m").config, torch.device("cpu"), torch.float32)
-    assert says in str(e.value), e.value
+    folder, cfg = _edited(adapters, tmp_path, config, tensors), resolve("smollm2-135m").config
+    for check in (lambda: load_adapter("edited", folder, cfg, torch.device("cpu"), torch.float32),
+                  lambda: check_against("edited", folder, cfg)):  # the engine's load, and the front door's check
+        with pytest.raises(ModelLoadError) as e:
+            check()
+        assert says in str(e.value) and "LoRA adapter 'edited'" in str(e.value), e.value

@@ -203,6 +203,8 @@ BAD = [
         ("'n' must be an integer in [1, 64]", "num_return_sequences=2 is not supported"), {"n": 65},
         {"num_return_sequences": ([2], "INT32")}),
     Bad("an unknown model", 404, "NOT_FOUND", "unknown model", {"model": "llama-70b"}, {}),
+    Bad("an unknown LoRA adapter", 404, "NOT_FOUND", ("unknown model 'sql-lora'", "unknown LoRA adapter 'sql-lora'"),
+        {"model": "sql-lora"}, {"lora_name": (["sql-lora"], "BYTES")}),
     Bad("an output the model lacks", 400, "INVALID_ARGUMENT", "unknown outputs ['context_logits']",
         kserve={}, outputs=("context_logits",)),
     Bad("stream=true on a unary call", 400, "INVALID_ARGUMENT", "needs a streaming call",
@@ -251,13 +253,13 @@ def test_a_bad_input_gets_the_same_status_from_every_door_in_its_own_shape(serve
         assert bad.says(True) in reply["error"]["message"] and reply["error"]["type"] == "invalid_request_error"
         doors += 1
     if bad.over_http and (bad.kserve is not None or bad.http_raw is not None):
-        model = "llama-70b" if bad.code == "NOT_FOUND" else "ensemble"
+        model = "llama-70b" if bad.code == "NOT_FOUND" and not bad.kserve else "ensemble"
         status, reply, kind = http(served.http, f"/v2/models/{model}/infer", _http_infer_body(bad))
         assert status == bad.http and kind.startswith("application/json"), reply
         assert list(reply) == ["error"] and bad.says(False) in reply["error"], reply  # Triton's own error shape
         doors += 1
     if bad.kserve is not None and bad.grpc:
-        model = "llama-70b" if bad.code == "NOT_FOUND" else "ensemble"
+        model = "llama-70b" if bad.code == "NOT_FOUND" and not bad.kserve else "ensemble"
         tensors = {k: v for k, v in BASE.items() if k not in bad.drop} | bad.kserve
         req = grpc_request(tensors, list(bad.outputs), model=model, raw=bad.grpc_raw)
         code, details, _ = grpc_unary(served.grpc, req)

@@ -1,8 +1,9 @@
 """LoRA adapters served by a real 1P1D stack (`tandem serve --lora-modules NAME=PATH`): a request whose
 model is the adapter's name is answered, across the prefill/decode handoff, with the tokens PEFT's own
-model gives (greedy), and the answer carries the adapter's name; the base model's answers are unchanged;
-the adapter is listed as vLLM lists it; cached prefixes of the base model never serve the adapter's
-requests; a bad adapter stops the start in one line, before any worker starts."""
+model gives (greedy), and the answer carries the adapter's name; Triton clients name it in the
+`lora_name` input; the base model's answers are unchanged; the adapter is listed as vLLM lists it;
+cached prefixes of the base model never serve the adapter's requests; a bad adapter stops the start in
+one line, before any worker starts."""
 
 from __future__ import annotations
 
@@ -12,13 +13,16 @@ import subprocess
 import sys
 import urllib.request
 
+import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
 
 from engine.tokenizer import ChatMessage, Tokenizer
 from tests.conftest import start_serve, stop_serve
 from tests.engine.test_exactness import LONG_TEXT, hf_greedy
 from tests.engine.test_lora import TARGETS, make_adapter
-from tests.serve.clients import post
+from tests.serve.clients import ensemble_inputs, grpc_stream, post
 
 pytest.importorskip("peft")
 ASK = "What is the capital of France?"
@@ -54,6 +58,31 @@ def test_the_adapters_answer_is_pefts_and_carries_its_name(lora_served, adapter,
     for name in want:
         got = chat(lora_served.http, name)
         assert got["model"] == name and got["choices"][0]["message"]["content"] == want[name], name
+
+
+def test_triton_clients_name_the_adapter_in_lora_name(lora_served, built_engines):
+    """gRPC (unary and streamed) and KServe HTTP: the `lora_name` input gives the completion the OpenAI
+    door gives for the adapter's model name; without it, the base model's (the prompt: the chat's text)."""
+    prompt = Tokenizer(str(built_engines / "prefill")).render_chat([ChatMessage("user", ASK)])
+
+    def complete(model: str) -> str:
+        status, got = post(lora_served.http, "/v1/completions", {"model": model, "prompt": prompt,
+                                                                 "max_tokens": MAX_TOKENS, "temperature": 0})
+        assert status == 200, got
+        return got["choices"][0]["text"]
+
+    lora = {"lora_name": (np.array([[b"every"]], dtype=np.object_), "BYTES")}
+    want, base = complete("every"), complete("smollm2-135m")
+    assert want != base
+    for module, url in ((grpcclient, lora_served.grpc), (httpclient, lora_served.http.removeprefix("http://"))):
+        c = module.InferenceServerClient(url)
+        try:
+            for extra, answer in ((lora, want), ({}, base)):
+                got = c.infer("ensemble", ensemble_inputs(module, prompt, MAX_TOKENS, False, extra))
+                assert got.as_numpy("text_output")[0][0].decode() == answer, (module.__name__, extra)
+        finally:
+            c.close()
+    assert "".join(grpc_stream(lora_served.grpc, prompt, MAX_TOKENS, lora)) == want
 
 
 def test_the_adapter_is_listed_with_its_parent(lora_served):

@@ -25,8 +25,8 @@ FUSED = {"qkv": ("q", "k", "v"), "o": ("o",), "gate_up": ("gate", "up"), "down":
 
 @dataclass(frozen=True)
 class Update:
-    a: torch.Tensor  # [n*r, in]: the parts' A stacked
-    b: torch.Tensor  # [out, n*r]: the parts' B block-diagonal, times the scale
+    a_t: torch.Tensor  # [in, n*r]: the parts' A stacked, transposed
+    b_t: torch.Tensor  # [n*r, out]: the parts' B block-diagonal, times the scale, transposed
 
 
 @dataclass(frozen=True)
@@ -72,12 +72,17 @@ def _fused(pairs: list[tuple[torch.Tensor, torch.Tensor] | None], outs: list[int
             a[j * r:(j + 1) * r] = pair[0].float()
             b[row:row + out, j * r:(j + 1) * r] = pair[1].float() * scale
         row += out
-    return Update(a.to(device=device, dtype=dtype).contiguous(), b.to(device=device, dtype=dtype).contiguous())
+    return Update(a.T.to(device=device, dtype=dtype).contiguous(), b.T.to(device=device, dtype=dtype).contiguous())
+
+
+MASK_ROWS = 64  # a pass of at most this many rows selects a group's rows by a mask (fewer ops), else by index
 
 
 @dataclass(frozen=True)
 class LoraRows:
-    """Which rows of a pass take which adapter's updates: (adapter, its rows [n], or None for all)."""
+    """Which rows of a pass take which adapter's updates: (adapter, its rows), the rows None (all of them),
+    a 0/1 mask [T, 1] in the model's dtype (a pass of few rows: every row computed, the others' zeroed),
+    or their indices [n] (a long pass: only its rows computed)."""
 
     groups: tuple[tuple[LoraAdapter, torch.Tensor | None], ...]
 
@@ -88,14 +93,16 @@ class LoraRows:
             if u is None:
                 continue
             if rows is None:
-                y += (x @ u.a.T) @ u.b.T  # [T, n*r] -> [T, out]
+                y.addmm_(x.mm(u.a_t), u.b_t)  # [T, n*r] -> [T, out]
+            elif rows.dtype == torch.long:
+                y.index_add_(0, rows, x[rows].mm(u.a_t).mm(u.b_t))  # [n, out] into rows
             else:
-                y.index_add_(0, rows, (x[rows] @ u.a.T) @ u.b.T)  # [n, out] into rows
+                y.addmm_(x.mm(u.a_t).mul_(rows), u.b_t)  # other rows' [n*r] zeroed: they add exactly 0
         return y
 
 
-def rows_of(adapters: dict[str, LoraAdapter], names: list[str], counts: list[int],
-            device: torch.device) -> LoraRows | None:
+def rows_of(adapters: dict[str, LoraAdapter], names: list[str], counts: list[int], device: torch.device,
+            dtype: torch.dtype) -> LoraRows | None:
     """The LoraRows of a pass whose sequence i (adapter `names[i]`, "" for none) has `counts[i]` rows in
     order; None when no sequence names an adapter."""
     if not any(names):
@@ -108,4 +115,11 @@ def rows_of(adapters: dict[str, LoraAdapter], names: list[str], counts: list[int
         if name:
             groups.setdefault(name, []).extend(range(offset, offset + n))
         offset += n
-    return LoraRows(tuple((adapters[k], torch.tensor(v, device=device)) for k, v in groups.items()))
+    total = sum(counts)
+    if total > MASK_ROWS:
+        return LoraRows(tuple((adapters[k], torch.tensor(v, device=device)) for k, v in groups.items()))
+    masks = torch.zeros(len(groups), total, 1, dtype=dtype)  # [G, T, 1]
+    for g, rows in enumerate(groups.values()):
+        masks[g, rows] = 1
+    masks = masks.to(device)  # one upload
+    return LoraRows(tuple((adapters[k], masks[g]) for g, k in enumerate(groups)))

@@ -51,7 +51,7 @@ def forward(model: LlamaModel, seqs: list[Sequence], starts: list[int], counts: 
     if stop is not None:
         attn = StoppableAttention(attn, stop)
     rows, spans = _logit_rows(seqs, starts, ends, last)
-    lora = rows_of(model.loras, [s.params.lora for s in seqs], counts, model.device)
+    lora = rows_of(model.loras, [s.params.lora for s in seqs], counts, model.device, model.dtype)
     logits = model.forward(tokens, positions, rope_lens, attn, rows, max_len=max(ends),
                            lora=lora)  # [B + prompt rows, V]
     _prompt_logprobs(seqs, logits, spans)

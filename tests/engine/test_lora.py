@@ -15,6 +15,7 @@ import torch
 from engine.checkpoint import resolve
 from engine.errors import InvalidRequest, ModelLoadError
 from engine.load import load_engine
+from engine import lora
 from engine.lora import load_adapter
 from engine.lora_files import check_against
 from engine.tokenizer import ChatMessage
@@ -90,6 +91,25 @@ def test_adapters_and_the_base_model_share_passes(engine, adapters, prompts):
     loras = ["every", "", "qv", "every"]
     alone = {a: run_mixed(engine, prompts, [a] * len(prompts)) for a in set(loras)}
     assert run_mixed(engine, prompts, loras) == [alone[a][i] for i, a in enumerate(loras)]
+
+
+@pytest.mark.parametrize("mask_rows", [64, 0], ids=["by mask", "by index"])
+def test_each_row_of_a_pass_takes_its_own_adapters_update(engine, monkeypatch, mask_rows):
+    """LoraRows of a pass of rows of two adapters and of none: each row gains its adapter's update alone,
+    whether the rows are picked by mask (a short pass) or by index (a long one)."""
+    monkeypatch.setattr(lora, "MASK_ROWS", mask_rows)
+    names, counts = ["every", "", "qv", "every"], [1, 2, 1, 2]
+    rows = lora.rows_of(engine.model.loras, names, counts, torch.device("cpu"), torch.float32)
+    assert {r.dtype for _, r in rows.groups} == {torch.float32 if mask_rows else torch.long}
+    torch.manual_seed(0)
+    qkv = engine.model.loras["every"].layers[3]["qkv"]
+    x, y = torch.randn(6, qkv.a_t.shape[0]), torch.randn(6, qkv.b_t.shape[1])  # [T, in], [T, out]
+    got = rows.add(3, "qkv", x, y.clone())
+    per_row = [name for name, n in zip(names, counts) for _ in range(n)]
+    for i, name in enumerate(per_row):
+        u = engine.model.loras[name].layers[3]["qkv"] if name else None
+        want = y[i] + (x[i] @ u.a_t @ u.b_t if u is not None else 0)
+        assert torch.allclose(got[i], want, atol=1e-5), (i, name)
 
 
 def test_an_unknown_adapter_is_refused_by_name(engine, prompts):

@@ -6,7 +6,8 @@ section is reported (its error in the table and the JSON) and the others still r
     scripts/gpu-check --prepare-kit DIR                            # the ~2 MB kit to carry (docs/gpu.md)
 
 Exit status 0 when every correctness check held (fp32 = transformers, graphs = eager, the 1P1D answer
-exact, IPC bytes intact, pull reads exact and refused once their hold ended), 1 otherwise.
+exact, a LoRA adapter's tokens = the CPU's and mixed with base rows, IPC bytes intact, pull reads exact
+and refused once their hold ended), 1 otherwise.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
-from scripts.gpu_check import decode_bench, device_rates, exactness_check, ipc_check, pair_check, pull_check
+from scripts.gpu_check import (decode_bench, device_rates, exactness_check, ipc_check, lora_check, pair_check,
+                               pull_check)
 from scripts.gpu_check.report_table import table, write_json
 from scripts.gpu_check.synthetic_model import model_folder, prepare_kit
 
@@ -99,9 +101,9 @@ def run(args: argparse.Namespace, results: dict) -> None:
         copy_gbps = rates.get("copy", {}).get("read_write_gbps", 1.0)
         tflops = rates.get("matmul_bf16", {}).get("tflops", 1.0)
 
-        def engine(dtype):
-            e = load_engine(folder, dtype=dtype, device=str(device), kv_bytes=z.kv_bytes)
-            if not on_gpu:
+        def engine(dtype, dev: str = str(device), lora_modules: dict | None = None):
+            e = load_engine(folder, dtype=dtype, device=dev, kv_bytes=z.kv_bytes, lora_modules=lora_modules)
+            if dev == "cpu":
                 e.use_decode_graphs(list(z.batches), capture=False)  # the padded static path, uncaptured
             return e
 
@@ -117,7 +119,10 @@ def run(args: argparse.Namespace, results: dict) -> None:
         _section(results, "fp32_exactness", fp32)
         expected = [exactness_check.run_batch(e32, [p], z.answer_tokens)[0] for p in prompts[:4]]
         _section(results, "1p1d", pair_check.one_prefill_one_decode, e32, prompts[:4], expected, z.answer_tokens)
+        lora_dir = lora_check.write_adapter(os.path.join(work, "lora"), e32.cfg)
         del e32
+        _section(results, "lora_exactness", lora_check.exactness, engine, lora_dir, device, prompts[:4],
+                 z.answer_tokens)
         e16 = engine("bfloat16")
         _section(results, "bf16_sanity", lambda: exactness_check.bf16_sanity(
             e16, prompts, z.answer_tokens, answers) if answers else "no fp32 answers to compare with")
@@ -126,6 +131,8 @@ def run(args: argparse.Namespace, results: dict) -> None:
         _section(results, "prefill", lambda: decode_bench.prefill_rate(
             e16, z.prefill_prompts, z.prefill_len, tflops))
         del e16
+        _section(results, "lora_decode", lambda: lora_check.decode_cost(
+            engine("bfloat16", lora_modules={"tuned": lora_dir}), z.batches[-1], z.decode_steps))
         _section(results, "cuda_ipc", lambda: {
             "one_process_d2d": ipc_check.in_process_copy(device, z.ipc_bytes),
             "two_processes": ipc_check.two_process_copy(device, z.ipc_bytes)} if on_gpu else "needs CUDA")
@@ -144,7 +151,8 @@ def verdict(results: dict) -> bool:
     if any(s["error"] for s in secs.values()):
         return False
     r = {k: s["results"] for k, s in secs.items()}
-    exact = [r["fp32_exactness"]["vs_transformers"], r["1p1d"]]
+    exact = [r["fp32_exactness"]["vs_transformers"], r["1p1d"], r["lora_exactness"]["vs_cpu"],
+             r["lora_exactness"]["mixed_batch"]]
     exact += [r["fp32_exactness"]["graphs_vs_eager"]] if "graphs_vs_eager" in r["fp32_exactness"] else []
     intact = [v["correct"] for v in r.get("cuda_ipc", {}).values()] + \
         ([r["nixl_vram"]["correct"]] if r.get("nixl_vram") else []) + \

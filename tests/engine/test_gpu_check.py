@@ -29,8 +29,8 @@ def test_gpu_check_dry_run_on_cpu(tmp_path):
     assert "verdict: PASS" in run.stdout
     res = json.loads(out.read_text())
     secs = res["sections"]
-    assert set(secs) == {"device_rates", "fp32_exactness", "1p1d", "bf16_sanity", "decode", "prefill", "cuda_ipc",
-                         "nixl_vram", "pull_read"}
+    assert set(secs) == {"device_rates", "fp32_exactness", "1p1d", "lora_exactness", "bf16_sanity", "decode",
+                         "prefill", "lora_decode", "cuda_ipc", "nixl_vram", "pull_read"}
     assert not [k for k, s in secs.items() if s["error"]]
     fp32 = secs["fp32_exactness"]["results"]
     assert fp32["vs_transformers"]["exact"] == fp32["vs_transformers"]["of"] == 3
@@ -41,6 +41,10 @@ def test_gpu_check_dry_run_on_cpu(tmp_path):
     assert set(decode) == {"batch 1 graphs", "batch 1 eager", "batch 8 graphs", "batch 8 eager"}
     assert all(r["tokens_per_s"] > 0 and 0 < r["roofline_fraction"] for r in decode.values())
     assert secs["prefill"]["results"]["tokens_per_s"] > 0
+    lora = secs["lora_exactness"]["results"]
+    assert all(lora[k]["exact"] == lora[k]["of"] == 3 for k in ("vs_cpu", "mixed_batch")), lora
+    cost = secs["lora_decode"]["results"]
+    assert set(cost) == {"base", "adapter", "half"} and all(c["tokens_per_s"] > 0 for c in cost.values())
     assert secs["cuda_ipc"]["skipped"] == "needs CUDA"
     pull = secs["pull_read"]["results"]  # the pull read sides run on CPU too: shm, and NIXL DRAM where installed
     assert "shm" in pull and all(r["exact"] and r["late_read_refused"] for r in pull.values())

@@ -20,10 +20,12 @@ def prompt_ids(engine: Engine, n: int) -> list[list[int]]:
     return [encode(p) for p in PROMPTS[:n]]
 
 
-def run_batch(engine: Engine, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
-    """Greedy answers of all prompts decoded together (one batch that shrinks as rows finish)."""
-    params = SamplingParams(max_tokens=max_tokens)
-    seqs = [engine.new_sequence(f"x{i}", p, params) for i, p in enumerate(prompts)]
+def run_batch(engine: Engine, prompts: list[list[int]], max_tokens: int,
+              loras: list[str] | None = None) -> list[list[int]]:
+    """Greedy answers of all prompts decoded together (one batch that shrinks as rows finish); prompt i
+    with LoRA adapter loras[i] ("" or no list: the base model)."""
+    seqs = [engine.new_sequence(f"x{i}", p, SamplingParams(max_tokens=max_tokens, lora=loras[i] if loras else ""))
+            for i, p in enumerate(prompts)]
     for s in seqs:
         engine.admit(s)
     try:

@@ -19,7 +19,7 @@ from safetensors.torch import save_file
 from engine.config import ModelConfig
 from engine.lora_files import dims
 from scripts.gpu_check.device_rates import sync
-from scripts.gpu_check.exactness_check import compare
+from scripts.gpu_check.exactness_check import compare, run_batch
 from tandem.sampling_params import SamplingParams
 
 RANK = 16
@@ -44,33 +44,17 @@ def write_adapter(folder: str, cfg: ModelConfig, seed: int = 0) -> str:
     return folder
 
 
-def run_rows(engine, prompts: list[list[int]], loras: list[str], max_tokens: int) -> list[list[int]]:
-    """Greedy answers of the prompts decoded together, prompt i with adapter loras[i] ("" for none)."""
-    seqs = [engine.new_sequence(f"l{i}", p, SamplingParams(max_tokens=max_tokens, lora=a))
-            for i, (p, a) in enumerate(zip(prompts, loras))]
-    for s in seqs:
-        engine.admit(s)
-    try:
-        engine.prefill(seqs)
-        while not all(s.finished for s in seqs):
-            engine.decode_step([s for s in seqs if not s.finished])
-    finally:
-        for s in seqs:
-            engine.release(s)
-    return [s.output_ids for s in seqs]
-
-
 def exactness(load, folder: str, device: torch.device, prompts: list[list[int]], max_tokens: int) -> dict:
     """`load(dtype, device, lora_modules)` makes an engine. fp32 adapter tokens on `device` vs the CPU's;
     a batch alternating adapter and base rows vs each alone; and whether the adapter changes answers."""
     modules = {"tuned": folder}
     ours = load("float32", str(device), modules)
-    tuned = run_rows(ours, prompts, ["tuned"] * len(prompts), max_tokens)
-    base = run_rows(ours, prompts, [""] * len(prompts), max_tokens)
-    mixed = run_rows(ours, prompts, ["tuned" if i % 2 else "" for i in range(len(prompts))], max_tokens)
+    tuned = run_batch(ours, prompts, max_tokens, ["tuned"] * len(prompts))
+    base = run_batch(ours, prompts, max_tokens)
+    mixed = run_batch(ours, prompts, max_tokens, ["tuned" if i % 2 else "" for i in range(len(prompts))])
     want_mixed = [(tuned if i % 2 else base)[i] for i in range(len(prompts))]
     del ours
-    reference = run_rows(load("float32", "cpu", modules), prompts, ["tuned"] * len(prompts), max_tokens)
+    reference = run_batch(load("float32", "cpu", modules), prompts, max_tokens, ["tuned"] * len(prompts))
     return {"vs_cpu": compare(tuned, reference), "mixed_batch": compare(mixed, want_mixed),
             "adapter_changes_answers": sum(t != b for t, b in zip(tuned, base))}
 

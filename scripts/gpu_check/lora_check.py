@@ -27,20 +27,20 @@ _MODULE = {"q": "self_attn", "k": "self_attn", "v": "self_attn", "o": "self_attn
            "down": "mlp"}
 
 
-def write_adapter(folder: str, cfg: ModelConfig, seed: int = 0) -> str:
-    """A random LoRA of a model of `cfg` in PEFT's saved format in `folder` (B small, so answers change
-    but stay text)."""
+def write_adapter(folder: str, cfg: ModelConfig, seed: int = 0, rank: int = RANK) -> str:
+    """A random rank-`rank` LoRA of a model of `cfg` on every projection, in PEFT's saved format in
+    `folder` (B small, so answers change but stay text); scripts/bench_lora.py writes its adapters so too."""
     g = torch.Generator().manual_seed(seed)
     tensors = {}
     for i in range(cfg.num_layers):
         for part, (d_in, d_out) in dims(cfg).items():
             key = f"base_model.model.model.layers.{i}.{_MODULE[part]}.{part}_proj"
-            tensors[f"{key}.lora_A.weight"] = torch.randn(RANK, d_in, generator=g) / d_in ** 0.5
-            tensors[f"{key}.lora_B.weight"] = torch.randn(d_out, RANK, generator=g) * 0.02
+            tensors[f"{key}.lora_A.weight"] = torch.randn(rank, d_in, generator=g) / d_in ** 0.5
+            tensors[f"{key}.lora_B.weight"] = torch.randn(d_out, rank, generator=g) * 0.02
     os.makedirs(folder, exist_ok=True)
     save_file(tensors, os.path.join(folder, "adapter_model.safetensors"))
     with open(os.path.join(folder, "adapter_config.json"), "w") as f:
-        json.dump({"peft_type": "LORA", "r": RANK, "lora_alpha": 2 * RANK}, f)
+        json.dump({"peft_type": "LORA", "r": rank, "lora_alpha": 2 * rank}, f)
     return folder
 
 
@@ -66,13 +66,13 @@ def decode_cost(engine, batch: int, steps: int, prompt_len: int = 64) -> dict:
              "half": ["tuned", ""] * (batch // 2) + [""] * (batch % 2)}
     out = {}
     for _ in range(2):
-        out = {case: {"tokens_per_s": _decode_rate(engine, loras, steps, prompt_len)} for case, loras in cases.items()}
+        out = {case: {"tokens_per_s": decode_rate(engine, loras, steps, prompt_len)} for case, loras in cases.items()}
     for case in ("adapter", "half"):
         out[case]["vs_base"] = round(out[case]["tokens_per_s"] / out["base"]["tokens_per_s"], 3)
     return out
 
 
-def _decode_rate(engine, loras: list[str], steps: int, prompt_len: int) -> float:
+def decode_rate(engine, loras: list[str], steps: int, prompt_len: int = 64) -> float:
     """Output tokens/s of `steps` decode steps of one sequence per entry of `loras` (its adapter)."""
     seqs = [engine.new_sequence(f"c{i}", [3 + (i * 7 + j) % 1000 for j in range(prompt_len)],
                                 SamplingParams(max_tokens=steps + 1, ignore_eos=True, lora=a))

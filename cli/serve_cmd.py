@@ -103,6 +103,9 @@ _JSON_STRINGS = _json("a JSON list of strings", "'[\"https://chat.example.com\"]
 @click.option("--lora-modules", multiple=True, callback=name_path_pairs, **_env("LORA_MODULES"),
               help="LoRA adapters (PEFT folders) as NAME=PATH, repeated (or the variable's space-separated pairs), "
                    "as vLLM's flag: a request whose model is NAME is answered with that adapter. Torch backend.")
+@click.option("--lora-root", default=None, **_env("LORA_ROOT"),
+              help="A folder of LoRA adapters that may be loaded and unloaded while serving (vLLM's POST "
+                   "/v1/load_lora_adapter and /v1/unload_lora_adapter), only from inside it. Default: off.")
 @click.option("--responses-kept", type=click.IntRange(0, 100_000), default=None, **_env("RESPONSES_KEPT"),
               help="How many /v1/responses responses are kept in memory for previous_response_id (default 0).")
 @click.option("--max-model-len", type=click.IntRange(2), default=None, **_env("MAX_MODEL_LEN"),
@@ -145,8 +148,8 @@ _JSON_STRINGS = _json("a JSON list of strings", "'[\"https://chat.example.com\"]
 @click.option("--workdir", default=None, **_env("WORKDIR"), help="Where worker logs and the model repository go.")
 def serve_command(model, dtype, config_path, mode, prefill, decode, replicas, transport, device, handoff, backend,
                   router, host, grpc_port, http_port, model_name, served_model_name, chat_template, tool_call_parser,
-                  reasoning_parser, generation_config, override_generation_config, lora_modules, responses_kept,
-                  max_model_len,
+                  reasoning_parser, generation_config, override_generation_config, lora_modules, lora_root,
+                  responses_kept, max_model_len,
                   kv_pool_bytes, chunk_tokens, api_key_file, no_api_key, prefix_cache_per_api_key, allowed_origins,
                   allowed_methods, allowed_headers, allow_credentials, tls_cert, tls_key,
                   tls_client_ca, worker_tls_ca, worker_tls_server_name,
@@ -164,6 +167,7 @@ def serve_command(model, dtype, config_path, mode, prefill, decode, replicas, tr
         "front_door.chat_template": chat_template, "front_door.tool_call_parser": tool_call_parser,
         "front_door.reasoning_parser": reasoning_parser, "front_door.generation_config": generation_config,
         "front_door.override_generation_config": override_generation_config, "lora_modules": lora_modules,
+        "lora_loading.root": lora_root,
         "front_door.responses_kept": responses_kept, "limits.max_model_len": max_model_len,
         "front_door.host": host, "front_door.grpc_port": grpc_port, "front_door.http_port": http_port,
         "front_door.model_name": model_name, "kv_pool_bytes": kv_pool_bytes, "chunk_tokens": chunk_tokens,

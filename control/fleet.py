@@ -71,6 +71,7 @@ class Fleet:
         self._cond = asyncio.Condition()
         self.on_change = on_change  # callback(worker) after a health change (metrics, supervisor)
         self.on_stats = on_stats  # callback(worker) after every stats push (metrics)
+        self.on_join = None  # async callback(worker) before a worker is routed to; its TandemError keeps it out
 
     def role(self, role: Role) -> list[WorkerState]:
         return [w for w in self.workers.values() if w.role == role]
@@ -136,6 +137,8 @@ class Fleet:
                     if self.on_stats is not None:
                         self.on_stats(w)
                     if not w.healthy:
+                        if self.on_join is not None:
+                            await self.on_join(w)  # e.g. the LoRA adapters it must hold (control/adapters.py)
                         w.healthy = True
                         log.info("worker %s (%s) at %s is ready", w.name, w.role, w.url)
                         self._changed(w)

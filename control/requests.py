@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from control.adapters import Adapters
 from engine.guided import Guides, guides_for
 from engine.tokenizer import ChatMessage, Tokenizer
 from tandem.guides import Guide
@@ -93,7 +94,7 @@ class Limits:
     vocab_size: int
     max_prompt_chars: int = 1 << 20  # refused before tokenizing: a 10 MB prompt never reaches the tokenizer
     end_ids: tuple[int, ...] = ()  # the tokens the model's answers end with (engine.tokenizer.Tokenizer.end_ids)
-    adapters: frozenset[str] = frozenset()  # LoRA adapters a request's `model` may name (engine/lora.py)
+    adapters: Adapters = field(default_factory=Adapters)  # LoRA adapters a request's `model` may name
 
     def check_chars(self, chars: int) -> None:
         """Refuse text of more characters than this server tokenizes."""
@@ -137,7 +138,7 @@ def prepare(req: GenerationRequest, tokenizer: Tokenizer, limits: Limits) -> Pre
                             bad_words=_bad_words(req.bad_words, tokenizer),
                             allowed_token_ids=tuple(sorted(set(req.allowed_token_ids))), cache_salt=req.cache_salt,
                             extra_eos=(req.end_id,) if req.end_id is not None else (),
-                            lora=req.model if req.model in limits.adapters else "").with_seed()
+                            lora=limits.adapters.key_of(req.model)).with_seed()
     limits.check_ids([t for t, _ in params.logit_bias], "logit_bias")
     limits.check_ids(params.allowed_token_ids, "allowed_token_ids")
     if params.guide is not None:  # compiled here once, so a bad schema is the client's 400, never a worker's fault

@@ -24,6 +24,7 @@ import logging
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator
 
+from control.adapters import Adapters
 from control.fleet import Fleet, WorkerState
 from control.handoff import Attempt, Handoff, Timings
 from control.prefix_index import PrefixView
@@ -46,10 +47,12 @@ class ServingPath(ABC):
     roles: tuple[Role, ...]
 
     def __init__(self, fleet: Fleet, router: Router, tokens_per_page: int, metrics, max_retries: int = 2,
-                 prefix: PrefixView | None = None, local_max: int = 0, handoff: str = HandoffMode.PUSH):
+                 prefix: PrefixView | None = None, local_max: int = 0, handoff: str = HandoffMode.PUSH,
+                 adapters: Adapters | None = None):
         """`prefix`: what the workers cache (fed by their stats); `local_max`: see DisaggregatedPath;
         `handoff`: push (control/handoff.py), pull (control/pull_attempt.py) or trtllm
-        (control/trtllm_attempt.py: TensorRT-LLM workers, which never prefill locally: use local_max 0)."""
+        (control/trtllm_attempt.py: TensorRT-LLM workers, which never prefill locally: use local_max 0);
+        `adapters`: the LoRA adapters served (control/adapters.py), each held while a request uses it."""
         if handoff not in HANDOFFS:
             raise ValueError(f"unknown handoff mode {handoff!r}; allowed: {', '.join(HANDOFFS)}")
         self.handoff = HANDOFFS[handoff]
@@ -57,6 +60,7 @@ class ServingPath(ABC):
         self.tokens_per_page, self.max_retries = tokens_per_page, max_retries
         self.prefix = prefix if prefix is not None else PrefixView(tokens_per_page)
         self.local_max = local_max
+        self.adapters = adapters if adapters is not None else Adapters()
         self._ids = itertools.count()
 
     def ready(self) -> bool:
@@ -81,41 +85,43 @@ class ServingPath(ABC):
         failures = 0
         uid = f"{next(self._ids)}:{prep.request.request_id}"
         waited: TandemError | None = None  # why the request is waiting (full pools, no worker), if it is
-        while True:
-            version, attempt = self.fleet.version, None
-            try:
-                with span.child("tandem.attempt", retry=failures, resumed=failures > 0,
-                                resumed_after_tokens=len(sent)) as traced:
-                    async with self.attempt(prep, sent, avoid, f"{uid}#{failures}.{len(sent)}", traced) as attempt:
-                        traced.set(**attempt.workers())
-                        while (tok := await _step(attempt, deadline)) is not None:
-                            waited = None
-                            if tok.token is not None:
-                                sent.append(tok.token)
-                            if tok.finish_reason is not None:  # done: the caller may close us at this yield
-                                traced.set(finish_reason=tok.finish_reason)
-                                traced.end()
-                            yield tok
-                return
-            except (OutOfPages, NoWorker) as e:
-                waited = e
-                if not await self.fleet.wait_change(version, deadline):
-                    raise _gave_up(e) from None
-            except DeadlineExceeded as e:
-                if attempt is not None and attempt.placed:  # it waited, then got its pages: the deadline is its own
-                    waited = None
-                raise _gave_up(waited) if waited is not None else e from None
-            except TandemError as e:
-                worker = getattr(e, "worker", None)
-                if not retryable(status_of(e)) or failures >= self.max_retries:
-                    raise
-                failures += 1
-                if worker is not None:
-                    avoid.add(worker.name)
-                    if status_of(e) is Status.UNAVAILABLE:
-                        self.fleet.mark_unreachable(worker, str(e))
-                self.metrics.recoveries.labels(worker.role if worker else "unknown").inc()
-                log.info("request %s: %s; resuming after %d token(s)", uid, e, len(sent))
+        with self.adapters.hold(prep.params.lora):  # its LoRA adapter stays on the workers until the end
+            while True:
+                version, attempt = self.fleet.version, None
+                try:
+                    with span.child("tandem.attempt", retry=failures, resumed=failures > 0,
+                                    resumed_after_tokens=len(sent)) as traced:
+                        rid = f"{uid}#{failures}.{len(sent)}"
+                        async with self.attempt(prep, sent, avoid, rid, traced) as attempt:
+                            traced.set(**attempt.workers())
+                            while (tok := await _step(attempt, deadline)) is not None:
+                                waited = None
+                                if tok.token is not None:
+                                    sent.append(tok.token)
+                                if tok.finish_reason is not None:  # done: the caller may close us at this yield
+                                    traced.set(finish_reason=tok.finish_reason)
+                                    traced.end()
+                                yield tok
+                    return
+                except (OutOfPages, NoWorker) as e:
+                    waited = e
+                    if not await self.fleet.wait_change(version, deadline):
+                        raise _gave_up(e) from None
+                except DeadlineExceeded as e:
+                    if attempt is not None and attempt.placed:  # it waited, then got its pages: its own deadline
+                        waited = None
+                    raise _gave_up(waited) if waited is not None else e from None
+                except TandemError as e:
+                    worker = getattr(e, "worker", None)
+                    if not retryable(status_of(e)) or failures >= self.max_retries:
+                        raise
+                    failures += 1
+                    if worker is not None:
+                        avoid.add(worker.name)
+                        if status_of(e) is Status.UNAVAILABLE:
+                            self.fleet.mark_unreachable(worker, str(e))
+                    self.metrics.recoveries.labels(worker.role if worker else "unknown").inc()
+                    log.info("request %s: %s; resuming after %d token(s)", uid, e, len(sent))
 
     def _check_fits(self, role: Role, pages: int) -> None:
         """A request no pool could ever hold is the client's to fix, not something to wait for."""
@@ -221,7 +227,8 @@ PATHS = {Mode.DISAGGREGATED: DisaggregatedPath, Mode.COLOCATED: ColocatedPath, M
 
 
 def make_path(mode: Mode | str, fleet: Fleet, router: Router, tokens_per_page: int, metrics, max_retries: int,
-              local_prefill_tokens: int = 0, handoff_mode: str = HandoffMode.PUSH) -> ServingPath:
+              local_prefill_tokens: int = 0, handoff_mode: str = HandoffMode.PUSH,
+              adapters: Adapters | None = None) -> ServingPath:
     """The path for `mode`; it follows the workers' prefix caches through the fleet's stats callback."""
     if mode not in PATHS:
         raise ValueError(f"unknown mode {mode!r}; allowed: {', '.join(PATHS)}")
@@ -235,7 +242,7 @@ def make_path(mode: Mode | str, fleet: Fleet, router: Router, tokens_per_page: i
 
     fleet.on_stats = on_stats
     return PATHS[mode](fleet, router, tokens_per_page, metrics, max_retries, view, local_prefill_tokens,
-                       handoff_mode)
+                       handoff_mode, adapters)
 
 
 def _gave_up(why: TandemError) -> TandemError:

@@ -12,10 +12,11 @@ from control.channel import WorkerChannel
 from control.worker_tls import WorkerTls
 from tandem.trtllm_wire import TrtllmDecode, TrtllmPrefilled
 from tandem.roles import Role
-from tandem.wire import (Abort, Ack, Flush, Open, Prefill, Prefilled, Pulled, ReaderGone, Release, Reserved, Start,
-                         Stats, Token, Unhold, Watch, WorkerStats, WriterGone)
+from tandem.wire import (Abort, Ack, Adapters, Flush, Open, Prefill, Prefilled, Pulled, ReaderGone, Release, Reserved,
+                         Start, Stats, Token, Unhold, Watch, WorkerStats, WriterGone)
 
 CONTROL_TIMEOUT_S = 10.0  # a control call (start, release, stats) answered by no reply in this long: worker stalled
+ADAPTERS_TIMEOUT_S = 120.0  # loading LoRA adapters reads their files: an adapter of a large model may take a while
 
 
 class WorkerClient:
@@ -35,6 +36,10 @@ class WorkerClient:
 
     async def flush(self) -> Ack:
         return await self.channel.call(Flush(), CONTROL_TIMEOUT_S)
+
+    async def set_adapters(self, modules: dict[str, str]) -> Ack:
+        """Have the worker hold exactly these LoRA adapters (folder by key: control/adapters.py)."""
+        return await self.channel.call(Adapters(modules), ADAPTERS_TIMEOUT_S)
 
     def reset(self, why: str) -> None:
         """Fail every call waiting on this worker now (it stalled or left): they resume elsewhere."""

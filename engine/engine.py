@@ -113,7 +113,8 @@ class Engine:
             raise InvalidRequest(
                 f"prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the model's context of "
                 f"{self.max_context}; ask for at most {self.max_context - len(prompt_ids)} tokens")
-        if params.lora and params.lora not in self.model.loras:
+        adapter = self.model.loras.get(params.lora) if params.lora else None
+        if params.lora and adapter is None:
             raise InvalidRequest(f"unknown LoRA adapter {params.lora!r}; this engine has "
                                  f"{sorted(self.model.loras) or 'none'}")
         if len(output_ids) >= params.max_tokens:
@@ -126,6 +127,7 @@ class Engine:
                        self.max_context, output_ids=list(output_ids))
         seq.attach_text(self.tokenizer)
         seq.attach_guide(self.guides)
+        seq.adapter = adapter
         return seq
 
     def can_admit(self, seq: Sequence) -> bool:

@@ -38,13 +38,14 @@ class LoraAdapter:
 
 def load_adapter(name: str, folder: str, cfg: ModelConfig, device: torch.device, dtype: torch.dtype) -> LoraAdapter:
     """The adapter in `folder` for a model of `cfg`; ModelLoadError naming what does not fit."""
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     path = os.path.join(folder, WEIGHTS)
     try:
         conf = read_config(folder)
         tensors = load_file(path)
-    except (ModelLoadError, OSError) as e:
+    except (ModelLoadError, OSError, SafetensorError) as e:  # a damaged file included
         raise ModelLoadError(f"LoRA adapter {name!r}: {e}") from None
     r, alpha = conf["r"], conf.get("lora_alpha", conf["r"])
     scale = alpha / math.sqrt(r) if conf.get("use_rslora") else alpha / r
@@ -58,6 +59,15 @@ def load_adapter(name: str, folder: str, cfg: ModelConfig, device: torch.device,
                 pairs = [(tensors[ab["A"]], tensors[ab["B"]]) if ab else None for ab in got]
                 layer[fused] = _fused(pairs, [outs[p] for p in names], r, scale, device, dtype)
     return LoraAdapter(name, r, tuple(layers))
+
+
+def adapters_for(held: dict[str, LoraAdapter], modules: dict[str, str], cfg: ModelConfig, device: torch.device,
+                 dtype: torch.dtype) -> dict[str, LoraAdapter]:
+    """The adapters of `modules` (folder by name): those in `held` as they are, the others loaded from their
+    folders; an adapter of `held` that `modules` leaves out is not in it. ModelLoadError (nothing changed)
+    naming the first that cannot be loaded."""
+    return {name: held[name] if name in held else load_adapter(name, folder, cfg, device, dtype)
+            for name, folder in modules.items()}
 
 
 def _fused(pairs: list[tuple[torch.Tensor, torch.Tensor] | None], outs: list[int], r: int, scale: float, device,

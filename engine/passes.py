@@ -42,7 +42,7 @@ def forward(model: LlamaModel, seqs: list[Sequence], starts: list[int], counts: 
             stop: Callable[[], bool] | None) -> torch.Tensor:
     """`counts[i]` tokens of sequence i from position `starts[i]` through the model, attending through
     `attn` (checked against `stop` before each layer), each sequence's rows with its LoRA adapter's
-    updates (SamplingParams.lora); prompt log-probs recorded -> logits [B, V] at each sequence's last row."""
+    updates (Sequence.adapter); prompt log-probs recorded -> logits [B, V] at each sequence's last row."""
     ends = [a + n for a, n in zip(starts, counts)]
     tokens, positions, rope_lens, last = upload(  # [T], [T], [T] sequence length per token, [B]
         model.device, [t for s, a, c in zip(seqs, starts, ends) for t in s.all_ids[a:c]],
@@ -51,7 +51,8 @@ def forward(model: LlamaModel, seqs: list[Sequence], starts: list[int], counts: 
     if stop is not None:
         attn = StoppableAttention(attn, stop)
     rows, spans = _logit_rows(seqs, starts, ends, last)
-    lora = rows_of(model.loras, [s.params.lora for s in seqs], counts, model.device, model.dtype)
+    held = {s.params.lora: s.adapter for s in seqs if s.adapter is not None}  # not model.loras: it may change
+    lora = rows_of(held, [s.params.lora for s in seqs], counts, model.device, model.dtype)
     logits = model.forward(tokens, positions, rope_lens, attn, rows, max_len=max(ends),
                            lora=lora)  # [B + prompt rows, V]
     _prompt_logprobs(seqs, logits, spans)

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from engine.detokenizer import Decoder, TextStream
 from engine.guided import Guides, GuideState
 from tandem.logprobs import Logprob
 from tandem.sampling_params import SamplingParams
+
+if TYPE_CHECKING:  # torch stays out of what imports a Sequence
+    from engine.lora import LoraAdapter
 
 
 class FinishReason(str, enum.Enum):
@@ -35,6 +39,7 @@ class Sequence:
     finish_reason: FinishReason | None = None
     text: TextStream | None = None  # only when there are stop strings to find
     guide: GuideState | None = None  # only when the params carry a guide: which tokens may come next
+    adapter: LoraAdapter | None = None  # params.lora's, held from admission on: unloading it spares this request
 
     def attach_text(self, tokenizer: Decoder) -> None:
         if self.params.stop:

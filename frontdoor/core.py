@@ -13,14 +13,12 @@ into text incrementally and records the latencies clients see. Failures are tand
 each door shapes them for its protocol through the one status table. Nothing is ever streamed twice.
 
 The scope rule: under per-key isolation a request's cache salt is scoped to its API key's holder
-(frontdoor/api_keys.py, tandem/prefix.scoped_salt) before it is prepared. The echo rule: the text a
-prepared request echoes (`Prepared.echo`, control/requests.py: its prompt, or a chat's final assistant
-message) goes in front of the first delta's text, and so of a collected answer.
+(tandem/prefix.scoped_salt) before it is prepared. The echo rule: what a prepared request echoes
+(`Prepared.echo`: its prompt, or a chat's last assistant message) leads the first delta's text.
 
 The served model (`ServedModel`): its names, Triton config and metadata, and statistics. gRPC and KServe
-HTTP serve it as `triton_name` (`ensemble`, TensorRT-LLM's name, so Triton clients work unchanged); the
-OpenAI API as `served_name` (e.g. `smollm2-135m`, as vLLM's --served-model-name), accepting its aliases,
-the Triton name, and its LoRA adapters' names (a request naming one is answered with that adapter)."""
+HTTP serve it as `triton_name` (`ensemble`, TensorRT-LLM's name); the OpenAI API as `served_name` (vLLM's
+--served-model-name), accepting its aliases, the Triton name and its LoRA adapters' names."""
 
 from __future__ import annotations
 
@@ -28,7 +26,7 @@ import asyncio
 import contextlib
 import dataclasses
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Sequence
 from dataclasses import dataclass
 
 from tritonclient.grpc import model_config_pb2 as mc
@@ -86,17 +84,20 @@ class Stats:
 class ServedModel:
     def __init__(self, service: Orchestrator, triton_name: str = "ensemble", served_name: str | None = None,
                  tool_call_parser: str | None = None, reasoning_parser: str | None = None,
-                 sampling_defaults: dict | None = None, aliases: tuple[str, ...] = (), adapters: tuple[str, ...] = ()):
-        """`tool_call_parser`: how the model writes a tool call in its text (frontdoor/tool_call_text.py);
-        None: tool_choice "auto" is refused. `reasoning_parser`: how it marks its thinking
-        (frontdoor/reasoning_text.py); None: every answer is all content. `sampling_defaults`: the OpenAI
-        doors' defaults for fields a request leaves out (frontdoor/generation_defaults.py). `aliases`: more
-        OpenAI model ids a request may name (answers carry `served_name`); `adapters`: LoRA adapters' names."""
+                 sampling_defaults: dict | None = None, aliases: tuple[str, ...] = (), adapters: Collection[str] = ()):
+        """`tool_call_parser`: how the model writes a tool call (frontdoor/tool_call_text.py); None: tool_choice
+        "auto" is refused. `reasoning_parser`: how it marks its thinking (frontdoor/reasoning_text.py); None:
+        all content. `sampling_defaults`: the OpenAI doors' defaults for fields a request leaves out
+        (frontdoor/generation_defaults.py). `aliases`: more OpenAI ids a request may name (answers carry
+        `served_name`); `adapters`: LoRA adapters' names (control/adapters.py: they change while serving)."""
         self.service, self.triton_name, self.served_name = service, triton_name, served_name or triton_name
         self.listed, self.adapters = (self.served_name, *aliases), adapters  # the base model's OpenAI ids first
-        self.openai_names = (*self.listed, triton_name, *adapters)  # what a request's `model` may be
         self.tool_call_parser, self.reasoning_parser = tool_call_parser, reasoning_parser
         self.sampling_defaults, self.config, self.stats = sampling_defaults or {}, model_config(triton_name), Stats()
+
+    @property
+    def openai_names(self) -> tuple[str, ...]:  # what a request's `model` may be
+        return (*self.listed, self.triton_name, *self.adapters)
 
     def known_triton(self, name: str, version: str = "") -> bool:
         return name == self.triton_name and version in ("", "1")

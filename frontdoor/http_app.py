@@ -5,6 +5,7 @@ same model (http_kserve.py, so `tritonclient.http` works too), health and Promet
     POST /v1/completions   /v1/chat/completions      (SSE streaming with "stream": true; SageMaker's /invocations)
     POST /tokenize   /detokenize   GET /tokenizer_info   /version      (vLLM's, http_tokens.py)
     POST /v1/responses ... (http_responses.py)   POST /v1/messages[/count_tokens] (Anthropic's, http_anthropic.py)
+    POST /v1/load_lora_adapter   /v1/unload_lora_adapter   (vLLM's, http_lora.py)
     GET  /v2/health/live   /v2/health/ready   /v2   /v2/models/{m}   /v2/models/{m}/ready   /v2/models/{m}/config
     POST /v2/models/{m}/infer                        (JSON tensors, or the binary tensor data extension)
     POST /v2/models/{m}/generate   /v2/models/{m}/generate_stream   GET /v2/models/{m}/stats   (http_generate.py)
@@ -36,6 +37,7 @@ from frontdoor.http_anthropic import add_anthropic_routes, error_type
 from frontdoor.http_generate import add_generate_routes
 from frontdoor.http_gate import Gate, Turnstile, arrived, generation_line, raw_response
 from frontdoor.http_kserve import add_kserve_routes
+from frontdoor.http_lora import LoraRoutes
 from frontdoor.http_openai import add_openai_routes
 from frontdoor.http_responses import add_responses_routes
 from frontdoor.response_store import ResponseStore
@@ -95,11 +97,11 @@ def raw_refusal(refuse_if_closed: Callable[[int], None], ahead: int, path: str =
 
 class HttpFrontend:
     def __init__(self, door: FrontDoor, max_body_bytes: int = MAX_BODY_BYTES, keys: ApiKeys | None = None,
-                 kept: ResponseStore | None = None, cors: Cors | None = None):
+                 kept: ResponseStore | None = None, cors: Cors | None = None, lora: LoraRoutes | None = None):
         """`keys`: only callers holding one are served (frontdoor/auth.py); every request gets an id and an
         access line (frontdoor/request_ids.py). `kept`: the /v1/responses responses kept for follow-ups
         (frontdoor/response_store.py; None: none are). `cors`: which web pages of other origins may call
-        (frontdoor/cors.py; None: none)."""
+        (frontdoor/cors.py; None: none). `lora`: the routes loading LoRA adapters (frontdoor/http_lora.py)."""
         self.door, self.served = door, door.served
         self.service = door.service
         guard = [http_middleware(keys, error_response)] if keys is not None else []
@@ -122,6 +124,8 @@ class HttpFrontend:
         add_generate_routes(r, door)  # Triton's generate extension and /stats (frontdoor/http_generate.py)
         add_admin_routes(r, door.service)  # POST /admin/flush (frontdoor/http_admin.py)
         add_token_routes(r, door)  # POST /tokenize, /detokenize, GET /version (frontdoor/http_tokens.py)
+        if lora is not None:
+            lora.add_to(r)  # POST /v1/load_lora_adapter, /v1/unload_lora_adapter
 
     @web.middleware
     async def _errors(self, request, handler):

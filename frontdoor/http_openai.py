@@ -47,7 +47,6 @@ class OpenAIRoutes:
     def __init__(self, door: FrontDoor):
         self.door, self.served = door, door.served
         self.service = door.service
-        self.names = self.served.openai_names
         self.unknown = UnknownFields()
 
     async def models(self, request):
@@ -64,8 +63,8 @@ class OpenAIRoutes:
     async def model(self, request):
         """The card of a name a request may use (the Triton name's is the served name's)."""
         name = request.match_info["model"]
-        if name not in self.names:
-            raise oa.unknown_model(name, self.names)
+        if name not in self.served.openai_names:
+            raise oa.unknown_model(name, self.served.openai_names)
         own = name in self.served.listed or name in self.served.adapters
         return web.json_response(self._card(name if own else self.served.served_name))
 
@@ -73,14 +72,14 @@ class OpenAIRoutes:
         self.service.refuse_if_closed()
         body = await read_object(request)
         rid = oa.new_id("cmpl")
-        parsed = oa.completion_request(body, self.names, rid, self.unknown, self.served.sampling_defaults)
+        parsed = oa.completion_request(body, self.served.openai_names, rid, self.unknown, self.served.sampling_defaults)
         return await self._answer(request, parsed, rid, oa.completion_body, body, chat=False)
 
     async def chat(self, request):
         self.service.refuse_if_closed()
         body = await read_object(request)
         rid = oa.new_id("chatcmpl")
-        parsed = oa.chat_request(body, self.names, rid, self.unknown, self.served.tool_call_parser,
+        parsed = oa.chat_request(body, self.served.openai_names, rid, self.unknown, self.served.tool_call_parser,
                                  self.served.sampling_defaults)
         return await self._answer(request, parsed, rid, chat_shape(parsed, self.served.reasoning_parser), body,
                                   chat=True)

@@ -51,7 +51,6 @@ class ResponsesRoutes:
     def __init__(self, door: FrontDoor, store: ResponseStore, unknown: UnknownFields):
         self.door, self.store, self.unknown = door, store, unknown
         self.served = door.served
-        self.names = self.served.openai_names
 
     async def read(self, request):
         """The response as it is now; with `?stream=true` a streamed background response's events after
@@ -93,7 +92,7 @@ class ResponsesRoutes:
             if extra:
                 self.unknown.note(extra, "/v1/responses")
             rid = oa.new_id("resp")
-            parsed = oa.chat_request(chat, self.names, rid, self.unknown, self.served.tool_call_parser,
+            parsed = oa.chat_request(chat, self.served.openai_names, rid, self.unknown, self.served.tool_call_parser,
                                      self.served.sampling_defaults)
             keep = bool(self.store.capacity) and body.get("store") is not False
             background = rs.in_background(body, keep)

@@ -21,6 +21,8 @@ _GAUGES = (  # (name, help, WorkerStats field)
     ("tandem_worker_running", "Requests a worker is running (decode batch, or prompts queued for prefill)",
      "running"),
     ("tandem_worker_queued_tokens", "Prompt tokens waiting or in a pass on a prefill worker", "queued_tokens"),
+    ("tandem_worker_lora_adapters", "LoRA adapters a worker holds (given at start, loaded, or unloaded and still "
+     "serving a request)", "lora_adapters"),
 )
 _COUNTERS = (
     ("tandem_prefix_cache_hit_pages", "Prompt pages found in the prefix cache", "cache_hits"),

@@ -51,6 +51,8 @@
                                    # OTEL_* variables decide, off when they name no endpoint
     lora_modules: {}               # LoRA adapters (PEFT folders) by name, e.g. {sql: /adapters/sql}: a request
                                    # whose model is `sql` is answered with it (engine/lora.py; torch backend)
+    lora_loading: {root: null, max_adapters: 16}   # root: adapters in it may be loaded while serving
+                                   # (POST /v1/load_lora_adapter, frontdoor/http_lora.py); null: off
 
 Unknown keys are rejected with the list of allowed ones.
 """
@@ -67,6 +69,7 @@ from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, NonNegativeI
 from control.worker_tls import WorkerTlsFiles
 from engine.lora_files import check_modules
 from frontdoor.cors import Cors
+from frontdoor.http_lora import LoraLoading
 from frontdoor.reasoning_text import PARSER_NAMES as REASONING_PARSERS
 from frontdoor.response_store import DEFAULT_MAX_BYTES as DEFAULT_KEPT_BYTES
 from frontdoor.tls import ServerTls
@@ -191,6 +194,7 @@ class Deployment(_Strict):
     tracing: Tracing = Tracing()
     # LoRA adapters a request's `model` may name: folder by name (engine/lora.py)
     lora_modules: Annotated[dict[str, str], AfterValidator(check_modules)] = {}
+    lora_loading: LoraLoading = LoraLoading()  # adapters loaded and unloaded while serving
 
     @model_validator(mode="after")
     def _workers(self):
@@ -223,9 +227,9 @@ class Deployment(_Strict):
         if self.local_prefill_tokens:
             raise ValueError("backend tensorrt-llm decode workers do not prefill prompts themselves; "
                              "local_prefill_tokens must be 0")
-        if self.lora_modules:
+        if self.lora_modules or self.lora_loading.root:
             raise ValueError("backend tensorrt-llm roles run TensorRT-LLM's engines, not Tandem's LoRA adapters; "
-                             "leave lora_modules out")
+                             "leave lora_modules and lora_loading.root out")
         if self.prefix_cache.per_api_key:
             raise ValueError("backend tensorrt-llm roles take no cache salt, so they cannot keep cached prefixes "
                              "apart per API key; leave prefix_cache.per_api_key off")

@@ -40,6 +40,12 @@ def read_model_files(engines: str, dep: Deployment, log=print) -> ModelFiles:
                                      dep.front_door.override_generation_config)
     except GenerationConfigError as e:
         raise DeploymentError(str(e)) from None
+    loading = dep.lora_loading
+    if loading.root is not None and not os.path.isdir(loading.root):
+        raise DeploymentError(f"lora_loading.root {loading.root!r}: no such folder")
+    if len(dep.lora_modules) > loading.max_adapters:
+        raise DeploymentError(f"lora_modules has {len(dep.lora_modules)} adapters, more than lora_loading.max_adapters "
+                              f"({loading.max_adapters}) lets the server hold")
     for name, folder in dep.lora_modules.items():  # their shapes against the model, before a worker loads them
         try:
             check_against(name, folder, cfg)

@@ -18,6 +18,7 @@ import time
 from builder.build import BuildError, BuildRequest, build
 from builder.repo import RepoOptions
 from engine.shm_region import remove_orphaned_triton_regions, remove_stale_segments
+from control.adapters import Adapters
 from control.admission import Admission
 from ops.deployment import Deployment, DeploymentError
 from ops.model_files import read_model_files, served_names
@@ -27,6 +28,7 @@ from control.fleet import Fleet
 from control.worker_client import CLIENTS, TRTLLM_CLIENTS
 from frontdoor.grpc_door import TritonProtocolServicer, start_grpc
 from frontdoor.http_app import HttpFrontend, start_http
+from frontdoor.http_lora import LoraRoutes
 from frontdoor.response_store import ResponseStore
 from frontdoor.door_metrics import Metrics
 from control.serving_path import make_path
@@ -173,6 +175,8 @@ class Stack:
         self.fleet = Fleet(dep.health.heartbeat_s, dep.health.stall_s, auth=auth, tls=security.worker_tls,
                            clients=TRTLLM_CLIENTS if trtllm else CLIENTS)
         metrics.workers.watch(self.fleet)
+        adapters = Adapters(dep.lora_modules, dep.lora_loading.max_adapters)
+        adapters.attach(self.fleet)  # a joining worker gets the adapters loaded while serving
         self.supervisor = Supervisor(self.workers, self.fleet, dep.health.stall_restart_s,
                                      on_restart=lambda name, server: self._record_workers())
         self.fleet.on_change = self.supervisor.on_health
@@ -182,13 +186,12 @@ class Stack:
         await self.discovery.start(dep)
         self.supervisor.start()
         path = make_path(dep.mode, self.fleet, ROUTERS[dep.router](), tokens_per_page, metrics, dep.max_retries,
-                         dep.local_prefill_tokens, dep.handoff_mode)
+                         dep.local_prefill_tokens, dep.handoff_mode, adapters)
         lim = dep.limits
         tokenizer, cfg = model.tokenizer, model.config
         self.service = Orchestrator(path=path, tokenizer=tokenizer, metrics=metrics, mode=dep.mode,
                                     limits=Limits(model.context, cfg.vocab_size, lim.max_prompt_chars,
-                                                  tuple(sorted(tokenizer.end_ids(cfg.eos_token_ids))),
-                                                  frozenset(dep.lora_modules)),
+                                                  tuple(sorted(tokenizer.end_ids(cfg.eos_token_ids))), adapters),
                                     admission=Admission(lim.max_in_flight, lim.max_queued_tokens,
                                                         max_in_flight_per_key=lim.max_in_flight_per_key),
                                     timeout_s=lim.request_timeout_s, tracer=self.tracer)
@@ -196,13 +199,14 @@ class Stack:
             await self._until_ready()
         fd = dep.front_door
         served = ServedModel(self.service, fd.model_name, names[0], fd.tool_call_parser, fd.reasoning_parser,
-                             model.sampling_defaults, aliases=tuple(names[1:]), adapters=tuple(dep.lora_modules))
+                             model.sampling_defaults, aliases=tuple(names[1:]), adapters=adapters)
         door = FrontDoor(served)
         try:
             self.grpc = await start_grpc(TritonProtocolServicer(door), fd.host, fd.grpc_port,
                                          security.grpc_credentials, security.keys)
             kept = ResponseStore(fd.responses_kept, fd.responses_kept_bytes)
-            self.http = await start_http(HttpFrontend(door, lim.max_body_bytes, security.keys, kept, fd.cors),
+            lora = None if trtllm else LoraRoutes(adapters, dep.lora_loading.root, cfg, (*names, fd.model_name))
+            self.http = await start_http(HttpFrontend(door, lim.max_body_bytes, security.keys, kept, fd.cors, lora),
                                          fd.host, fd.http_port, security.ssl_context)
         except OSError as e:  # taken since the check at the start
             raise DeploymentError(e.strerror or str(e)) from None

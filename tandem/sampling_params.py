@@ -20,7 +20,7 @@ MAX_LOGIT_BIAS = 1024  # tokens one request may bias: the sampler adds each to i
 MAX_BAD_WORDS = 64  # token sequences one request may ban (engine/sequence.py checks each at every step)
 MAX_BAD_WORD_TOKENS = 16
 MAX_CACHE_SALT = 256  # characters of a request's cache_salt
-MAX_LORA_NAME = 128  # characters of a LoRA adapter's name
+MAX_LORA_NAME = 160  # characters of a LoRA adapter's key: its name (at most 128) and a load's suffix
 
 
 @dataclass(frozen=True)
@@ -99,7 +99,7 @@ class SamplingParams:
             raise InvalidArgument("allowed_token_ids and structured output exclude each other (the grammar already "
                                   "says which tokens may come): send one of them", "allowed_token_ids")
         if not isinstance(self.lora, str) or len(self.lora) > MAX_LORA_NAME:
-            raise InvalidArgument(f"lora must be an adapter's name of at most {MAX_LORA_NAME} characters", "lora")
+            raise InvalidArgument(f"lora must be an adapter's key of at most {MAX_LORA_NAME} characters", "lora")
         if not isinstance(self.cache_salt, str) or len(self.cache_salt) > MAX_CACHE_SALT:
             raise InvalidArgument(f"cache_salt must be a string of at most {MAX_CACHE_SALT} characters", "cache_salt")
         if self.guide is not None and not isinstance(self.guide, Guide):

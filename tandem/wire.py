@@ -30,6 +30,7 @@ Every worker:
   Watch    -> WorkerStats... pushed on every change and as a heartbeat; never final while the worker lives
   Stats    -> WorkerStats
   Flush    -> Ack      drop the prefix cache's idle pages (pages in use keep their names)
+  Adapters -> Ack      hold exactly these LoRA adapters (by key; others loaded, left ones dropped)
 
 Prefix-cache reports ride on WorkerStats: a watcher's pushes carry the page hashes its pool started
 (`stored`) and stopped (`removed`) holding since that watcher's previous push, or, with `resync`, the
@@ -142,6 +143,12 @@ class Flush:
     TYPE: ClassVar[str] = "flush"
 
 
+@dataclass(frozen=True)
+class Adapters:
+    TYPE: ClassVar[str] = "adapters"
+    modules: dict = field(default_factory=dict)  # folder by key (SamplingParams.lora): control/adapters.py
+
+
 # -- replies ----------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -217,10 +224,11 @@ class WorkerStats:
     removed: list[str] = field(default_factory=list)
     resync: bool = False  # stored/removed overflowed: `stored` is the whole cache
     engine_salt: str = ""  # hex of the pool's tandem.prefix.engine_salt; "" when its prefix cache is off
+    lora_adapters: int = 0  # LoRA adapters the engine holds (engine/workers/adapter_set.py)
 
 
 REQUESTS = {c.TYPE: c for c in (Open, Start, Release, WriterGone, Prefill, Abort, Unhold, ReaderGone, Watch, Stats,
-                                Flush, TrtllmDecode)}
+                                Flush, Adapters, TrtllmDecode)}
 REPLIES = {c.TYPE: c for c in (Reserved, Pulled, Token, Prefilled, Ack, WorkerStats, TrtllmPrefilled)}
 
 

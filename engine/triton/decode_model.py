@@ -10,9 +10,10 @@ from engine.load import load_engine
 from engine.transports.host import PoolHost
 from engine.triton.common import (Auth, Params, dispatch, end_server, instance_device, pass_budget, setup_threads,
                                   worker_tracer)
+from engine.workers.adapter_set import AdapterSet
 from engine.workers.decode_worker import DecodeWorker
 from tandem.roles import Role
-from tandem.wire import Flush, Open, Release, Start, Stats, Watch, WriterGone
+from tandem.wire import Adapters, Flush, Open, Release, Start, Stats, Watch, WriterGone
 
 
 def handlers(worker: DecodeWorker) -> dict:
@@ -24,6 +25,7 @@ def handlers(worker: DecodeWorker) -> dict:
         Watch: lambda msg, sink: worker.watch(sink, msg.heartbeat_ms / 1000),
         Stats: lambda msg, sink: worker.stats(),
         Flush: lambda msg, sink: worker.flush(),
+        Adapters: AdapterSet(worker.engine, lambda: worker.watchers.push(force=True)).apply,
     }
 
 

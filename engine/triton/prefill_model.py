@@ -11,9 +11,10 @@ from engine.load import load_engine
 from engine.transports.host import PoolHost
 from engine.triton.common import (Auth, Params, dispatch, end_server, instance_device, pass_budget, setup_threads,
                                   worker_tracer)
+from engine.workers.adapter_set import AdapterSet
 from engine.workers.prefill_worker import PrefillWorker
 from tandem.modes import HandoffMode
-from tandem.wire import Abort, Flush, Prefill, ReaderGone, Stats, Unhold, Watch
+from tandem.wire import Abort, Adapters, Flush, Prefill, ReaderGone, Stats, Unhold, Watch
 
 
 class TritonPythonModel:
@@ -46,6 +47,7 @@ class TritonPythonModel:
             Watch: lambda msg, sink: w.watch(sink, msg.heartbeat_ms / 1000),
             Stats: lambda msg, sink: w.stats(),
             Flush: lambda msg, sink: w.flush(),
+            Adapters: AdapterSet(engine, lambda: w.watchers.push(force=True)).apply,
         }
 
     def execute(self, requests):

@@ -185,7 +185,8 @@ class DecodeWorker(DecodeLoop):
                                                                       LeaseState.WAITING_KV)),
                                kv_bytes_received=self.kv_bytes_received, cache_hits=c.hit_pages,
                                cache_misses=c.miss_pages, cache_evictions=c.evicted_pages,
-                               engine_salt=self.engine.salt.hex() if a.enabled else "")
+                               engine_salt=self.engine.salt.hex() if a.enabled else "",
+                               lora_adapters=len(self.engine.model.loras))
 
     def flush(self) -> Ack:
         """Drop every idle cached page (pages of running requests keep their names); watchers hear of it."""

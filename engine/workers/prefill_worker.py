@@ -152,8 +152,10 @@ class PrefillWorker(PrefillRuns):
         with self.lock:
             queued = sum(self._todo(it) for it in self.queue)
             a = self.engine.allocator
+            loras = len(self.engine.model.loras)
             if a is None:
-                return WorkerStats(role=Role.PREFILL, host=self.host, running=len(self.queue), queued_tokens=queued)
+                return WorkerStats(role=Role.PREFILL, host=self.host, running=len(self.queue), queued_tokens=queued,
+                                   lora_adapters=loras)
             if self.feed is not None:
                 self.feed.collect(a)
             c = a.counters()
@@ -161,7 +163,7 @@ class PrefillWorker(PrefillRuns):
                                pages_total=a.num_pages, pages_used=a.num_used, pages_cached=c.cached_pages,
                                cache_hits=c.hit_pages, cache_misses=c.miss_pages, cache_evictions=c.evicted_pages,
                                engine_salt=self.engine.salt.hex() if self.caching else "",
-                               pages_held=self.holds.pages() if self.holds is not None else 0)
+                               pages_held=self.holds.pages() if self.holds is not None else 0, lora_adapters=loras)
 
     def flush(self) -> Ack:
         """Drop every idle cached page of the local pool (pages in a pass keep their names)."""

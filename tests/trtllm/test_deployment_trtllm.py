@@ -24,6 +24,7 @@ def deployment(**overrides):
     ({"transport": "shm"}, "leave transport out"),
     ({"local_prefill_tokens": 64}, "local_prefill_tokens must be 0"),
     ({"prefix_cache.per_api_key": True}, "leave prefix_cache.per_api_key off"),
+    ({"lora_loading.root": "/tmp"}, "leave lora_modules and lora_loading.root out"),
     ({"device": "cpu"}, "runs on CUDA"),
     ({"decode.device": "cpu", "device": "cuda"}, "decode has local workers with device cpu"),
     ({"prefill.gpus": [0], "device": "cuda"}, "leave prefill.gpus out"),

@@ -1,0 +1,84 @@
+"""A worker's LoRA adapters changed while it serves (engine/workers/adapter_set.py), on the real engine
+and PEFT adapters: a request keeps the adapter it was admitted with when the set drops it, and ends
+with the tokens it would have had; a later request naming it is refused; a set is taken whole or not at
+all, and the adapters it keeps are not loaded again."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.errors import InvalidRequest
+from engine.load import load_engine
+from engine.tokenizer import ChatMessage
+from engine.workers.adapter_set import AdapterSet
+from tandem.sampling_params import SamplingParams
+from tandem.status import InvalidArgument, Status, status_of
+from tandem.wire import Ack, Adapters
+from tests.engine.test_lora import TARGETS, make_adapter
+from tests.workers.test_handoff import ListSink
+
+pytest.importorskip("peft")
+MAX_TOKENS = 24
+
+
+@pytest.fixture(scope="module")
+def folders(hf_default_model, tmp_path_factory):
+    root = tmp_path_factory.mktemp("adapter-set")
+    made = {"every": str(root / "every"), "qv": str(root / "qv")}
+    make_adapter(hf_default_model[1], made["every"], TARGETS, 1)
+    make_adapter(hf_default_model[1], made["qv"], ["q_proj", "v_proj"], 2)
+    return made
+
+
+@pytest.fixture
+def engine(folders):
+    return load_engine("smollm2-135m", kv_bytes=64 << 20, lora_modules={"every": folders["every"]})
+
+
+def apply(adapters: AdapterSet, modules: dict) -> ListSink:
+    sink = ListSink()
+    adapters.apply(Adapters(modules), sink)
+    assert sink.finished.wait(60)
+    return sink
+
+
+def answer(engine, ids: list[int], drop_after: int | None = None, adapters: AdapterSet | None = None) -> list[int]:
+    """Greedy tokens of `ids` with adapter `every`; with `drop_after`, the set is emptied after that many."""
+    seq = engine.new_sequence("r", ids, SamplingParams(max_tokens=MAX_TOKENS, lora="every"))
+    engine.admit(seq)
+    engine.prefill([seq])
+    while not seq.finished:
+        if len(seq.output_ids) == drop_after:
+            assert isinstance(apply(adapters, {}).replies[-1], Ack)
+        engine.decode_step([seq])
+    engine.release(seq)
+    return seq.output_ids
+
+
+def test_a_request_keeps_its_adapter_when_the_set_drops_it(engine):
+    changes = []
+    adapters = AdapterSet(engine, lambda: changes.append(len(engine.model.loras)))
+    ids = engine.tokenizer.encode_chat([ChatMessage("user", "What is the capital of France?")])
+    whole = answer(engine, ids)
+    assert answer(engine, ids, drop_after=4, adapters=adapters) == whole
+    assert engine.model.loras == {} and changes == [0]
+    with pytest.raises(InvalidRequest, match="unknown LoRA adapter 'every'"):
+        engine.new_sequence("later", ids, SamplingParams(lora="every"))
+
+
+def test_a_set_is_taken_whole_or_not_at_all(engine, folders):
+    changes = []
+    adapters = AdapterSet(engine, lambda: changes.append(sorted(engine.model.loras)))
+    every = engine.model.loras["every"]
+    failed = apply(adapters, {"every": folders["every"], "qv": folders["qv"], "gone": "/nonexistent"})
+    assert status_of(failed.error) is Status.INVALID_ARGUMENT and "LoRA adapter 'gone'" in str(failed.error)
+    assert engine.model.loras == {"every": every} and changes == []  # nothing changed
+    assert isinstance(apply(adapters, {"every": folders["every"], "qv": folders["qv"]}).replies[-1], Ack)
+    assert engine.model.loras["every"] is every and engine.model.loras["qv"].rank == 8  # kept, and loaded
+    assert changes == [["every", "qv"]]
+
+
+@pytest.mark.parametrize("modules", [{"": "/x"}, {"k" * 161: "/x"}, {"a": 3}, {"a": ""}])
+def test_a_malformed_set_is_refused_at_once(engine, modules):
+    with pytest.raises(InvalidArgument, match="each key must be 1-160 characters naming a folder"):
+        AdapterSet(engine, lambda: None).apply(Adapters(modules), ListSink())

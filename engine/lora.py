@@ -10,6 +10,7 @@ leaves a part alone), the scale folded into B, so an update is two matmuls which
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from dataclasses import dataclass
@@ -34,6 +35,13 @@ class LoraAdapter:
     name: str
     rank: int
     layers: tuple[dict[str, Update], ...]  # per model layer: fused layer name (FUSED) -> its update
+
+    @functools.cached_property
+    def flat(self) -> list[torch.Tensor | None]:
+        """The updates as the one-call pass takes them (engine/cpu_kernels/layers.py): a_t, b_t of each
+        layer's qkv, o, gate_up and down in turn, None for both where the adapter leaves one alone."""
+        return [t for layer in self.layers for fused in FUSED
+                for t in ((layer[fused].a_t, layer[fused].b_t) if fused in layer else (None, None))]
 
 
 def load_adapter(name: str, folder: str, cfg: ModelConfig, device: torch.device, dtype: torch.dtype) -> LoraAdapter:
@@ -95,6 +103,10 @@ class LoraRows:
     or their indices [n] (a long pass: only its rows computed)."""
 
     groups: tuple[tuple[LoraAdapter, torch.Tensor | None], ...]
+
+    def flat(self) -> list[list[torch.Tensor | None]]:
+        """The groups as the one-call pass takes them: each its rows (None: all), then its adapter's `flat`."""
+        return [[rows, *adapter.flat] for adapter, rows in self.groups]
 
     def add(self, layer: int, fused: str, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """y [T, out] (the fused layer's output for x [T, in]) plus each group's update at its rows, in place."""

@@ -108,15 +108,15 @@ class LlamaModel:
         prompt rows whose logprobs were asked for).
 
         `max_len`: the longest sequence length in the pass, when known (see Rotary.cos_sin). `lora`: the
-        rows that take LoRA adapters' updates (a pass with any runs the layer loop, not the one call)."""
+        rows that take LoRA adapters' updates (engine/lora.py), in the one call as in the layer loop."""
         c = self.cfg
         T = tokens.shape[0]
         x = self.lm_head.rows(tokens) if self.embed is None else self.embed[tokens]  # [T, D]
         cos, sin = self.rotary.cos_sin(positions, seq_lens_for_rope, self.dtype, max_len)  # [T, hd] each
-        in_place = attn.in_place_rows() if T <= self.one_call_rows and lora is None else None
+        in_place = attn.in_place_rows() if T <= self.one_call_rows else None
         if in_place is not None:  # every layer in one call (engine/cpu_kernels/layers.py)
             x = cpu_layers.run_pass(x, self._one_call, in_place, cos, sin, c.num_heads, c.rms_norm_eps,
-                                    attn.in_place_layer_done())
+                                    attn.in_place_layer_done(), lora)
         else:  # cos, sin [T, 1, hd]: broadcast over heads, shaped once per pass
             self._layer_loop(x, cos[:, None, :], sin[:, None, :], attn, lora)
         x = rms_norm(x[last_rows], self.norm, c.rms_norm_eps)  # [B, D]

@@ -34,6 +34,11 @@ torch::Tensor decode_step_attention(const torch::Tensor& qkv, const torch::Tenso
 torch::Tensor rms_norm(const torch::Tensor& x, const c10::optional<torch::Tensor>& delta, const torch::Tensor& w,
                        double eps);
 
+// A pass's LoRA rows (engine/lora.py LoraRows.flat): per adapter, its rows (none: all; a 0/1 mask [T, 1] in
+// the pass's dtype; or int64 indices [n]), then for each layer the a_t [in, n*r] and b_t [n*r, out] of its
+// qkv, o, gate_up and down products (none for both where the adapter leaves one alone).
+using LoraGroups = std::vector<std::vector<c10::optional<torch::Tensor>>>;
+
 // A pass's rows through every decoder layer, each attending as its own sequence: a decode row, or a prompt
 // row whose slot, table and context end at its own position (all rows' K/V are written before any row
 // attends, so a prompt's rows see each other causally). For each layer i, with weights[6*i ..] =
@@ -43,10 +48,11 @@ torch::Tensor rms_norm(const torch::Tensor& x, const c10::optional<torch::Tensor
 //   h = rms_norm(x, o attention); MLP output = down(silu(gate h) * up h)
 // and finally x += the last MLP output. x: [B, D] (updated in place and returned); pool:
 // [layers, 2, pages, tokens_per_page, Hkv, hd]; cos, sin: [B, hd]; slots [B], tables [B, P], ctx [B]
-// as for decode_step_attention; `heads` = H. Products packed as gemv takes them, no biases. after_layer:
+// as for decode_step_attention; `heads` = H. Products packed as gemv takes them, no biases. `lora`: each
+// product's output then gains each group's update at its rows (x @ a_t @ b_t), as LoraRows.add. after_layer:
 // None, or a Python callable called with i once layer i's K/V are in the pool, with the GIL (which the pass
 // releases otherwise); an exception it raises ends the pass and propagates. Call it holding the GIL.
 torch::Tensor decode_layers(torch::Tensor x, const std::vector<torch::Tensor>& weights, const torch::Tensor& pool,
                             const torch::Tensor& cos, const torch::Tensor& sin, const torch::Tensor& slots,
                             const torch::Tensor& tables, const torch::Tensor& ctx, int64_t heads, double eps,
-                            const pybind11::object& after_layer);
+                            const LoraGroups& lora, const pybind11::object& after_layer);

@@ -9,7 +9,7 @@ interpreted calls per layer between the kernels (about a millisecond per decode 
 16-token fp32 prompt pass) and, for prompt rows, PyTorch's per-layer attention setup. It applies when
 every product of every layer can use the few-row kernel (plain fp32/bf16 weights, no biases), the pass
 has at most `max_rows` rows and its attention reads the pool in place (engine/attention.py:
-Attention.in_place_rows).
+Attention.in_place_rows); rows with LoRA adapters take their updates inside the call.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from typing import Callable
 import torch
 
 from engine.cpu_kernels.build import load
+from engine.lora import LoraRows
 
 
 def layer_weights(layers: list) -> list[torch.Tensor] | None:
@@ -67,13 +68,16 @@ def in_rounds(dtype: torch.dtype) -> bool:
 
 
 def run_pass(x: torch.Tensor, weights: list[torch.Tensor], in_place: tuple, cos: torch.Tensor, sin: torch.Tensor,
-             heads: int, eps: float, after_layer: Callable[[int], None] | None = None) -> torch.Tensor:
+             heads: int, eps: float, after_layer: Callable[[int], None] | None = None,
+             lora: LoraRows | None = None) -> torch.Tensor:
     """x: [B, D] (the pass's rows, embedded; updated in place) -> [B, D] after every layer and the last
     residual add. `weights` from `layer_weights`; `in_place`: (pool [layers, 2, pages, tpp, Hkv, hd],
     slots [B], tables [B, P], ctx_lens [B]: each row's own) from the pass's attention; cos, sin: [B, hd].
-    `after_layer(i)` runs once layer i's K/V are in the pool; what it raises ends the pass and propagates."""
+    `after_layer(i)` runs once layer i's K/V are in the pool; what it raises ends the pass and propagates.
+    `lora`: the rows that take LoRA adapters' updates (engine/lora.py), as the layer loop gives them."""
     pool, slots, tables, lens = in_place
-    return load().decode_layers(x, weights, pool, cos, sin, slots, tables, lens, heads, eps, after_layer)
+    groups = lora.flat() if lora is not None else []
+    return load().decode_layers(x, weights, pool, cos, sin, slots, tables, lens, heads, eps, groups, after_layer)
 
 
 def describe() -> str:

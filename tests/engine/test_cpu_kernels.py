@@ -346,6 +346,51 @@ def test_a_decode_step_in_one_call_equals_the_layer_loop_bit_for_bit(dtype, batc
 
 
 @needs_kernel
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_lora_rows_in_one_call_get_the_layer_loops_bits(dtype, monkeypatch, tmp_path):
+    """Rows of LoRA adapters take their updates inside the one call (decode_layers.cpp): a decode batch of
+    two adapters' rows and base rows gives, to the last bit, the tokens and logprobs the layer loop gives."""
+    from engine.attention import PagedAttention
+    from engine.cpu_kernels import layers as cpu_layers
+    from engine.load import load_engine
+    from scripts.gpu_check.lora_check import write_adapter
+    from tandem.sampling_params import SamplingParams
+
+    base = load_engine("smollm2-135m", dtype=dtype, kv_bytes=8 << 20)
+    modules = {n: write_adapter(str(tmp_path / n), base.cfg, seed) for n, seed in (("a", 1), ("b", 2))}
+    engine = load_engine("smollm2-135m", dtype=dtype, kv_bytes=128 << 20, lora_modules=modules)
+    calls, real = [], cpu_layers.run_pass
+    monkeypatch.setattr(cpu_layers, "run_pass", lambda x, *args: calls.append(x.shape[0]) or real(x, *args))
+    prompts = [engine.tokenizer.encode(q) for q in ("What is a prime number?", "Name a river.", "Hello there.")]
+    loras = ["a", "", "b"]  # each prompt's adapter ("": none)
+
+    def decode_all(tag: str):
+        seqs = [engine.new_sequence(f"{tag}{i}", ids, SamplingParams(max_tokens=12, temperature=0.8, seed=7,
+                                                                     ignore_eos=True, logprobs=True, lora=lora))
+                for i, (ids, lora) in enumerate(zip(prompts, loras))]
+        for s in seqs:
+            engine.admit(s)
+            engine.prefill([s])
+        while not all(s.finished for s in seqs):
+            engine.decode_step([s for s in seqs if not s.finished])
+        for s in seqs:
+            engine.release(s)
+        return seqs
+
+    fused = decode_all("fused")
+    assert calls == [len(p) for p in prompts] + [3] * 11  # prompts and decode steps, adapter rows and all
+    rows = PagedAttention.in_place_rows
+    monkeypatch.setattr(PagedAttention, "in_place_rows", lambda a: None if a.all_decode else rows(a))
+    loop = decode_all("loop")
+    for f, g in zip(fused, loop):
+        assert f.output_ids == g.output_ids and f.output_logprobs == g.output_logprobs
+    loras[:] = ["", "", ""]
+    plain = decode_all("plain")
+    assert all(plain[i].output_logprobs != fused[i].output_logprobs for i in (0, 2))  # the updates count
+    assert plain[1].output_logprobs == fused[1].output_logprobs  # a base row's bits whatever rows are beside it
+
+
+@needs_kernel
 def test_layers_with_a_bias_or_without_the_few_row_kernel_keep_the_layer_loop():
     from engine.cpu_kernels.layers import layer_weights
     from engine.model import Layer

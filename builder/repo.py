@@ -57,6 +57,8 @@ class RepoOptions:
     chunk_tokens: int = 0  # generate/: 0 = prefill-first co-location, N = chunked prefill
     decode_chunk_tokens: int = 64  # decode/: prompt tokens per step when it prefills a short suffix itself
     colocated_max_batch_size: int = 64
+    max_num_seqs: int | None = None  # decode/, generate/: requests run at once; None: the decode profile's (64)
+    max_num_batched_tokens: int | None = None  # prompt tokens per prefill pass; None: the prefill profile's
     fault_write_delay_ms: float = 0.0  # prefill/: fault injection only (tests, tandem chaos): a slow writer
     prefix_cache: bool = True  # every pool keeps finished requests' full pages for reuse (engine/prefix_cache.py)
     prefill_pool_bytes: int | None = None  # prefill/: its own pool (long prompts, its cache); None: the decode pool's
@@ -111,12 +113,13 @@ def model_values(engines: str, opts: RepoOptions) -> dict[str, dict]:
                           f"(render TensorRT-LLM role engines with `tandem repo --backend tensorrt-llm`)")
     pool = opts.kv_pool_bytes if opts.kv_pool_bytes is not None else dm.profile.kv_pool_bytes
     gpu = dict(opts.gpus)
-    cpu_pass = pm.profile.cpu_pass_tokens or pm.profile.max_num_tokens
+    pass_tokens = opts.max_num_batched_tokens or pm.profile.max_num_tokens
+    cpu_pass = opts.max_num_batched_tokens or pm.profile.cpu_pass_tokens or pm.profile.max_num_tokens
     cache = "on" if opts.prefix_cache else "off"
     loras = modules_text({name: os.path.abspath(folder) for name, folder in opts.lora_modules})
     return {
         "prefill": dict(name="prefill", engine_dir=prefill_dir, lora_modules=loras, max_batch_size=pm.profile.max_batch_size,
-                        max_queue_delay_us=pm.profile.max_queue_delay_us, max_num_tokens=pm.profile.max_num_tokens,
+                        max_queue_delay_us=pm.profile.max_queue_delay_us, max_num_tokens=pass_tokens,
                         cpu_pass_tokens=cpu_pass, fault_write_delay_ms=opts.fault_write_delay_ms,
                         threads=opts.threads, prefix_cache=cache, instance_group=instance_group(gpu.get("prefill")),
                         handoff=opts.handoff, fence_timeout_s=opts.fence_timeout_s,
@@ -124,13 +127,13 @@ def model_values(engines: str, opts: RepoOptions) -> dict[str, dict]:
                         else "",
                         pool_bytes=opts.prefill_pool_bytes if opts.prefill_pool_bytes is not None else pool),
         "decode": dict(name="decode", engine_dir=decode_dir, lora_modules=loras, transports=_transports(opts.transport, "decode" in gpu),
-                       kv_pool_bytes=pool, max_batch_size=dm.profile.max_batch_size,
-                       max_num_tokens=pm.profile.max_num_tokens, cpu_pass_tokens=cpu_pass,
+                       kv_pool_bytes=pool, max_batch_size=opts.max_num_seqs or dm.profile.max_batch_size,
+                       max_num_tokens=pass_tokens, cpu_pass_tokens=cpu_pass,
                        chunk_tokens=opts.decode_chunk_tokens, transfer_timeout_s=opts.transfer_timeout_s,
                        fence_timeout_s=opts.fence_timeout_s, threads=opts.threads, prefix_cache=cache,
                        instance_group=instance_group(gpu.get("decode"))),
         "generate": dict(name="generate", engine_dir=prefill_dir, lora_modules=loras, kv_pool_bytes=pool,
-                         max_batch_size=opts.colocated_max_batch_size, max_num_tokens=pm.profile.max_num_tokens,
+                         max_batch_size=opts.max_num_seqs or opts.colocated_max_batch_size, max_num_tokens=pass_tokens,
                          cpu_pass_tokens=cpu_pass, chunk_tokens=opts.chunk_tokens, threads=opts.threads,
                          prefix_cache=cache, instance_group=instance_group(gpu.get("generate"))),
     }

@@ -111,6 +111,12 @@ _JSON_STRINGS = _json("a JSON list of strings", "'[\"https://chat.example.com\"]
 @click.option("--max-model-len", type=click.IntRange(2), default=None, **_env("MAX_MODEL_LEN"),
               help="The most tokens (prompt + answer) one request may use; longer ones are a 400. Default: the "
                    "model's context.")
+@click.option("--max-num-seqs", type=click.IntRange(1, 4096), default=None, **_env("MAX_NUM_SEQS"),
+              help="The most requests a decode (or co-located) worker runs at once; more wait their turn there "
+                   "(vLLM's flag). Default: the decode engine's profile (tandem build), 64 co-located.")
+@click.option("--max-num-batched-tokens", type=click.IntRange(16), default=None, **_env("MAX_NUM_BATCHED_TOKENS"),
+              help="The most prompt tokens one prefill pass takes; a longer prompt goes in chunks (vLLM's flag). "
+                   "Default: the prefill engine's profile.")
 @click.option("--kv-pool-bytes", type=click.IntRange(1 << 20), default=None, **_env("KV_POOL_BYTES"),
               help="Decode KV pool per worker.")
 @click.option("--chunk-tokens", type=click.IntRange(1), default=None, **_env("CHUNK_TOKENS"),
@@ -149,7 +155,7 @@ _JSON_STRINGS = _json("a JSON list of strings", "'[\"https://chat.example.com\"]
 def serve_command(model, dtype, config_path, mode, prefill, decode, replicas, transport, device, handoff, backend,
                   router, host, grpc_port, http_port, model_name, served_model_name, chat_template, tool_call_parser,
                   reasoning_parser, generation_config, override_generation_config, lora_modules, lora_root,
-                  responses_kept, max_model_len,
+                  responses_kept, max_model_len, max_num_seqs, max_num_batched_tokens,
                   kv_pool_bytes, chunk_tokens, api_key_file, no_api_key, prefix_cache_per_api_key, allowed_origins,
                   allowed_methods, allowed_headers, allow_credentials, tls_cert, tls_key,
                   tls_client_ca, worker_tls_ca, worker_tls_server_name,
@@ -167,7 +173,7 @@ def serve_command(model, dtype, config_path, mode, prefill, decode, replicas, tr
         "front_door.chat_template": chat_template, "front_door.tool_call_parser": tool_call_parser,
         "front_door.reasoning_parser": reasoning_parser, "front_door.generation_config": generation_config,
         "front_door.override_generation_config": override_generation_config, "lora_modules": lora_modules,
-        "lora_loading.root": lora_root,
+        "lora_loading.root": lora_root, "max_num_seqs": max_num_seqs, "max_num_batched_tokens": max_num_batched_tokens,
         "front_door.responses_kept": responses_kept, "limits.max_model_len": max_model_len,
         "front_door.host": host, "front_door.grpc_port": grpc_port, "front_door.http_port": http_port,
         "front_door.model_name": model_name, "kv_pool_bytes": kv_pool_bytes, "chunk_tokens": chunk_tokens,

@@ -52,6 +52,10 @@ def _env(name: str) -> dict:
               help="cuda: which visible GPU (as numbered under this process's CUDA_VISIBLE_DEVICES).", **_env("GPU"))
 @click.option("--kv-pool-bytes", type=click.IntRange(1 << 20), default=None, help="decode/generate: KV pool size.",
               **_env("KV_POOL_BYTES"))
+@click.option("--max-num-seqs", type=click.IntRange(1, 4096), default=None, **_env("MAX_NUM_SEQS"),
+              help="decode/generate: the most requests run at once (default: the decode profile's; generate: 64).")
+@click.option("--max-num-batched-tokens", type=click.IntRange(16), default=None, **_env("MAX_NUM_BATCHED_TOKENS"),
+              help="The most prompt tokens one prefill pass takes (default: the prefill profile's).")
 @click.option("--threads", type=click.IntRange(1, 256), default=None, help="Torch threads (default: usable cores).",
               **_env("THREADS"))
 @click.option("--chunk-tokens", type=click.IntRange(0), default=0, show_default=True,
@@ -73,6 +77,7 @@ def _env(name: str) -> dict:
               help="OpenTelemetry traces: OTLP URL of a collector (HTTP, or gRPC with OTEL_EXPORTER_OTLP_PROTOCOL="
                    "grpc; default: the OTEL_EXPORTER_OTLP_* variables; off when none is set). Needs the otel extra.")
 def worker_command(role, engines, host, grpc_port, http_port, metrics_port, transport, device, gpu, kv_pool_bytes,
+                   max_num_seqs, max_num_batched_tokens,
                    threads, chunk_tokens, handoff, lora_modules, tls_cert, tls_key, workdir, log_file, log_format,
                    otlp_endpoint):
     """Run one role's Triton instance on this node until stopped.
@@ -116,7 +121,8 @@ def worker_command(role, engines, host, grpc_port, http_port, metrics_port, tran
         render_repo(engines, repo, RepoOptions(transport=transport, kv_pool_bytes=kv_pool_bytes, chunk_tokens=chunk_tokens,
                                                threads=threads or len(os.sched_getaffinity(0)), handoff=handoff,
                                                gpus=((role, gpu),) if on_gpu else (),
-                                               lora_modules=tuple((lora_modules or {}).items())))
+                                               lora_modules=tuple((lora_modules or {}).items()),
+                                               max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens))
     except RenderError as e:
         raise click.ClickException(str(e)) from None
     server = TritonServer(repo, (role,), name=role, host=host, grpc_port=grpc_port, http_port=http_port,

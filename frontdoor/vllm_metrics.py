@@ -11,7 +11,12 @@ vLLM. Labelled `model_name` (the served name), as vLLM labels them.
   generates in (decode workers'; co-located workers' in the baselines), as each worker last reported
   them; 0 with no such worker;
 - `vllm:cache_config_info` (gauge, 1): labels `block_size` (the tokens a KV page holds) and
-  `num_gpu_blocks` (the pages of those pools).
+  `num_gpu_blocks` (the pages of those pools);
+- `vllm:lora_requests_info` (gauge: the scrape's Unix time, so the newest is found), once LoRA adapters are
+  watched: labels `running_lora_adapters` (the adapters a request may name, comma-separated: every one is
+  on every worker, ready to serve), `waiting_lora_adapters` (always empty: no request waits for an
+  adapter to load) and `max_lora` (lora_loading.max_adapters): what the endpoint picker's LoRA affinity
+  reads.
 
 vLLM's dashboards read the request series too; these are the front door's own
 (frontdoor/door_metrics.py), renamed at scrape time (nothing more is counted per token):
@@ -25,6 +30,8 @@ numbers are read from the fleet at scrape time (frontdoor/worker_metrics.WorkerC
 """
 
 from __future__ import annotations
+
+import time
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
@@ -42,6 +49,10 @@ class VllmCollector:
         front-door metric exported again under it."""
         self.model, self.tokens_per_page, self.workers, self.renamed = model, tokens_per_page, workers, renamed
         self.waiting = self.running = 0
+        self.adapters = None  # the served LoRA adapters (control/adapters.py), once `watch_adapters` is called
+
+    def watch_adapters(self, adapters) -> None:
+        self.adapters = adapters
 
     def collect(self):
         for name, metric in self.renamed.items():
@@ -63,6 +74,11 @@ class VllmCollector:
                                  labels=["model_name", "block_size", "num_gpu_blocks"])
         info.add_metric([self.model, str(self.tokens_per_page), str(total)], 1.0)
         yield info
+        if self.adapters is not None:
+            lora = GaugeMetricFamily("vllm:lora_requests_info", "The LoRA adapters served (value: when, Unix time)",
+                                     labels=["max_lora", "running_lora_adapters", "waiting_lora_adapters"])
+            lora.add_metric([str(self.adapters.max_adapters), ",".join(self.adapters), ""], time.time())
+            yield lora
 
 
 def _as(family: Metric, name: str) -> Metric:

@@ -155,7 +155,8 @@ class Stack:
                               transfer_timeout_s=dep.handoff.transfer_timeout_s,
                               fence_timeout_s=dep.handoff.fence_timeout_s, prefix_cache=dep.prefix_cache.enabled,
                               prefill_pool_bytes=dep.prefix_cache.prefill_pool_bytes, handoff=dep.handoff.mode,
-                              lora_modules=tuple(dep.lora_modules.items()))
+                              lora_modules=tuple(dep.lora_modules.items()), max_num_seqs=dep.max_num_seqs,
+                              max_num_batched_tokens=dep.max_num_batched_tokens)
         for name in remove_stale_segments() + remove_orphaned_triton_regions():
             self.log(f"removed shared memory {name} left by a process that is gone")
         self.workers = WorkerSet(engines, self.workdir, counts, options, gpus=gpus, nice=dep.worker_nice,
@@ -177,6 +178,8 @@ class Stack:
         metrics.workers.watch(self.fleet)
         adapters = Adapters(dep.lora_modules, dep.lora_loading.max_adapters)
         adapters.attach(self.fleet)  # a joining worker gets the adapters loaded while serving
+        if not trtllm:  # TensorRT-LLM's roles serve no adapters
+            metrics.vllm.watch_adapters(adapters)
         self.supervisor = Supervisor(self.workers, self.fleet, dep.health.stall_restart_s,
                                      on_restart=lambda name, server: self._record_workers())
         self.fleet.on_change = self.supervisor.on_health

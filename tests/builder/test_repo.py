@@ -63,6 +63,23 @@ def test_a_pull_prefill_pool_is_exported_over_the_transports_that_reach_its_memo
         prefill(handoff="pull", transport="shm", gpus=(("prefill", 0),))
 
 
+def test_the_batch_and_pass_limits_given_replace_the_profiles(built_engines):
+    """--max-num-seqs caps the decode and co-located workers' batches, --max-num-batched-tokens every
+    prefill pass (on the CPU too); left out, the engines' role profiles decide."""
+    from builder.repo import model_values
+    from tandem.manifest import read_manifest
+
+    own = model_values(str(built_engines), RepoOptions())
+    given = model_values(str(built_engines), RepoOptions(max_num_seqs=3, max_num_batched_tokens=128))
+    profile = read_manifest(str(built_engines / "decode")).profile
+    assert own["decode"]["max_batch_size"] == profile.max_batch_size and own["generate"]["max_batch_size"] == 64
+    assert given["decode"]["max_batch_size"] == given["generate"]["max_batch_size"] == 3
+    assert given["prefill"]["max_batch_size"] == own["prefill"]["max_batch_size"]  # Triton's batcher: as built
+    for model in ("prefill", "decode", "generate"):
+        assert given[model]["max_num_tokens"] == given[model]["cpu_pass_tokens"] == 128, model
+        assert own[model]["max_num_tokens"] != 128
+
+
 def test_repo_refuses_engines_that_cannot_pair(built_engines, tmp_path):
     eng = tmp_path / "eng"
     shutil.copytree(built_engines / "prefill", eng / "prefill")

@@ -299,8 +299,10 @@ def test_norm_kernel_equals_the_pytorch_norm_after_the_same_residual_add(dtype):
 
 
 def _decode_all(engine, prompts: list[list[int]], params, tag: str):
-    """Prefill each prompt, then decode them together as one batch to the end: the sequences."""
-    seqs = [engine.new_sequence(f"{tag}{i}", ids, params) for i, ids in enumerate(prompts)]
+    """Prefill each prompt, then decode them together as one batch to the end: the sequences. `params`:
+    every prompt's, or a list of each one's."""
+    each = params if isinstance(params, list) else [params] * len(prompts)
+    seqs = [engine.new_sequence(f"{tag}{i}", ids, p) for i, (ids, p) in enumerate(zip(prompts, each))]
     for s in seqs:
         engine.admit(s)
         engine.prefill([s])
@@ -365,17 +367,8 @@ def test_lora_rows_in_one_call_get_the_layer_loops_bits(dtype, monkeypatch, tmp_
     loras = ["a", "", "b"]  # each prompt's adapter ("": none)
 
     def decode_all(tag: str):
-        seqs = [engine.new_sequence(f"{tag}{i}", ids, SamplingParams(max_tokens=12, temperature=0.8, seed=7,
-                                                                     ignore_eos=True, logprobs=True, lora=lora))
-                for i, (ids, lora) in enumerate(zip(prompts, loras))]
-        for s in seqs:
-            engine.admit(s)
-            engine.prefill([s])
-        while not all(s.finished for s in seqs):
-            engine.decode_step([s for s in seqs if not s.finished])
-        for s in seqs:
-            engine.release(s)
-        return seqs
+        return _decode_all(engine, prompts, [SamplingParams(max_tokens=12, temperature=0.8, seed=7, ignore_eos=True,
+                                                            logprobs=True, lora=lora) for lora in loras], tag)
 
     fused = decode_all("fused")
     assert calls == [len(p) for p in prompts] + [3] * 11  # prompts and decode steps, adapter rows and all

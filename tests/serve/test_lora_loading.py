@@ -132,6 +132,9 @@ def test_a_loaded_adapter_is_listed_and_answers_as_pefts(stack, want):
         (200, "Success: LoRA adapter 'fresh' added successfully.")
     assert listed(stack.http) >= {"fresh", "start"}
     until_held(stack.http, 2)
+    with urllib.request.urlopen(stack.http + "/metrics", timeout=30) as r:  # what an endpoint picker reads
+        info = re.search(r'^vllm:lora_requests_info\{(.*)\} ', r.read().decode(), re.M).group(1)
+    assert f'max_lora="{MAX_ADAPTERS}"' in info and 'running_lora_adapters="start,fresh"' in info, info
     assert len({want[n] for n in ("a1", "a2", "start", "base")}) == 4  # each adapter its own answer
     for name, ref in (("fresh", "a1"), ("start", "start"), ("smollm2-135m", "base")):
         assert chat(stack.http, name) == want[ref], name

@@ -263,8 +263,8 @@ def test_a_resumed_attempt_is_its_own_span_after_the_failed_one():
     async def run():
         path = TwoTries(Fleet(), ROUTERS["least-loaded"](), 16, Metrics("disaggregated"))
         stream = tracer.start("tandem.stream")
-        tokens = [t.token async for t in path.run(SimpleNamespace(request=SimpleNamespace(request_id="r")),
-                                                  time.monotonic() + 30, stream)]
+        prep = SimpleNamespace(request=SimpleNamespace(request_id="r"), params=SimpleNamespace(lora=""))
+        tokens = [t.token async for t in path.run(prep, time.monotonic() + 30, stream)]
         stream.end()
         return tokens
 

@@ -25,6 +25,7 @@ def deployment(**overrides):
     ({"local_prefill_tokens": 64}, "local_prefill_tokens must be 0"),
     ({"prefix_cache.per_api_key": True}, "leave prefix_cache.per_api_key off"),
     ({"lora_loading.root": "/tmp"}, "leave lora_modules and lora_loading.root out"),
+    ({"max_num_seqs": 8}, "leave max_num_seqs and max_num_batched_tokens out"),
     ({"device": "cpu"}, "runs on CUDA"),
     ({"decode.device": "cpu", "device": "cuda"}, "decode has local workers with device cpu"),
     ({"prefill.gpus": [0], "device": "cuda"}, "leave prefill.gpus out"),

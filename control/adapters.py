@@ -6,16 +6,20 @@ tandem/prefix.tenant_salt). One given at start (--lora-modules) is keyed by its 
 serving (POST /v1/load_lora_adapter) by its name and a random suffix, so an adapter loaded again under a
 name never meets pages its predecessor cached, on any worker, whether or not this server restarted.
 
-    load    the adapter goes to every routable worker (`Adapters`: "hold exactly these", tandem/wire.py);
-            it is nameable once every one holds it. One refusing: the others are sent the set without
-            it again and the load fails with that worker's status.
+    load    the adapter goes to every routable worker (`Adapters`: the set this orchestrator needs,
+            tandem/wire.py); it is nameable once every one holds it. One refusing: the others are sent the
+            set without it again and the load fails with that worker's status.
     unload  not nameable from then on; its key stays on the workers while a request that named it is
             still being served (`hold`, for the request's whole life, retries included), then every
             worker is sent the set without it. Loading a name again in place is both at once.
     join    a worker that joins (started, restarted, back after a stall) is sent the set before it is
             routed to (the fleet's on_join); until then it holds only the adapters it was started with.
 
-Every send is made under one lock, so a worker applies the sets in the order they were decided.
+Every send is made under one lock, so a worker applies the sets in the order they were decided. The
+sets carry this orchestrator's own random id: orchestrators sharing workers (replicas behind one
+Service) each keep their own list, loaded on each, and a worker holds what any of them needs
+(engine/workers/adapter_set.py). Adapters given at start stay on the workers (their configuration)
+even when unloaded here: unloading one only stops requests naming it.
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ class Adapters:
         self._changed = False  # whether the set differs from the one the workers were started with
         self._lock = asyncio.Lock()
         self._tasks: set[asyncio.Task] = set()
+        self.owner = secrets.token_hex(8)  # this orchestrator, to the workers
         self.fleet: Fleet | None = None  # set by `attach`
 
     def attach(self, fleet: Fleet) -> None:
@@ -159,7 +164,8 @@ class Adapters:
         others still get the set)."""
         workers = [w for w in self.fleet.workers.values() if w.routable] if self.fleet is not None else []
         modules = self.modules()
-        results = await asyncio.gather(*(w.client.set_adapters(modules) for w in workers), return_exceptions=True)
+        results = await asyncio.gather(*(w.client.set_adapters(self.owner, modules) for w in workers),
+                                       return_exceptions=True)
         for w, r in zip(workers, results):
             if isinstance(r, BaseException):
                 if not isinstance(r, TandemError):
@@ -172,7 +178,7 @@ class Adapters:
             return
         async with self._lock:
             try:
-                await w.client.set_adapters(self.modules())
+                await w.client.set_adapters(self.owner, self.modules())
             except TandemError as e:
                 log.warning("worker %s cannot take the LoRA adapters %s: %s", w.name, list(self._names), e)
                 raise

@@ -37,9 +37,9 @@ class WorkerClient:
     async def flush(self) -> Ack:
         return await self.channel.call(Flush(), CONTROL_TIMEOUT_S)
 
-    async def set_adapters(self, modules: dict[str, str]) -> Ack:
-        """Have the worker hold exactly these LoRA adapters (folder by key: control/adapters.py)."""
-        return await self.channel.call(Adapters(modules), ADAPTERS_TIMEOUT_S)
+    async def set_adapters(self, owner: str, modules: dict[str, str]) -> Ack:
+        """The LoRA adapters orchestrator `owner` needs the worker to hold (folder by key: control/adapters.py)."""
+        return await self.channel.call(Adapters(owner, modules), ADAPTERS_TIMEOUT_S)
 
     def reset(self, why: str) -> None:
         """Fail every call waiting on this worker now (it stalled or left): they resume elsewhere."""

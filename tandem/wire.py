@@ -30,7 +30,8 @@ Every worker:
   Watch    -> WorkerStats... pushed on every change and as a heartbeat; never final while the worker lives
   Stats    -> WorkerStats
   Flush    -> Ack      drop the prefix cache's idle pages (pages in use keep their names)
-  Adapters -> Ack      hold exactly these LoRA adapters (by key; others loaded, left ones dropped)
+  Adapters -> Ack      the LoRA adapters (by key) one orchestrator needs: the worker holds those of every
+              orchestrator and its own configured ones, loading what is new, dropping what none needs
 
 Prefix-cache reports ride on WorkerStats: a watcher's pushes carry the page hashes its pool started
 (`stored`) and stopped (`removed`) holding since that watcher's previous push, or, with `resync`, the
@@ -146,7 +147,8 @@ class Flush:
 @dataclass(frozen=True)
 class Adapters:
     TYPE: ClassVar[str] = "adapters"
-    modules: dict = field(default_factory=dict)  # folder by key (SamplingParams.lora): control/adapters.py
+    owner: str  # the orchestrator whose set this is (control/adapters.py): another's is left as it is
+    modules: dict = field(default_factory=dict)  # folder by key (SamplingParams.lora)
 
 
 # -- replies ----------------------------------------------------------------------------------------

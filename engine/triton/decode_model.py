@@ -16,7 +16,8 @@ from tandem.roles import Role
 from tandem.wire import Adapters, Flush, Open, Release, Start, Stats, Watch, WriterGone
 
 
-def handlers(worker: DecodeWorker) -> dict:
+def handlers(worker: DecodeWorker, configured: dict[str, str]) -> dict:
+    """`configured`: the worker's own LoRA adapters (folder by name)."""
     return {
         Open: worker.open,
         Start: lambda msg, sink: worker.start(msg),
@@ -25,7 +26,7 @@ def handlers(worker: DecodeWorker) -> dict:
         Watch: lambda msg, sink: worker.watch(sink, msg.heartbeat_ms / 1000),
         Stats: lambda msg, sink: worker.stats(),
         Flush: lambda msg, sink: worker.flush(),
-        Adapters: AdapterSet(worker.engine, lambda: worker.watchers.push(force=True)).apply,
+        Adapters: AdapterSet(worker.engine, configured, lambda: worker.watchers.push(force=True)).apply,
     }
 
 
@@ -45,7 +46,7 @@ class TritonPythonModel:
                                    pass_tokens=pass_budget(p, self.engine.device), chunk_tokens=chunk or None,
                                    transfer_timeout_s=p.float("transfer_timeout_s"),
                                    fence_timeout_s=p.float("fence_timeout_s"), tracer=self.tracer).launch(end_server)
-        self.handlers = handlers(self.worker)
+        self.handlers = handlers(self.worker, p.lora_modules())
 
     def execute(self, requests):
         dispatch(requests, self.handlers, self.auth)

@@ -27,7 +27,7 @@ class TritonPythonModel:
         self.worker = DecodeWorker(engine, None, role=Role.GENERATE, max_batch_size=p.int("max_batch_size"),
                                    pass_tokens=pass_budget(p, engine.device),
                                    chunk_tokens=chunk or None, tracer=self.tracer).launch(end_server)
-        self.handlers = handlers(self.worker)
+        self.handlers = handlers(self.worker, p.lora_modules())
 
     def execute(self, requests):
         dispatch(requests, self.handlers, self.auth)

@@ -47,7 +47,7 @@ class TritonPythonModel:
             Watch: lambda msg, sink: w.watch(sink, msg.heartbeat_ms / 1000),
             Stats: lambda msg, sink: w.stats(),
             Flush: lambda msg, sink: w.flush(),
-            Adapters: AdapterSet(engine, lambda: w.watchers.push(force=True)).apply,
+            Adapters: AdapterSet(engine, p.lora_modules(), lambda: w.watchers.push(force=True)).apply,
         }
 
     def execute(self, requests):

@@ -1,6 +1,9 @@
-"""A worker's LoRA adapters while it serves: `Adapters` (tandem/wire.py) makes its engine hold exactly the
-adapters it names (by key, control/adapters.py), loading the new ones on a thread of their own, so a
-load never holds up the messages Triton hands the worker meanwhile.
+"""A worker's LoRA adapters while it serves. Each orchestrator sends the set it needs (`Adapters`, by
+key: control/adapters.py), replacing its own earlier one; the engine holds the union of every
+orchestrator's set and the adapters the worker was configured with (--lora-modules: those stay), so
+orchestrators sharing workers never take each other's adapters away. New ones are loaded on a thread of
+their own, so a load never holds up the messages Triton hands the worker meanwhile. An orchestrator
+that is gone leaves its set behind until the worker restarts (tandem_worker_lora_adapters counts it).
 
 A request keeps the adapter it was admitted with (Sequence.adapter), so dropping one never touches a
 request in flight; a request naming it afterwards is refused (Engine.new_sequence). Changes apply one at
@@ -22,9 +25,11 @@ from tandem.wire import Ack, Adapters
 
 
 class AdapterSet:
-    def __init__(self, engine: Engine, on_change: Callable[[], None]):
-        """`on_change`: called after a change (the worker pushes its stats, which count the adapters)."""
+    def __init__(self, engine: Engine, configured: dict[str, str], on_change: Callable[[], None]):
+        """`configured`: the worker's own adapters (folder by name), held throughout; `on_change`: called
+        after a change (the worker pushes its stats, which count the adapters)."""
         self.engine, self.on_change = engine, on_change
+        self.sets: dict[str, dict[str, str]] = {"": dict(configured)}  # by owner ("": the worker's own)
         self._lock = threading.Lock()  # one change at a time
 
     def apply(self, msg: Adapters, sink: Responder) -> None:
@@ -32,16 +37,20 @@ class AdapterSet:
         for a folder that is not an adapter of this model)."""
         modules = msg.modules
         bad = [k for k, v in modules.items() if not (isinstance(v, str) and v and 0 < len(k) <= MAX_LORA_NAME)]
-        if bad:
-            raise InvalidArgument(f"adapters: each key must be 1-{MAX_LORA_NAME} characters naming a folder; "
-                                  f"got {bad[0]!r:.80}", "modules")
-        threading.Thread(target=self._apply, args=(dict(modules), sink), name="adapters", daemon=True).start()
+        if bad or not msg.owner:
+            raise InvalidArgument(f"adapters: an owner, and each key 1-{MAX_LORA_NAME} characters naming a folder; "
+                                  f"got {(bad or [''])[0]!r:.80} of owner {msg.owner!r:.40}", "modules")
+        threading.Thread(target=self._apply, args=(msg.owner, dict(modules), sink), name="adapters",
+                         daemon=True).start()
 
-    def _apply(self, modules: dict[str, str], sink: Responder) -> None:
+    def _apply(self, owner: str, modules: dict[str, str], sink: Responder) -> None:
         model = self.engine.model
         try:
             with self._lock:
-                model.loras = adapters_for(model.loras, modules, self.engine.cfg, model.device, model.dtype)
+                sets = {k: v for k, v in {**self.sets, owner: modules}.items() if v or not k}  # none kept empty
+                union = {k: v for m in sets.values() for k, v in m.items()}
+                model.loras = adapters_for(model.loras, union, self.engine.cfg, model.device, model.dtype)
+                self.sets = sets
         except ModelLoadError as e:
             sink.fail(InvalidArgument(str(e), "modules"))
         except Exception as e:  # noqa: BLE001 - anything else is this worker's fault, said as such

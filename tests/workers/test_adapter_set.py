@@ -1,7 +1,8 @@
 """A worker's LoRA adapters changed while it serves (engine/workers/adapter_set.py), on the real engine
 and PEFT adapters: a request keeps the adapter it was admitted with when the set drops it, and ends
 with the tokens it would have had; a later request naming it is refused; a set is taken whole or not at
-all, and the adapters it keeps are not loaded again."""
+all, and the adapters it keeps are not loaded again; the worker holds what any orchestrator needs and
+its own configured adapters throughout."""
 
 from __future__ import annotations
 
@@ -32,12 +33,13 @@ def folders(hf_default_model, tmp_path_factory):
 
 @pytest.fixture
 def engine(folders):
+    """An engine configured with adapter `every` (as `tandem serve --lora-modules` starts its workers)."""
     return load_engine("smollm2-135m", kv_bytes=64 << 20, lora_modules={"every": folders["every"]})
 
 
-def apply(adapters: AdapterSet, modules: dict) -> ListSink:
+def apply(adapters: AdapterSet, modules: dict, owner: str = "o1") -> ListSink:
     sink = ListSink()
-    adapters.apply(Adapters(modules), sink)
+    adapters.apply(Adapters(owner, modules), sink)
     assert sink.finished.wait(60)
     return sink
 
@@ -56,8 +58,9 @@ def answer(engine, ids: list[int], drop_after: int | None = None, adapters: Adap
 
 
 def test_a_request_keeps_its_adapter_when_the_set_drops_it(engine):
+    """`every` as if an orchestrator had loaded it (the worker's own configuration left empty)."""
     changes = []
-    adapters = AdapterSet(engine, lambda: changes.append(len(engine.model.loras)))
+    adapters = AdapterSet(engine, {}, lambda: changes.append(len(engine.model.loras)))
     ids = engine.tokenizer.encode_chat([ChatMessage("user", "What is the capital of France?")])
     whole = answer(engine, ids)
     assert answer(engine, ids, drop_after=4, adapters=adapters) == whole
@@ -68,7 +71,7 @@ def test_a_request_keeps_its_adapter_when_the_set_drops_it(engine):
 
 def test_a_set_is_taken_whole_or_not_at_all(engine, folders):
     changes = []
-    adapters = AdapterSet(engine, lambda: changes.append(sorted(engine.model.loras)))
+    adapters = AdapterSet(engine, {}, lambda: changes.append(sorted(engine.model.loras)))
     every = engine.model.loras["every"]
     failed = apply(adapters, {"every": folders["every"], "qv": folders["qv"], "gone": "/nonexistent"})
     assert status_of(failed.error) is Status.INVALID_ARGUMENT and "LoRA adapter 'gone'" in str(failed.error)
@@ -78,7 +81,20 @@ def test_a_set_is_taken_whole_or_not_at_all(engine, folders):
     assert changes == [["every", "qv"]]
 
 
-@pytest.mark.parametrize("modules", [{"": "/x"}, {"k" * 161: "/x"}, {"a": 3}, {"a": ""}])
-def test_a_malformed_set_is_refused_at_once(engine, modules):
-    with pytest.raises(InvalidArgument, match="each key must be 1-160 characters naming a folder"):
-        AdapterSet(engine, lambda: None).apply(Adapters(modules), ListSink())
+def test_the_worker_holds_every_orchestrators_adapters_and_its_own(engine, folders):
+    adapters = AdapterSet(engine, {"every": folders["every"]}, lambda: None)
+    every = engine.model.loras["every"]
+    for owner, modules, held in (("o1", {"qv": folders["qv"]}, ["every", "qv"]),
+                                 ("o2", {"qv": folders["qv"]}, ["every", "qv"]),
+                                 ("o1", {}, ["every", "qv"]),  # o2 still needs it
+                                 ("o2", {}, ["every"])):  # nobody does; the worker's own stays
+        assert isinstance(apply(adapters, modules, owner).replies[-1], Ack)
+        assert sorted(engine.model.loras) == held, (owner, modules)
+    assert engine.model.loras["every"] is every  # never loaded again
+
+
+@pytest.mark.parametrize("owner, modules", [("o", {"": "/x"}), ("o", {"k" * 161: "/x"}), ("o", {"a": 3}),
+                                            ("o", {"a": ""}), ("", {"a": "/x"})])
+def test_a_malformed_set_is_refused_at_once(engine, owner, modules):
+    with pytest.raises(InvalidArgument, match="an owner, and each key 1-160 characters naming a folder"):
+        AdapterSet(engine, {}, lambda: None).apply(Adapters(owner, modules), ListSink())

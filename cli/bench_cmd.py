@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 
 import click
@@ -37,9 +38,12 @@ def _tokenizer(path: str | None):
 @click.option("--slo-tpot-ms", type=float, default=150, show_default=True)
 @click.option("--tokenizer", default=None, help="Folder with tokenizer.json (default: the default model's).")
 @click.option("--out", default=None, help="Write report.json, report.md and plots here.")
+@click.option("--lora-modules", multiple=True,
+              help="LoRA adapters' names (repeated or comma-separated): each request names one, drawn by --seed "
+                   "(as vLLM's benchmark); the prompts stay those of the run without.")
 @click.pass_context
 def bench_group(ctx, url, protocol, scenario, dataset, prompt_len, output_len, output_len_max, requests, concurrency,
-                rate, warmup, seed, slo_ttft_ms, slo_tpot_ms, tokenizer, out):
+                rate, warmup, seed, slo_ttft_ms, slo_tpot_ms, tokenizer, out, lora_modules):
     """Drive a front door with a workload; print TTFT / ITL / E2E percentiles, throughput and goodput."""
     if ctx.invoked_subcommand is not None:
         return
@@ -64,6 +68,9 @@ def bench_group(ctx, url, protocol, scenario, dataset, prompt_len, output_len, o
         except ValueError as e:
             raise click.BadParameter(str(e)) from None
         sc = Scenario("custom", (stream,), warmup=warmup, seed=seed)
+    models = tuple(m for given in lora_modules for m in given.split(",") if m)
+    if models:
+        sc = dataclasses.replace(sc, models=models)
 
     async def go():
         driver = make_driver(protocol, url)

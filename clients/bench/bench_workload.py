@@ -54,6 +54,7 @@ class Scenario:
     warmup: int = 2  # requests per stream left out of the statistics
     seed: int = 0
     description: str = ""
+    models: tuple[str, ...] = ()  # each request names one of these, drawn by the seed (LoRA adapters); (): none
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -71,6 +72,7 @@ class RequestSpec:
     arrival: float | None  # seconds after start (open-loop streams), None for closed-loop ones
     warmup: bool = False
     extra: dict = field(default_factory=dict)
+    model: str = ""  # the model (a LoRA adapter) the request names; "": the driver's own
 
 
 SCENARIOS = {
@@ -138,7 +140,9 @@ def make_prompt(tokenizer, n_tokens: int, rng: random.Random) -> str:
 
 
 def requests_for(scenario: Scenario, tokenizer) -> list[RequestSpec]:
-    rng = random.Random(scenario.seed)
+    """Every request of the scenario, in order. Its models are drawn from a generator of their own, so
+    the prompts, lengths and arrivals are those of the same scenario without them."""
+    rng, pick = random.Random(scenario.seed), random.Random(f"models-{scenario.seed}")
     out = []
     for s in scenario.streams:
         t = s.start_after
@@ -155,5 +159,6 @@ def requests_for(scenario: Scenario, tokenizer) -> list[RequestSpec]:
                 n_out = rng.randint(s.output_len, s.output_len_max) if s.output_len_max > s.output_len \
                     else s.output_len
                 prompt = make_prompt(tokenizer, s.prompt_len, rng)
-            out.append(RequestSpec(s.name, i, prompt, n_out, arrival, warmup=i < scenario.warmup))
+            model = pick.choice(scenario.models) if scenario.models else ""
+            out.append(RequestSpec(s.name, i, prompt, n_out, arrival, warmup=i < scenario.warmup, model=model))
     return out

@@ -2,7 +2,9 @@
 
 - grpc: tritonclient's asyncio gRPC streaming to the `ensemble` model (what genai-perf does);
 - openai: /v1/completions with SSE streaming.
-Both ask for exactly `max_tokens` tokens (min_tokens = max_tokens), so lengths do not depend on EOS.
+Both ask for exactly `max_tokens` tokens (min_tokens = max_tokens), so lengths do not depend on EOS. A
+request naming a model (a LoRA adapter: RequestSpec.model) sends it as `lora_name` over gRPC and as
+`model` over OpenAI.
 """
 
 from __future__ import annotations
@@ -26,10 +28,11 @@ class GrpcDriver:
 
     def _inputs(self, spec: RequestSpec) -> list[InferInput]:
         out = []
+        adapter = (("lora_name", np.array([[spec.model.encode()]], dtype=np.object_), "BYTES"),) if spec.model else ()
         for name, arr, dt in (("text_input", np.array([[spec.prompt.encode()]], dtype=np.object_), "BYTES"),
                               ("max_tokens", np.array([[spec.max_tokens]], dtype=np.int32), "INT32"),
                               ("min_tokens", np.array([[spec.max_tokens]], dtype=np.int32), "INT32"),
-                              ("stream", np.array([[True]]), "BOOL")):
+                              ("stream", np.array([[True]]), "BOOL"), *adapter):
             t = InferInput(name, list(arr.shape), dt)
             t.set_data_from_numpy(arr)
             out.append(t)
@@ -73,7 +76,7 @@ class OpenAIDriver:
 
     async def send(self, spec: RequestSpec, t_run: float) -> RequestRecord:
         rec = RequestRecord(spec.stream, time.perf_counter() - t_run, warmup=spec.warmup)
-        body = {"model": self.model, "prompt": spec.prompt, "max_tokens": spec.max_tokens,
+        body = {"model": spec.model or self.model, "prompt": spec.prompt, "max_tokens": spec.max_tokens,
                 "min_tokens": spec.max_tokens, "temperature": 0, "stream": True,
                 "stream_options": {"include_usage": True}}
         t0 = time.perf_counter()

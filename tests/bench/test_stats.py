@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from clients.bench.stats import RequestRecord, percentile, summarize
@@ -57,3 +59,16 @@ def test_workloads_are_seeded_and_sized(default_engine):
     assert all(g > 0 for g in gaps) and 0.05 < sum(gaps) / len(gaps) < 0.2  # mean 1/rate = 0.1 s
     with pytest.raises(ValueError, match="exactly one of"):
         Stream("x", 8, 8, 1, concurrency=2, rate=1.0)
+
+
+def test_requests_name_adapters_drawn_by_the_seed_and_keep_their_prompts(default_engine):
+    """`tandem bench --lora-modules`: each request names one of the models, drawn by the scenario's seed
+    apart from everything else, so the prompts, lengths and arrivals are those of the run without."""
+    tok = default_engine.tokenizer
+    plain = Scenario("p", (Stream("p", 8, 4, 40, rate=10.0),), seed=3)
+    named = dataclasses.replace(plain, models=("a", "b"))
+    a, b = requests_for(named, tok), requests_for(plain, tok)
+    assert [(r.prompt, r.max_tokens, r.arrival) for r in a] == [(r.prompt, r.max_tokens, r.arrival) for r in b]
+    assert {r.model for r in b} == {""} and {r.model for r in a} == {"a", "b"}
+    assert [r.model for r in a] == [r.model for r in requests_for(named, tok)]  # the same seed, the same draw
+    assert [r.model for r in a] != [r.model for r in requests_for(dataclasses.replace(named, seed=4), tok)]

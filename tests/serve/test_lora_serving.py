@@ -133,3 +133,27 @@ def test_an_adapter_of_another_model_stops_the_start_naming_the_shapes(built_eng
                            "--lora-modules", f"other={folder}"], capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0 and "LoRA adapter 'other': layer 0" in proc.stderr, proc.stderr[-2000:]
     assert "needs lora_A [4, " in proc.stderr and "worker(s)" not in proc.stderr
+
+
+def test_the_bench_drivers_name_the_adapter(lora_served):
+    """`tandem bench --lora-modules`: both drivers send a request's model (gRPC as `lora_name`, OpenAI as
+    `model`); the adapter's name is served, another is the server's 404 / NOT_FOUND, recorded as the
+    request's error."""
+    import asyncio
+
+    from clients.bench.bench_workload import RequestSpec
+    from clients.bench.drivers import make_driver
+
+    async def send(protocol: str, url: str, model: str):
+        driver = make_driver(protocol, url)
+        try:
+            return await driver.send(RequestSpec("s", 0, "The capital of France is", 4, None, model=model), 0.0)
+        finally:
+            await driver.close()
+
+    for protocol, url in (("grpc", lora_served.grpc), ("openai", lora_served.http)):
+        served = asyncio.run(send(protocol, url, "every"))
+        assert served.error is None and served.output_tokens == 4, (protocol, served)
+        missing = asyncio.run(send(protocol, url, "nope"))
+        assert "nope" in (missing.error or "") and ("404" in missing.error or "NOT_FOUND" in missing.error), \
+            (protocol, missing.error)

@@ -84,8 +84,10 @@ class Adapters:
             yield
             return
         a = self._by_key.get(key)
-        if a is None or a.retired:
-            raise NotFound(f"LoRA adapter {key.split('#')[0]!r} was unloaded while the request waited", "model")
+        if a is None or a.retired:  # unloaded between the request's preparation and now
+            name = key.partition("#")[0]  # a key is its adapter's name, then a load's suffix
+            raise NotFound(f"LoRA adapter {name!r} was unloaded; send the request again to see what is served now",
+                           "model")
         a.holds += 1
         try:
             yield

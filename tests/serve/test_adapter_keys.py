@@ -1,0 +1,39 @@
+"""The orchestrator's table of LoRA adapters (control/adapters.py) without workers: the keys requests
+carry, a request's hold across an unload, and loads of the same name keyed apart."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from control.adapters import Adapters
+from tandem.status import InvalidArgument, NotFound
+
+
+def test_keys_holds_and_unloads():
+    async def run():
+        table = Adapters({"start": "/adapters/start"})
+        assert table.key_of("start") == "start" and table.key_of("other") == "" and table.key_of(None) == ""
+        await table.load("sql", "/adapters/sql-1")
+        first = table.key_of("sql")
+        assert first.startswith("sql#") and list(table) == ["start", "sql"]
+        with pytest.raises(InvalidArgument, match="already loaded"):
+            await table.load("sql", "/adapters/sql-2")
+        with table.hold(first):  # a request named it, then it was loaded again in place
+            await table.load("sql", "/adapters/sql-2", replace=True)
+            second = table.key_of("sql")
+            assert second not in ("", first)  # a new key: its cached pages are its own
+            assert table.modules() == {"start": "/adapters/start", first: "/adapters/sql-1",
+                                       second: "/adapters/sql-2"}  # the old one stays while held
+        await asyncio.sleep(0)
+        assert first not in table.modules()  # dropped once its last request ended
+        with pytest.raises(NotFound, match="'sql' was unloaded"):
+            with table.hold(first):
+                pass
+        await table.unload("sql")
+        assert "sql" not in table and table.key_of("sql") == ""
+        with pytest.raises(NotFound, match="is not loaded"):
+            await table.unload("sql")
+
+    asyncio.run(run())

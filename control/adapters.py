@@ -14,6 +14,9 @@ name never meets pages its predecessor cached, on any worker, whether or not thi
             worker is sent the set without it. Loading a name again in place is both at once.
     join    a worker that joins (started, restarted, back after a stall) is sent the set before it is
             routed to (the fleet's on_join); until then it holds only the adapters it was started with.
+    release at this orchestrator's stop every worker is sent an empty set: what it held for this
+            orchestrator alone leaves it (a replica scaled down leaves nothing behind). An orchestrator
+            that dies without stopping leaves its set on the workers until they restart.
 
 Every send is made under one lock, so a worker applies the sets in the order they were decided. The
 sets carry this orchestrator's own random id: orchestrators sharing workers (replicas behind one
@@ -105,8 +108,11 @@ class Adapters:
             if name in self._names and not replace:
                 raise InvalidArgument(f"LoRA adapter {name!r} is already loaded; unload it first, or send "
                                       f"load_inplace: true to replace it", "lora_name")
-            if len(self._by_key) >= self.max_adapters:
-                raise ResourceExhausted(f"the server holds {len(self._by_key)} LoRA adapters, its most "
+            # the one a load in place replaces counts as gone, so a replacement fits at the limit (one over
+            # at most, while the old one finishes its requests)
+            held = len(self._by_key) - (replace and name in self._names)
+            if held >= self.max_adapters:
+                raise ResourceExhausted(f"the server holds {held} LoRA adapters, its most "
                                         f"(lora_loading.max_adapters, unloaded ones counted until their last "
                                         f"request ends); unload one first")
             new = _Adapter(name, f"{name}#{secrets.token_hex(4)}", folder)
@@ -173,6 +179,22 @@ class Adapters:
                 if not isinstance(r, TandemError):
                     raise r
                 raise type(r)(f"worker {w.name}: {r}")
+
+    async def release(self, timeout_s: float = 5.0) -> None:
+        """At this orchestrator's stop, after its last request: every routable worker is sent an empty set
+        (its own configured adapters stay). A worker not answering within `timeout_s` keeps the set."""
+        if not self._changed or self.fleet is None:  # the workers were never sent a set by this orchestrator
+            return
+        for task in self._tasks:  # drops still to be sent: the empty set supersedes them
+            task.cancel()
+        async with self._lock:
+            self._by_key.clear()
+            self._names.clear()
+            try:
+                async with asyncio.timeout(timeout_s):
+                    await self._send_all()
+            except (TandemError, TimeoutError) as e:
+                log.warning("a worker keeps this server's LoRA adapters until it restarts: %s", e or "no answer")
 
     async def join(self, w: WorkerState) -> None:
         """Before `w` is routed to: send it the set, when it may differ from what it was started with."""

@@ -1,5 +1,6 @@
 """The orchestrator's table of LoRA adapters (control/adapters.py) without workers: the keys requests
-carry, a request's hold across an unload, and loads of the same name keyed apart."""
+carry, a request's hold across an unload, loads of the same name keyed apart, and the limit on how many
+are held (a load in place fits at it)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import asyncio
 import pytest
 
 from control.adapters import Adapters
-from tandem.status import InvalidArgument, NotFound
+from tandem.status import InvalidArgument, NotFound, ResourceExhausted
 
 
 def test_keys_holds_and_unloads():
@@ -35,5 +36,22 @@ def test_keys_holds_and_unloads():
         assert "sql" not in table and table.key_of("sql") == ""
         with pytest.raises(NotFound, match="is not loaded"):
             await table.unload("sql")
+
+    asyncio.run(run())
+
+
+def test_a_load_in_place_fits_at_the_limit():
+    async def run():
+        table = Adapters({"start": "/adapters/start"}, max_adapters=2)
+        await table.load("sql", "/adapters/sql-1")
+        with pytest.raises(ResourceExhausted, match="holds 2 LoRA adapters.*max_adapters"):
+            await table.load("other", "/adapters/other")
+        with table.hold(table.key_of("sql")):  # sql-1 stays on the workers while its request runs
+            await table.load("sql", "/adapters/sql-2", replace=True)
+            assert len(table.modules()) == 3  # one over, while sql-1 finishes
+            with pytest.raises(ResourceExhausted, match="holds 2 LoRA adapters"):  # never two over
+                await table.load("sql", "/adapters/sql-3", replace=True)
+        await table.load("sql", "/adapters/sql-3", replace=True)
+        assert table.modules() == {"start": "/adapters/start", table.key_of("sql"): "/adapters/sql-3"}
 
     asyncio.run(run())

@@ -148,7 +148,8 @@ class Adapters:
             self._drop(a)
 
     def _drop(self, a: _Adapter) -> None:
-        del self._by_key[a.key]
+        if self._by_key.pop(a.key, None) is None:  # released already (this orchestrator stopped)
+            return
         self._changed = True
         task = asyncio.get_running_loop().create_task(self._send_later(), name="adapters-drop")
         self._tasks.add(task)

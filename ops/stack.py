@@ -111,6 +111,7 @@ class Stack:
         self.log = log
         self.workers: WorkerSet | None = None
         self.fleet: Fleet | None = None
+        self.adapters: Adapters | None = None
         self.supervisor: Supervisor | None = None
         self.discovery: Discovery | None = None
         self.service: Orchestrator | None = None
@@ -176,7 +177,7 @@ class Stack:
         self.fleet = Fleet(dep.health.heartbeat_s, dep.health.stall_s, auth=auth, tls=security.worker_tls,
                            clients=TRTLLM_CLIENTS if trtllm else CLIENTS)
         metrics.workers.watch(self.fleet)
-        adapters = Adapters(dep.lora_modules, dep.lora_loading.max_adapters)
+        self.adapters = adapters = Adapters(dep.lora_modules, dep.lora_loading.max_adapters)
         adapters.attach(self.fleet)  # a joining worker gets the adapters loaded while serving
         if not trtllm:  # TensorRT-LLM's roles serve no adapters
             metrics.vllm.watch_adapters(adapters)
@@ -264,6 +265,8 @@ class Stack:
             await self.http.cleanup()
         if self.grpc is not None:
             await self.grpc.stop(grace=2)
+        if self.adapters is not None:  # workers shared with other replicas keep only what those need
+            await self.adapters.release()
         if self.fleet is not None:
             await self.fleet.close()
         if self.service is not None:

@@ -3,7 +3,8 @@ key: control/adapters.py), replacing its own earlier one; the engine holds the u
 orchestrator's set and the adapters the worker was configured with (--lora-modules: those stay), so
 orchestrators sharing workers never take each other's adapters away. New ones are loaded on a thread of
 their own, so a load never holds up the messages Triton hands the worker meanwhile. An orchestrator
-that is gone leaves its set behind until the worker restarts (tandem_worker_lora_adapters counts it).
+that stops sends an empty set; one killed leaves its set behind until the worker restarts
+(tandem_worker_lora_adapters counts it).
 
 A request keeps the adapter it was admitted with (Sequence.adapter), so dropping one never touches a
 request in flight; a request naming it afterwards is refused (Engine.new_sequence). Changes apply one at

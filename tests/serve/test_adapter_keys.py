@@ -1,6 +1,7 @@
 """The orchestrator's table of LoRA adapters (control/adapters.py) without workers: the keys requests
 carry, a request's hold across an unload, loads of the same name keyed apart, and the limit on how many
-are held (a load in place fits at it)."""
+are held (a load in place fits at it), and the release at stop (a request still ending after it changes
+nothing). tests/serve/test_lora_replicas.py shows the release on workers."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import asyncio
 import pytest
 
 from control.adapters import Adapters
+from control.fleet import Fleet
 from tandem.status import InvalidArgument, NotFound, ResourceExhausted
 
 
@@ -53,5 +55,18 @@ def test_a_load_in_place_fits_at_the_limit():
                 await table.load("sql", "/adapters/sql-3", replace=True)
         await table.load("sql", "/adapters/sql-3", replace=True)
         assert table.modules() == {"start": "/adapters/start", table.key_of("sql"): "/adapters/sql-3"}
+
+    asyncio.run(run())
+
+
+def test_a_request_ending_after_the_release_changes_nothing():
+    async def run():
+        table = Adapters({"start": "/adapters/start"})
+        table.attach(Fleet())  # no workers: every send reaches none
+        await table.load("sql", "/adapters/sql")
+        with table.hold(table.key_of("sql")):
+            await table.unload("sql")  # retired, held by the request
+            await table.release()
+        assert table.modules() == {} and list(table) == [] and not table._tasks
 
     asyncio.run(run())

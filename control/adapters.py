@@ -15,14 +15,15 @@ name never meets pages its predecessor cached, on any worker, whether or not thi
     join    a worker that joins (started, restarted, back after a stall) is sent the set before it is
             routed to (the fleet's on_join); until then it holds only the adapters it was started with.
     release at this orchestrator's stop every worker is sent an empty set: what it held for this
-            orchestrator alone leaves it (a replica scaled down leaves nothing behind). An orchestrator
-            that dies without stopping leaves its set on the workers until they restart.
+            orchestrator alone leaves it (a replica scaled down leaves nothing behind). One killed
+            without stopping: a worker drops its set when its watch has been gone a while
+            (engine/workers/adapter_set.py); were it alive after all, it sends the set on rejoining.
 
 Every send is made under one lock, so a worker applies the sets in the order they were decided. The
-sets carry this orchestrator's own random id: orchestrators sharing workers (replicas behind one
-Service) each keep their own list, loaded on each, and a worker holds what any of them needs
-(engine/workers/adapter_set.py). Adapters given at start stay on the workers (their configuration)
-even when unloaded here: unloading one only stops requests naming it.
+sets carry this orchestrator's own random id (Fleet.owner, which its watches carry too): orchestrators
+sharing workers (replicas behind one Service) each keep their own list, loaded on each, and a worker
+holds what any of them needs (engine/workers/adapter_set.py). Adapters given at start stay on the
+workers (their configuration) even when unloaded here: unloading one only stops requests naming it.
 """
 
 from __future__ import annotations
@@ -59,7 +60,6 @@ class Adapters:
         self._changed = False  # whether the set differs from the one the workers were started with
         self._lock = asyncio.Lock()
         self._tasks: set[asyncio.Task] = set()
-        self.owner = secrets.token_hex(8)  # this orchestrator, to the workers
         self.fleet: Fleet | None = None  # set by `attach`
 
     def attach(self, fleet: Fleet) -> None:
@@ -173,7 +173,7 @@ class Adapters:
         others still get the set)."""
         workers = [w for w in self.fleet.workers.values() if w.routable] if self.fleet is not None else []
         modules = self.modules()
-        results = await asyncio.gather(*(w.client.set_adapters(self.owner, modules) for w in workers),
+        results = await asyncio.gather(*(w.client.set_adapters(self.fleet.owner, modules) for w in workers),
                                        return_exceptions=True)
         for w, r in zip(workers, results):
             if isinstance(r, BaseException):
@@ -203,7 +203,7 @@ class Adapters:
             return
         async with self._lock:
             try:
-                await w.client.set_adapters(self.owner, self.modules())
+                await w.client.set_adapters(self.fleet.owner, self.modules())
             except TandemError as e:
                 log.warning("worker %s cannot take the LoRA adapters %s: %s", w.name, list(self._names), e)
                 raise

@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import secrets
 import time
 from dataclasses import dataclass, field
 
@@ -72,6 +73,7 @@ class Fleet:
         self.on_change = on_change  # callback(worker) after a health change (metrics, supervisor)
         self.on_stats = on_stats  # callback(worker) after every stats push (metrics)
         self.on_join = None  # async callback(worker) before a worker is routed to; its TandemError keeps it out
+        self.owner = secrets.token_hex(8)  # this orchestrator, to its workers (Watch, Adapters)
 
     def role(self, role: Role) -> list[WorkerState]:
         return [w for w in self.workers.values() if w.role == role]
@@ -132,7 +134,7 @@ class Fleet:
         backoff = 0.25
         while True:
             try:
-                async for stats in w.client.watch(self.heartbeat_s, self.stall_s):
+                async for stats in w.client.watch(self.heartbeat_s, self.stall_s, self.owner):
                     w.stats, w.last_seen, w.failures, backoff = stats, time.monotonic(), 0, 0.25
                     if self.on_stats is not None:
                         self.on_stats(w)

@@ -30,9 +30,10 @@ class WorkerClient:
     async def stats(self) -> WorkerStats:
         return await self.channel.call(Stats(), CONTROL_TIMEOUT_S)
 
-    def watch(self, heartbeat_s: float, stall_s: float) -> AsyncIterator[WorkerStats]:
-        """Stats on every change and every `heartbeat_s`; Unavailable when nothing came for `stall_s`."""
-        return self.channel.stream(Watch(heartbeat_ms=int(heartbeat_s * 1000)), stall_s)
+    def watch(self, heartbeat_s: float, stall_s: float, owner: str = "") -> AsyncIterator[WorkerStats]:
+        """Stats on every change and every `heartbeat_s`; Unavailable when nothing came for `stall_s`.
+        `owner`: the orchestrator watching (its LoRA set leaves the worker a while after its last watch)."""
+        return self.channel.stream(Watch(heartbeat_ms=int(heartbeat_s * 1000), owner=owner), stall_s)
 
     async def flush(self) -> Ack:
         return await self.channel.call(Flush(), CONTROL_TIMEOUT_S)

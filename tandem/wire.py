@@ -31,7 +31,8 @@ Every worker:
   Stats    -> WorkerStats
   Flush    -> Ack      drop the prefix cache's idle pages (pages in use keep their names)
   Adapters -> Ack      the LoRA adapters (by key) one orchestrator needs: the worker holds those of every
-              orchestrator and its own configured ones, loading what is new, dropping what none needs
+              orchestrator and its own configured ones, loading what is new, dropping what none needs;
+              an orchestrator's set is dropped when its last Watch has been gone a while
 
 Prefix-cache reports ride on WorkerStats: a watcher's pushes carry the page hashes its pool started
 (`stored`) and stopped (`removed`) holding since that watcher's previous push, or, with `resync`, the
@@ -132,6 +133,7 @@ class ReaderGone:
 class Watch:
     TYPE: ClassVar[str] = "watch"
     heartbeat_ms: int = 1000
+    owner: str = ""  # the watching orchestrator (Fleet.owner): its Adapters set leaves with its last watch
 
 
 @dataclass(frozen=True)

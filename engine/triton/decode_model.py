@@ -18,15 +18,17 @@ from tandem.wire import Adapters, Flush, Open, Release, Start, Stats, Watch, Wri
 
 def handlers(worker: DecodeWorker, configured: dict[str, str]) -> dict:
     """`configured`: the worker's own LoRA adapters (folder by name)."""
+    adapters = AdapterSet(worker.engine, configured, lambda: worker.watchers.push(force=True))
+    worker.watchers.on_owner_gone = adapters.owner_gone
     return {
         Open: worker.open,
         Start: lambda msg, sink: worker.start(msg),
         Release: lambda msg, sink: worker.release(msg),
         WriterGone: lambda msg, sink: worker.writer_gone(msg.writer),
-        Watch: lambda msg, sink: worker.watch(sink, msg.heartbeat_ms / 1000),
+        Watch: lambda msg, sink: worker.watch(sink, msg.heartbeat_ms / 1000, msg.owner),
         Stats: lambda msg, sink: worker.stats(),
         Flush: lambda msg, sink: worker.flush(),
-        Adapters: AdapterSet(worker.engine, configured, lambda: worker.watchers.push(force=True)).apply,
+        Adapters: adapters.apply,
     }
 
 

@@ -39,15 +39,17 @@ class TritonPythonModel:
         w = self.worker = PrefillWorker(engine, pass_tokens=budget, write_delay_s=p.float("fault_write_delay_ms") / 1000,
                                         pool=self.pool, tracer=self.tracer,
                                         fence_timeout_s=p.float("fence_timeout_s")).launch(end_server)
+        adapters = AdapterSet(engine, p.lora_modules(), lambda: w.watchers.push(force=True))
+        w.watchers.on_owner_gone = adapters.owner_gone
         self.handlers = {
             Prefill: w.submit,
             Abort: lambda msg, sink: w.abort(msg.request_id),
             Unhold: lambda msg, sink: w.unhold(msg.request_id, msg.hold, msg.reader_closed),
             ReaderGone: lambda msg, sink: w.reader_gone(msg.reader),
-            Watch: lambda msg, sink: w.watch(sink, msg.heartbeat_ms / 1000),
+            Watch: lambda msg, sink: w.watch(sink, msg.heartbeat_ms / 1000, msg.owner),
             Stats: lambda msg, sink: w.stats(),
             Flush: lambda msg, sink: w.flush(),
-            Adapters: AdapterSet(engine, p.lora_modules(), lambda: w.watchers.push(force=True)).apply,
+            Adapters: adapters.apply,
         }
 
     def execute(self, requests):

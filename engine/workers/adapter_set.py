@@ -2,9 +2,12 @@
 key: control/adapters.py), replacing its own earlier one; the engine holds the union of every
 orchestrator's set and the adapters the worker was configured with (--lora-modules: those stay), so
 orchestrators sharing workers never take each other's adapters away. New ones are loaded on a thread of
-their own, so a load never holds up the messages Triton hands the worker meanwhile. An orchestrator
-that stops sends an empty set; one killed leaves its set behind until the worker restarts
-(tandem_worker_lora_adapters counts it).
+their own, so a load never holds up the messages Triton hands the worker meanwhile.
+
+An orchestrator that stops sends an empty set. One killed cannot: its set is dropped OWNER_GRACE_S after
+its last Watch went (Watchers.on_owner_gone), unless it sent a set again meanwhile. An orchestrator that
+was alive after all (its watch broke) took the worker out of routing when it broke, and sends its set
+before routing to it again (control/adapters.py join), so the drop never refuses one of its requests.
 
 A request keeps the adapter it was admitted with (Sequence.adapter), so dropping one never touches a
 request in flight; a request naming it afterwards is refused (Engine.new_sequence). Changes apply one at
@@ -13,7 +16,9 @@ a time, each whole or not at all: a folder that cannot be loaded leaves the set 
 
 from __future__ import annotations
 
+import logging
 import threading
+from collections import Counter
 from collections.abc import Callable
 
 from engine.engine import Engine
@@ -24,6 +29,9 @@ from tandem.sampling_params import MAX_LORA_NAME
 from tandem.status import InvalidArgument
 from tandem.wire import Ack, Adapters
 
+log = logging.getLogger("tandem.worker")
+OWNER_GRACE_S = 10.0  # an orchestrator's last watch gone this long: its set is dropped
+
 
 class AdapterSet:
     def __init__(self, engine: Engine, configured: dict[str, str], on_change: Callable[[], None]):
@@ -31,6 +39,7 @@ class AdapterSet:
         after a change (the worker pushes its stats, which count the adapters)."""
         self.engine, self.on_change = engine, on_change
         self.sets: dict[str, dict[str, str]] = {"": dict(configured)}  # by owner ("": the worker's own)
+        self.sent: Counter[str] = Counter()  # sets received, by owner (one sent since its watch went: alive)
         self._lock = threading.Lock()  # one change at a time
 
     def apply(self, msg: Adapters, sink: Responder) -> None:
@@ -41,21 +50,39 @@ class AdapterSet:
         if bad or not msg.owner:
             raise InvalidArgument(f"adapters: an owner, and each key 1-{MAX_LORA_NAME} characters naming a folder; "
                                   f"got {(bad or [''])[0]!r:.80} of owner {msg.owner!r:.40}", "modules")
+        self.sent[msg.owner] += 1
         threading.Thread(target=self._apply, args=(msg.owner, dict(modules), sink), name="adapters",
                          daemon=True).start()
 
+    def owner_gone(self, owner: str) -> None:
+        """Orchestrator `owner`'s last watch went: drop its set in OWNER_GRACE_S unless it sends one first."""
+        if owner in self.sets:
+            timer = threading.Timer(OWNER_GRACE_S, self._expire, (owner, self.sent[owner]))
+            timer.daemon = True
+            timer.start()
+
+    def _expire(self, owner: str, sent: int) -> None:
+        if self.sent[owner] == sent and owner in self.sets:
+            log.warning("orchestrator %s went away without stopping: dropping its LoRA adapters %s", owner,
+                        sorted(self.sets[owner]))
+            self._change(owner, {})
+
     def _apply(self, owner: str, modules: dict[str, str], sink: Responder) -> None:
-        model = self.engine.model
         try:
-            with self._lock:
-                sets = {k: v for k, v in {**self.sets, owner: modules}.items() if v or not k}  # none kept empty
-                union = {k: v for m in sets.values() for k, v in m.items()}
-                model.loras = adapters_for(model.loras, union, self.engine.cfg, model.device, model.dtype)
-                self.sets = sets
+            self._change(owner, modules)
         except ModelLoadError as e:
             sink.fail(InvalidArgument(str(e), "modules"))
         except Exception as e:  # noqa: BLE001 - anything else is this worker's fault, said as such
             sink.fail(e)
         else:
-            self.on_change()
             sink.send(Ack(), final=True)
+
+    def _change(self, owner: str, modules: dict[str, str]) -> None:
+        """Hold `modules` for `owner` (ModelLoadError: nothing changed), then tell `on_change`."""
+        model = self.engine.model
+        with self._lock:
+            sets = {k: v for k, v in {**self.sets, owner: modules}.items() if v or not k}  # none kept empty
+            union = {k: v for m in sets.values() for k, v in m.items()}
+            model.loras = adapters_for(model.loras, union, self.engine.cfg, model.device, model.dtype)
+            self.sets = sets
+        self.on_change()

@@ -160,8 +160,8 @@ class DecodeWorker(DecodeLoop):
         self.loop.wake()
         return Ack()
 
-    def watch(self, sink: Responder, heartbeat_s: float) -> None:
-        self.watchers.add(sink, heartbeat_s)
+    def watch(self, sink: Responder, heartbeat_s: float, owner: str = "") -> None:
+        self.watchers.add(sink, heartbeat_s, owner)
         self.loop.wake()
 
     def _owned(self, request_id: str, token: str) -> Lease:

@@ -144,8 +144,8 @@ class PrefillWorker(PrefillRuns):
         self.loop.wake()
         return Ack()
 
-    def watch(self, sink: Responder, heartbeat_s: float) -> None:
-        self.watchers.add(sink, heartbeat_s)
+    def watch(self, sink: Responder, heartbeat_s: float, owner: str = "") -> None:
+        self.watchers.add(sink, heartbeat_s, owner)
         self.loop.wake()
 
     def stats(self) -> WorkerStats:

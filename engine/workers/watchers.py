@@ -1,6 +1,7 @@
 """Subscribers to a worker's state (the orchestrator's Watch): each gets the worker's stats whenever
 something changed, and at least every `heartbeat_s` as a sign of life. A worker that stops sending
 is stalled or gone: that is how the orchestrator notices a stopped process (SIGSTOP) in seconds.
+A watch names its orchestrator (`owner`); when the last watch of one goes, `on_owner_gone(owner)`.
 
 Heartbeats come from a thread of their own, not from the worker's loop: a long model pass (a 4k-token
 prompt on a CPU takes many seconds) must not look like a stall. Changes are pushed by the loop.
@@ -28,6 +29,7 @@ class _Watcher:
     sink: Responder
     heartbeat_s: float
     due: float
+    owner: str = ""  # the watching orchestrator ("": it did not say)
 
 
 class Watchers:
@@ -39,11 +41,12 @@ class Watchers:
         self._all: list[_Watcher] = []
         self._closed = False
         self.on_crash: Callable[[BaseException], None] | None = None  # set by the worker's launch (see _beat)
+        self.on_owner_gone: Callable[[str], None] | None = None  # the LoRA set's expiry (adapter_set.py)
         self._thread = threading.Thread(target=self._beat, name="heartbeat", daemon=True)
         self._thread.start()
 
-    def add(self, sink: Responder, heartbeat_s: float) -> None:
-        w = _Watcher(sink, max(0.05, heartbeat_s), 0.0)  # the first push goes at once
+    def add(self, sink: Responder, heartbeat_s: float, owner: str = "") -> None:
+        w = _Watcher(sink, max(0.05, heartbeat_s), 0.0, owner)  # the first push goes at once
         if self.feed is not None:
             self.feed.subscribe(id(w))  # its first report is the whole cache
         with self._cond:
@@ -65,6 +68,10 @@ class Watchers:
             with self._cond:
                 gone = [w for w in self._all if w.sink.cancelled()]
                 self._all = [w for w in self._all if w not in gone]
+                left = {w.owner for w in gone} - {w.owner for w in self._all} - {""}  # their last watch went
+        for owner in left:
+            if self.on_owner_gone is not None:
+                self.on_owner_gone(owner)
         for w in gone:
             if self.feed is not None:
                 self.feed.unsubscribe(id(w))

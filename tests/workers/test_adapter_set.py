@@ -2,16 +2,21 @@
 and PEFT adapters: a request keeps the adapter it was admitted with when the set drops it, and ends
 with the tokens it would have had; a later request naming it is refused; a set is taken whole or not at
 all, and the adapters it keeps are not loaded again; the worker holds what any orchestrator needs and
-its own configured adapters throughout."""
+its own configured adapters throughout; an orchestrator's set leaves a while after its last watch went,
+unless it sends a set again first."""
 
 from __future__ import annotations
+
+import threading
 
 import pytest
 
 from engine.errors import InvalidRequest
 from engine.load import load_engine
 from engine.tokenizer import ChatMessage
+from engine.workers import adapter_set
 from engine.workers.adapter_set import AdapterSet
+from engine.workers.watchers import Watchers
 from tandem.sampling_params import SamplingParams
 from tandem.status import InvalidArgument, Status, status_of
 from tandem.wire import Ack, Adapters
@@ -98,3 +103,29 @@ def test_the_worker_holds_every_orchestrators_adapters_and_its_own(engine, folde
 def test_a_malformed_set_is_refused_at_once(engine, owner, modules):
     with pytest.raises(InvalidArgument, match="an owner, and each key 1-160 characters naming a folder"):
         AdapterSet(engine, {}, lambda: None).apply(Adapters(owner, modules), ListSink())
+
+
+def test_a_set_leaves_a_while_after_its_orchestrators_last_watch(engine, folders, monkeypatch):
+    """o1's watches both go (its set is dropped after the grace); o2's one goes, then o2 sends its set
+    again (alive: kept). The watchers are real; their sinks are ended as a cancelled Watch call's would be."""
+    monkeypatch.setattr(adapter_set, "OWNER_GRACE_S", 0.2)
+    dropped = threading.Event()
+    adapters = AdapterSet(engine, {}, lambda: dropped.set() if "qv" not in engine.model.loras else None)
+    watchers = Watchers(lambda: "stats")
+    watchers.on_owner_gone = adapters.owner_gone
+    try:
+        sinks = {name: ListSink() for name in ("o1-a", "o1-b", "o2")}
+        for name, sink in sinks.items():
+            watchers.add(sink, 60.0, name[:2])
+        apply(adapters, {"qv": folders["qv"]}, "o1")
+        apply(adapters, {"every": folders["every"]}, "o2")
+        sinks["o1-a"].gone = sinks["o2"].gone = True
+        watchers.push(force=True)  # o1 still watches through o1-b; o2's last watch went
+        apply(adapters, {"every": folders["every"]}, "o2")  # o2 is back: its set stays
+        assert not dropped.wait(0.6) and sorted(engine.model.loras) == ["every", "qv"]
+        sinks["o1-b"].gone = True
+        watchers.push(force=True)  # o1's last watch went
+        assert dropped.wait(10) and sorted(engine.model.loras) == ["every"]
+        assert adapters.sets == {"": {}, "o2": {"every": folders["every"]}}
+    finally:
+        watchers.close()

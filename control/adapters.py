@@ -183,7 +183,8 @@ class Adapters:
 
     async def release(self, timeout_s: float = 5.0) -> None:
         """At this orchestrator's stop, after its last request: every routable worker is sent an empty set
-        (its own configured adapters stay). A worker not answering within `timeout_s` keeps the set."""
+        (its own configured adapters stay). A worker not answering within `timeout_s` keeps the set until
+        it sees this orchestrator's watch gone (engine/workers/adapter_set.py: OWNER_GRACE_S)."""
         if not self._changed or self.fleet is None:  # the workers were never sent a set by this orchestrator
             return
         for task in self._tasks:  # drops still to be sent: the empty set supersedes them
@@ -195,7 +196,8 @@ class Adapters:
                 async with asyncio.timeout(timeout_s):
                     await self._send_all()
             except (TandemError, TimeoutError) as e:
-                log.warning("a worker keeps this server's LoRA adapters until it restarts: %s", e or "no answer")
+                log.warning("a worker keeps this server's LoRA adapters until it sees this server gone: %s",
+                            e or "no answer")
 
     async def join(self, w: WorkerState) -> None:
         """Before `w` is routed to: send it the set, when it may differ from what it was started with."""

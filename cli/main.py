@@ -22,6 +22,7 @@ def _register() -> None:
     from cli.chaos_cmd import chaos_command
     from cli.chat_cmd import chat_command
     from cli.serve_cmd import serve_command
+    from cli.status_cmd import status_command
     from cli.worker_cmd import worker_command
     from cli.workers_cmd import workers_group
     from cli.plan_cmd import plan_command, profile_command
@@ -32,6 +33,7 @@ def _register() -> None:
     main.add_command(workers_group)
     main.add_command(worker_command)
     main.add_command(serve_command)
+    main.add_command(status_command)
     main.add_command(chat_command)
     main.add_command(batch_command)
     main.add_command(bench_group)

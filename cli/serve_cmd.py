@@ -236,7 +236,9 @@ async def _serve(dep, workdir, config_path=None, overrides=None, log_format: str
         if stack.tracer.enabled:
             traced = trace_config(dep)
             say(f"traces: OTLP ({traced.protocol}) to {traced.url}")
-        say("ready")
+        path = stack.service.path
+        say("ready" if path.ready() else "ready; waiting for remote workers (/health says 503 until each role has one, "
+            "the log says why a worker is not ready)")
         await stop.wait()
         say(f"draining (up to {dep.health.drain_grace_s:.0f}s for requests in flight) ...")
         await stack.drain(dep.health.drain_grace_s)

@@ -43,6 +43,7 @@ class WorkerState:
     running: int = 0  # our own count: requests holding pages or streaming (decode, generate)
     holds: int = 0  # our own count: pull holds on this prefill worker's pages not yet ended (control/pull_attempt.py)
     failures: int = 0  # consecutive failed watch connections
+    why_not: str = ""  # why its last watch failed ("" until one did, and once it answers again)
     slot: str = ""  # stable name for metrics: <role>-<n>, the lowest n free when it joined (an address is not)
     watcher: asyncio.Task | None = field(default=None, repr=False)
 
@@ -58,6 +59,22 @@ class WorkerState:
     @property
     def routable(self) -> bool:
         return self.healthy and not self.draining
+
+    def report(self) -> dict:
+        """What an operator sees of this worker (GET /admin/workers): our view of it (state, why it is not
+        ready, our own load counts) and the load it last reported (None before its first report)."""
+        s = self.stats
+        reported = None if s is None else {k: getattr(s, k) for k in _REPORTED}
+        return {"name": self.name, "slot": self.slot, "role": self.role.value, "url": self.url,
+                "state": "draining" if self.draining else "routable" if self.healthy else "not ready",
+                "why_not": self.why_not, "failures": self.failures,
+                "heard_s_ago": round(time.monotonic() - self.last_seen, 1) if self.last_seen else None,
+                "running": self.running, "prompt_tokens_sent": self.inflight_tokens, "pull_holds": self.holds,
+                "reported": reported}
+
+
+_REPORTED = ("host", "pages_total", "pages_used", "pages_cached", "pages_fenced", "pages_held", "running", "reserved",
+             "queued_tokens", "cache_hits", "cache_misses", "cache_evictions", "lora_adapters")
 
 
 class Fleet:
@@ -83,6 +100,11 @@ class Fleet:
 
     def ready(self, roles: tuple[Role, ...]) -> bool:
         return all(self.routable(r) for r in roles)
+
+    def why_not_ready(self, roles: tuple[Role, ...]) -> list[str]:
+        """For each of `roles` with no routable worker, why: each of its workers and its last failure."""
+        return [f"no {r} worker" + "".join(f"; {w.name} at {w.url}: {w.why_not or 'no answer yet'}" for w in self.role(r))
+                for r in roles if not self.routable(r)]
 
     def add(self, name: str, role: Role | str, url: str) -> WorkerState:
         """Route to the worker at `url` serving `role` (a Role or its word; ValueError for another word)."""
@@ -135,7 +157,7 @@ class Fleet:
         while True:
             try:
                 async for stats in w.client.watch(self.heartbeat_s, self.stall_s, self.owner):
-                    w.stats, w.last_seen, w.failures, backoff = stats, time.monotonic(), 0, 0.25
+                    w.stats, w.last_seen, w.failures, w.why_not, backoff = stats, time.monotonic(), 0, "", 0.25
                     if self.on_stats is not None:
                         self.on_stats(w)
                     if not w.healthy:
@@ -155,6 +177,9 @@ class Fleet:
                 w.healthy = False
                 log.warning("worker %s (%s) at %s left routing: %s", w.name, w.role, w.url, why)
                 self._changed(w)
+            elif why != w.why_not:  # once per reason, not per retry: a worker that never answered says why
+                log.warning("worker %s (%s) at %s is not ready: %s (retrying)", w.name, w.role, w.url, why)
+            w.why_not = why
             await self._bump()
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, 5.0)

@@ -2,6 +2,9 @@
 
     POST /admin/flush    every routable worker drops its prefix cache's idle pages (pages of requests
                          in flight keep theirs); answers {"flushed": [...], "failed": {worker: why}}
+    GET /admin/workers   every worker the orchestrator knows: its role, address, state (routable,
+                         draining, not ready and why), our load on it and what it last reported;
+                         with `ready` and, for each role lacking a routable worker, why (`not_ready`)
 
 Who may call them: with a deployment secret set (tandem/secret.py), only a caller that presents it as
 `Authorization: Bearer <secret>`; without one, only a caller on loopback. A flush never changes an
@@ -21,12 +24,14 @@ from tandem.status import TandemError, Unauthenticated
 
 
 def add_admin_routes(router, service: Orchestrator) -> None:
-    router.add_post("/admin/flush", AdminRoutes(service).flush)
+    routes = AdminRoutes(service)
+    router.add_post("/admin/flush", routes.flush)
+    router.add_get("/admin/workers", routes.workers)
 
 
 class AdminRoutes:
     def __init__(self, service: Orchestrator):
-        self.fleet = service.path.fleet
+        self.path, self.fleet, self.mode = service.path, service.path.fleet, service.mode
         self.secret = load_secret()
 
     def _authorize(self, request: web.Request) -> None:
@@ -46,6 +51,13 @@ class AdminRoutes:
         failed = {w.name: why for w, why in zip(workers, results) if why is not None}
         body = {"flushed": sorted(w.name for w in workers if w.name not in failed), "failed": failed}
         return web.json_response(body, status=503 if failed else 200)
+
+    async def workers(self, request: web.Request) -> web.Response:
+        self._authorize(request)
+        return web.json_response({"mode": str(self.mode), "ready": self.path.ready(),
+                                  "not_ready": self.fleet.why_not_ready(self.path.roles),
+                                  "workers": [w.report() for w in sorted(self.fleet.workers.values(),
+                                                                         key=lambda w: (w.role, w.name))]})
 
     @staticmethod
     async def _flush_one(w) -> str | None:

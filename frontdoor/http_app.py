@@ -122,7 +122,7 @@ class HttpFrontend:
         self.app.on_shutdown.append(lambda _app: kept.close())  # background answers end at the stop
         add_kserve_routes(r, door)
         add_generate_routes(r, door)  # Triton's generate extension and /stats (frontdoor/http_generate.py)
-        add_admin_routes(r, door.service)  # POST /admin/flush (frontdoor/http_admin.py)
+        add_admin_routes(r, door.service)  # /admin/flush, /admin/workers (frontdoor/http_admin.py)
         add_token_routes(r, door)  # POST /tokenize, /detokenize, GET /version (frontdoor/http_tokens.py)
         if lora is not None:
             lora.add_to(r)  # POST /v1/load_lora_adapter, /v1/unload_lora_adapter

@@ -230,7 +230,8 @@ class Stack:
         deadline = time.monotonic() + timeout_s
         while not self.service.path.ready():
             if not await self.fleet.wait_change(self.fleet.version, deadline):
-                raise DeploymentError(f"workers did not become ready within {timeout_s:.0f}s")
+                why = " | ".join(self.fleet.why_not_ready(self.service.path.roles))
+                raise DeploymentError(f"workers did not become ready within {timeout_s:.0f}s: {why}")
 
     def _record_workers(self) -> None:
         """workdir/workers.json: each worker's role, pid, gRPC URL, Triton metrics address (host:port, scraped

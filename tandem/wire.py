@@ -1,6 +1,8 @@
 """The control messages between the orchestrator and the workers: typed, JSON on the wire, never pickle.
 
-One frozen dataclass per operation. A request travels as `{"type": T, "body": {...}}`; a reply as
+One frozen dataclass per operation. A request travels as `{"wire": W, "type": T, "body": {...}}`, where W
+is `WIRE`, a fingerprint of every message's schema: a worker refuses a request of another schema (an
+orchestrator from another Tandem build) with an INVALID_ARGUMENT saying so. A reply travels as
 `{"status": S, "message": "...", "type": T, "body": {...}}`, where a non-OK status has no body and
 `message` says what went wrong (see tandem/status.py for what each status means). `parse` rejects
 unknown or missing keys and wrong types, so a malformed message from a peer is an INVALID_ARGUMENT
@@ -46,13 +48,14 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import ClassVar
 
+from tandem import __version__
 from tandem.logprobs import Logprob
 from tandem.pool import Destination, PullSource
 from tandem.roles import Role
 from tandem.sampling_params import SamplingParams
 from tandem.status import Status
 from tandem.trtllm_wire import TrtllmDecode, TrtllmPrefilled
-from tandem.wire_parse import WireError, json_object, parse, to_base64  # noqa: F401 (WireError, parse: re-exported)
+from tandem.wire_parse import WireError, fingerprint, json_object, parse, to_base64  # noqa: F401 (WireError, parse: re-exported)
 
 
 # -- requests ---------------------------------------------------------------------------------------
@@ -234,6 +237,7 @@ class WorkerStats:
 REQUESTS = {c.TYPE: c for c in (Open, Start, Release, WriterGone, Prefill, Abort, Unhold, ReaderGone, Watch, Stats,
                                 Flush, Adapters, TrtllmDecode)}
 REPLIES = {c.TYPE: c for c in (Reserved, Pulled, Token, Prefilled, Ack, WorkerStats, TrtllmPrefilled)}
+WIRE = fingerprint(*REQUESTS.values(), *REPLIES.values(), Status)  # every request carries it; a worker checks it
 
 
 @dataclass(frozen=True)
@@ -248,15 +252,21 @@ class Reply:
 # -- encoding ---------------------------------------------------------------------------------------
 
 def encode_request(msg) -> bytes:
-    return json.dumps({"type": msg.TYPE, "body": asdict(msg)}, separators=(",", ":"), default=to_base64).encode()
+    return json.dumps({"wire": WIRE, "type": msg.TYPE, "body": asdict(msg)}, separators=(",", ":"),
+                      default=to_base64).encode()
 
 
 def decode_request(raw: bytes | str):
-    """The typed request in `raw`; raises WireError naming what is wrong."""
+    """The typed request in `raw`; raises WireError naming what is wrong, first of all a sender whose
+    messages differ from ours (another Tandem build: its `wire` fingerprint is not WIRE)."""
     env = json_object(raw, "request")
+    if env.get("wire") != WIRE:
+        raise WireError(f"the caller's messages are wire schema {env.get('wire')!r}, this worker's {WIRE!r} "
+                        f"(Tandem {__version__}): the orchestrator and its workers come from different Tandem "
+                        "builds; run them from one (the same image or package version)")
     cls = REQUESTS.get(env.get("type"))
-    if cls is None or set(env) != {"type", "body"}:
-        raise WireError(f"request must be {{'type': one of {sorted(REQUESTS)}, 'body': {{...}}}}, "
+    if cls is None or set(env) != {"wire", "type", "body"}:
+        raise WireError(f"request must be {{'wire': {WIRE!r}, 'type': one of {sorted(REQUESTS)}, 'body': {{...}}}}, "
                         f"got type {env.get('type')!r} and keys {sorted(env)}")
     return parse(cls, env["body"])
 

@@ -10,6 +10,7 @@ import base64
 import binascii
 import enum
 import functools
+import hashlib
 import json
 import types
 import typing
@@ -61,6 +62,40 @@ def parse(cls, data):
             continue
         kwargs[name] = _check(f"{cls.__name__}.{name}", data[name], hints[name])
     return cls(**kwargs)
+
+
+def fingerprint(*roots) -> str:
+    """A short digest of the message schema reachable from `roots` (message classes and enums): every
+    dataclass's name and fields with their types, nested ones and enum values included. Two processes
+    can read each other's messages when their fingerprints match; any change to a message (a field
+    added, renamed or retyped, a status or role added) changes it, with nobody having to remember to."""
+    seen, lines, todo = set(), [], list(roots)
+    while todo:
+        t = todo.pop()
+        if t in seen:
+            continue
+        seen.add(t)
+        if isinstance(t, type) and issubclass(t, enum.Enum):
+            lines.append(f"{t.__name__} = {sorted(str(m.value) for m in t)}")
+            continue
+        hints, known = _schema(t)
+        lines.append(f"{getattr(t, 'TYPE', '')} {t.__name__}(" + ", ".join(
+            f"{name}: {_type_name(hints[name], todo)}" for name in known) + ")")
+    return hashlib.sha256("\n".join(sorted(lines)).encode()).hexdigest()[:12]
+
+
+def _type_name(hint, todo: list) -> str:
+    """`hint` as text (list[int], Destination | None, ...), queueing the message classes and enums it names."""
+    args = typing.get_args(hint)
+    if args:
+        origin = typing.get_origin(hint)
+        inner = [_type_name(a, todo) for a in args]
+        if origin in (typing.Union, types.UnionType):
+            return " | ".join(inner)
+        return f"{getattr(origin, '__name__', origin)}[{', '.join(inner)}]"
+    if is_dataclass(hint) or (isinstance(hint, type) and issubclass(hint, enum.Enum)):
+        todo.append(hint)
+    return "None" if hint is type(None) else "..." if hint is Ellipsis else getattr(hint, "__name__", str(hint))
 
 
 @functools.cache

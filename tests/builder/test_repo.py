@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import shutil
 import subprocess
 import sys
+import time
 
 import queue
+import socket
 
 import numpy as np
 import pytest
@@ -19,10 +22,13 @@ from tritonclient.grpc import model_config_pb2
 
 from builder.repo import MODELS, RenderError, RepoOptions, render, render_repo
 from ops.triton_process import TritonServer
+from control.fleet import Fleet
 from control.worker_client import CLIENTS, GenerateClient
+from tandem import wire
+from tandem.roles import Role
 from tandem.sampling_params import SamplingParams
 from tandem.status import InvalidArgument
-from tandem.wire import Open
+from tandem.wire import WIRE, Open
 from tests.conftest import leak_check, leak_snapshot
 
 PROMPT = "Name three planets of the solar system."
@@ -139,7 +145,9 @@ def test_generate_model_refuses_bad_input_and_keeps_serving(triton_all_models):
 
 
 def raw_reply(url: str, model: str, envelope: dict) -> dict:
-    """Send one request envelope with plain tritonclient (as any peer could) and return the first reply."""
+    """Send one request envelope with plain tritonclient (as any peer could) and return the first reply; the
+    envelope speaks this build's wire schema unless it names another."""
+    envelope = {"wire": WIRE, **envelope}
     c = grpcclient.InferenceServerClient(url)
     q: queue.Queue = queue.Queue()
     c.start_stream(callback=lambda result, error: q.put((result, error)))
@@ -162,7 +170,42 @@ def test_a_malformed_message_is_a_typed_invalid_argument(triton_all_models):
              ({"type": "open", "body": {"request_id": "b", "prompt_ids": "nope", "sampling": {}}}, "expected a list"),
              ({"type": "explode", "body": {}}, "request must be"),
              ({"type": "prefill", "body": {"request_id": "b", "prompt_ids": [1], "sampling": {}}},
-              "does not take 'prefill'")]
+              "does not take 'prefill'"),
+             ({"wire": "0123456789ab", "type": "stats", "body": {}}, "different Tandem builds")]
     for envelope, message in cases:
         reply = raw_reply(url, "generate", envelope)
         assert reply["status"] == "INVALID_ARGUMENT" and message in reply["message"], (envelope, reply)
+
+
+def test_a_worker_the_fleet_cannot_use_is_kept_out_and_the_log_says_why_once(triton_all_models, monkeypatch, caplog):
+    """A real worker of another build (the schema differs: faked on this side only, as two builds cannot
+    both be installed here) and an address nobody answers at: neither is routed to, each is logged once
+    with its reason over several retries, and why_not_ready names both reasons."""
+    dead = socket.socket()
+    dead.bind(("127.0.0.1", 0))  # bound, never listening: a connection is refused, and nobody else takes the port
+
+    async def run():
+        fleet = Fleet(heartbeat_s=0.2, stall_s=1.0)
+        fleet.add("prefill@other-build", Role.PREFILL, triton_all_models.grpc_url)
+        fleet.add("decode@nobody", Role.DECODE, f"127.0.0.1:{dead.getsockname()[1]}")
+        deadline = time.monotonic() + 60
+        while not all(w.failures >= 3 for w in fleet.workers.values()):
+            assert await fleet.wait_change(fleet.version, deadline), "three failed watches each within 60 s"
+        routed = [w.name for w in fleet.workers.values() if w.routable]
+        why = fleet.why_not_ready((Role.PREFILL, Role.DECODE))
+        await fleet.close()
+        return routed, why
+
+    monkeypatch.setattr(wire, "WIRE", "0123456789ab")
+    try:
+        with caplog.at_level(logging.WARNING, logger="tandem.fleet"):
+            routed, why = asyncio.run(run())
+    finally:
+        dead.close()
+    assert routed == []
+    logged = sorted(r.getMessage() for r in caplog.records if "is not ready" in r.getMessage())
+    assert len(logged) == 2, logged
+    assert "decode@nobody" in logged[0] and "Connection refused" in logged[0]
+    assert "prefill@other-build" in logged[1] and "different Tandem builds" in logged[1]
+    assert why[0].startswith("no prefill worker; prefill@other-build at ") and "different Tandem builds" in why[0]
+    assert why[1].startswith("no decode worker; decode@nobody at ") and "Connection refused" in why[1]

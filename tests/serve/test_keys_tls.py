@@ -6,7 +6,10 @@ Unmodified clients: urllib, tritonclient, grpc."""
 from __future__ import annotations
 
 import json
+import os
 import ssl
+import subprocess
+import sys
 import urllib.error
 import urllib.request
 
@@ -151,6 +154,21 @@ def test_workers_serve_tls_only(secured):
     creds = grpc.ssl_channel_credentials(open(secured.ca, "rb").read())
     with grpc.secure_channel(url, creds, options=[("grpc.ssl_target_name_override", "tandem-worker")]) as ch:
         assert pb_grpc.GRPCInferenceServiceStub(ch).ServerLive(pb.ServerLiveRequest(), timeout=10).live
+
+
+def test_operator_routes_need_the_deployment_secret_not_an_api_key(secured):
+    """`tandem status` over TLS: the secret from the environment opens /admin/workers, an API key does not."""
+    env = {**os.environ, "SSL_CERT_FILE": secured.ca}
+    env.pop("TANDEM_SECRET", None)
+    cmd = [sys.executable, "-m", "cli.main", "status", "--url", secured.http, "--json"]
+    for given in ({}, {"TANDEM_SECRET": KEY}):  # none; an API key is not the secret
+        refused = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env={**env, **given})
+        assert refused.returncode == 1 and "401" in refused.stderr and "deployment secret" in refused.stderr
+    seen = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env={**env, "TANDEM_SECRET": SECRET})
+    assert seen.returncode == 0, seen.stderr
+    workers = json.loads(seen.stdout)["workers"]
+    assert sorted(w["name"] for w in workers) == ["decode-0", "prefill-0"]
+    assert all(w["state"] == "routable" for w in workers)
 
 
 def _trusted_by(s, ca_path: str) -> dict[str, bool]:

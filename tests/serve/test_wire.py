@@ -3,7 +3,9 @@ names the field (the checks are cached per class and hint: the second message mu
 
 from __future__ import annotations
 
+import enum
 import json
+from dataclasses import dataclass, make_dataclass
 
 import pytest
 
@@ -11,7 +13,8 @@ from tandem.guides import Guide, GuideKind
 from tandem.logprobs import Logprob
 from tandem.sampling_params import SamplingParams
 from tandem.status import InvalidArgument, Status, status_of
-from tandem.wire import Open, Start, Token, WireError, decode_reply, decode_request, encode_reply, encode_request
+from tandem.wire import WIRE, Open, Start, Token, WireError, decode_reply, decode_request, encode_reply, encode_request
+from tandem.wire_parse import fingerprint
 
 
 def test_requests_and_replies_round_trip():
@@ -54,7 +57,7 @@ def test_a_guide_travels_with_its_params_and_a_bad_one_is_refused():
 
 
 def _start(**body) -> bytes:
-    return json.dumps({"type": "start", "body": {"request_id": "r", "lease": "l", "token": 1, **body}}).encode()
+    return json.dumps({"wire": WIRE, "type": "start", "body": {"request_id": "r", "lease": "l", "token": 1, **body}}).encode()
 
 
 def test_an_integer_is_a_float_but_nothing_else_passes_for_another_type():
@@ -73,7 +76,7 @@ def test_unknown_missing_and_nested_fields_are_named():
     with pytest.raises(WireError, match=r"unknown fields \['extra'\]"):
         decode_request(_start(extra=1))
     with pytest.raises(WireError, match="missing field 'lease'"):
-        decode_request(json.dumps({"type": "start", "body": {"request_id": "r", "token": 1}}))
+        decode_request(json.dumps({"wire": WIRE, "type": "start", "body": {"request_id": "r", "token": 1}}))
     body = json.loads(encode_request(Open("r", [1], SamplingParams())))
     body["body"]["prompt_ids"] = [1, "2"]
     with pytest.raises(WireError, match="Open.prompt_ids: expected a list of integers"):
@@ -81,3 +84,34 @@ def test_unknown_missing_and_nested_fields_are_named():
     body["body"]["prompt_ids"], body["body"]["sampling"]["max_tokens"] = [1], "many"
     with pytest.raises(WireError, match="SamplingParams.max_tokens"):
         decode_request(json.dumps(body))
+
+
+def test_a_request_of_another_schema_is_refused_naming_both_schemas():
+    raw = json.loads(encode_request(Start("r", "l", 1)))
+    for other in ({**raw, "wire": "0123456789ab"}, {k: v for k, v in raw.items() if k != "wire"}):
+        with pytest.raises(WireError, match=f"wire schema .*this worker's '{WIRE}'.*different Tandem builds") as e:
+            decode_request(json.dumps(other))
+        assert status_of(e.value) is Status.INVALID_ARGUMENT
+    with pytest.raises(WireError, match="request must be"):
+        decode_request(json.dumps({**raw, "extra": 1}))
+
+
+def test_the_fingerprint_follows_every_field_nested_message_and_enum_value():
+    Kind = enum.Enum("Kind", {"A": "a"})
+    More = enum.Enum("Kind", {"A": "a", "B": "b"})
+
+    @dataclass(frozen=True)
+    class Inner:
+        n: int
+
+    def outer(*extra, inner=Inner, kind=Kind):
+        return make_dataclass("Outer", [("inner", inner | None), ("kind", kind), *extra], frozen=True)
+
+    base = fingerprint(outer(), Status)
+    assert base == fingerprint(outer(), Status)  # deterministic
+    changed = [fingerprint(outer(("x", str)), Status),  # a field added
+               fingerprint(outer(inner=make_dataclass("Inner", [("n", float)])), Status),  # a nested field retyped
+               fingerprint(outer(inner=make_dataclass("Inner", [("m", int)])), Status),  # ... renamed
+               fingerprint(outer(kind=More), Status),  # an enum value added
+               fingerprint(outer())]  # a status table of another shape
+    assert len({base, *changed}) == len(changed) + 1

@@ -47,6 +47,11 @@ class WorkerCollector:
         for role in sorted({w.role for w in every}):
             ready.add_metric([role], sum(w.routable for w in every if w.role == role))
         yield ready
+        routable = GaugeMetricFamily("tandem_worker_routable", "1 while the worker is in routing; 0 while it is not "
+                                     "ready (`tandem status` says why) or draining", labels=["worker", "role"])
+        for w in every:
+            routable.add_metric([w.slot, w.role], int(w.routable))
+        yield routable
         workers = [w for w in every if w.stats is not None]
         for name, help_, field in _GAUGES:
             g = GaugeMetricFamily(name, help_, labels=["worker", "role"])

@@ -32,7 +32,7 @@ def test_promtool_accepts_the_rules(tmp_path):
     assert promtool, "the prometheus package ships promtool"
     out = subprocess.run([promtool, "check", "rules", write_rules(str(tmp_path / "rules.yml"))],
                          capture_output=True, text=True)
-    assert out.returncode == 0 and "SUCCESS: 9 rules found" in out.stdout, out.stdout + out.stderr
+    assert out.returncode == 0 and "SUCCESS: 10 rules found" in out.stdout, out.stdout + out.stderr
 
 
 @pytest.fixture(scope="module")
@@ -98,5 +98,5 @@ def test_every_rule_evaluates_and_recording_rules_have_data(traffic):
     with urllib.request.urlopen(traffic.url + "/api/v1/rules") as r:
         groups = json.load(r)["data"]["groups"]
     rules = [rule for g in groups for rule in g["rules"]]
-    assert len(rules) == 9
+    assert len(rules) == 10
     assert [(r["name"], r.get("lastError")) for r in rules if r["health"] != "ok"] == []

@@ -12,6 +12,7 @@ import yaml
 
 from tests.conftest import start_serve, stop_serve
 from tests.serve.clients import post
+from tests.serve.test_metrics import scrape
 
 TANDEM = [sys.executable, "-m", "cli.main"]
 
@@ -49,6 +50,9 @@ def test_status_lists_each_worker_with_its_state_load_and_why_one_is_not_ready(b
         assert rows["prefill-0"][1:3] == ["prefill", "routable"] and rows["decode-0"][1:3] == ["decode", "routable"]
         assert rows[f"decode@{nobody}"][1:4] == ["decode", "not", "ready"]
         assert lines[5].startswith(f"decode@{nobody}: ") and "Connection refused" in lines[5]
+        samples, _ = scrape(s.http)
+        routable = {dict(labels)["worker"]: v for (name, labels), v in samples.items() if name == "tandem_worker_routable"}
+        assert routable == {"prefill-0": 1, "decode-0": 1, "decode-r0": 0}  # by slot, for an alert per worker
         with open(s.log_path) as f:  # once, not once per retry
             assert f.read().count(f"worker decode@{nobody} (decode) at {nobody} is not ready") == 1
     finally:

@@ -5,10 +5,12 @@ from __future__ import annotations
 import click
 
 from tandem import __version__
+from tandem.wire import WIRE
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(__version__, prog_name="tandem")
+@click.version_option(__version__, prog_name="tandem",
+                      message="%(prog)s, version %(version)s (wire schema " + WIRE + ": orchestrator and workers must match)")
 def main() -> None:
     """Tandem: prefill/decode disaggregated LLM serving on Triton Inference Server."""
 

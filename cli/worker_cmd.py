@@ -22,9 +22,11 @@ import threading
 import click
 
 from cli.options import name_path_pairs
+from tandem import __version__
 from tandem.logs import FORMATS, setup_logging
 from tandem.modes import HandoffMode
 from tandem.roles import Role
+from tandem.wire import WIRE
 from ops.startup import one_line
 
 
@@ -143,7 +145,8 @@ def worker_command(role, engines, host, grpc_port, http_port, metrics_port, tran
     except TritonError as e:
         server.stop()
         raise click.ClickException(one_line(e)) from None
-    say(f"worker {role} ready: grpc {host}:{grpc_port}{' (TLS)' if tls_cert else ''} http {host}:{http_port}")
+    say(f"worker {role} ready: grpc {host}:{grpc_port}{' (TLS)' if tls_cert else ''} http {host}:{http_port} "
+        f"(Tandem {__version__}, wire schema {WIRE})")
     code = server.proc.wait()
     if not stopping.is_set():
         server.stop()  # it died by itself: reap its group and its shared memory, then say so

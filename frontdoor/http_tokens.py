@@ -7,7 +7,7 @@ remote tokenizer; clients count a prompt against `max_model_len` with the ids a 
                          -> {"count", "max_model_len", "tokens", "token_strs"}
     POST /detokenize     {"tokens": [ids]}  -> {"prompt": "text"} (special tokens kept)
     GET  /tokenizer_info -> {"eos_token", "bos_token", "pad_token", "chat_template", "model_max_length", ...}
-    GET  /version        -> {"version": "..."}
+    GET  /version        -> {"version": "...", "wire": "<the message schema its workers must speak>"}
 
 Fields are checked as the OpenAI routes check them (`model` must be this server's; an unknown field is
 accepted and named once). The tokenizer runs off the event loop under admission, like a request's
@@ -26,6 +26,7 @@ from frontdoor.core import FrontDoor
 from frontdoor.http_body import read_object
 from frontdoor.openai_fields import UnknownFields, boolean, chat_template_kwargs, token_ids, unknown_fields
 from tandem.status import InvalidArgument
+from tandem.wire import WIRE
 
 _TOKENIZE = {"model", "prompt", "messages", "add_special_tokens", "add_generation_prompt", "continue_final_message",
              "chat_template_kwargs", "documents", "return_token_strs"}
@@ -79,7 +80,7 @@ class TokenRoutes:
         return web.json_response({"prompt": text})
 
     async def version(self, request):
-        return web.json_response({"version": tandem.__version__})
+        return web.json_response({"version": tandem.__version__, "wire": WIRE})  # wire: the workers' must match
 
     async def tokenizer_info(self, request):
         tok = self.service.tokenizer

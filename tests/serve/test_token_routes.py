@@ -4,6 +4,8 @@ usage counts them), back to the same text, and bad input refused in OpenAI's err
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import urllib.request
 
 import pytest
@@ -54,7 +56,9 @@ def test_detokenize_gives_the_text_back_with_special_tokens(served, default_engi
 
 def test_version_and_the_model_card_say_what_clients_budget_with(served):
     with urllib.request.urlopen(served.http + "/version", timeout=30) as r:
-        assert json.loads(r.read())["version"]
+        version = json.loads(r.read())
+    cli = subprocess.run([sys.executable, "-m", "cli.main", "--version"], capture_output=True, text=True, check=True)
+    assert cli.stdout.startswith(f"tandem, version {version['version']} (wire schema {version['wire']}:")
     with urllib.request.urlopen(served.http + "/v1/models", timeout=30) as r:
         assert json.loads(r.read())["data"][0]["max_model_len"] == 8192
 

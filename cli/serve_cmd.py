@@ -118,7 +118,11 @@ _JSON_STRINGS = _json("a JSON list of strings", "'[\"https://chat.example.com\"]
               help="The most prompt tokens one prefill pass takes; a longer prompt goes in chunks (vLLM's flag). "
                    "Default: the prefill engine's profile.")
 @click.option("--kv-pool-bytes", type=click.IntRange(1 << 20), default=None, **_env("KV_POOL_BYTES"),
-              help="Decode KV pool per worker.")
+              help="Decode KV pool per worker. Default: sized to GPU memory on GPUs, the decode profile's on CPUs.")
+@click.option("--gpu-memory-utilization", type=click.FloatRange(0, 1, min_open=True), default=None,
+              **_env("GPU_MEMORY_UTILIZATION"),
+              help="GPUs: the fraction of each GPU's memory its local workers take together; what their weights "
+                   "leave is shared by their KV pools (vLLM's flag; default 0.9 unless --kv-pool-bytes).")
 @click.option("--chunk-tokens", type=click.IntRange(1), default=None, **_env("CHUNK_TOKENS"),
               help="Chunked mode: prompt tokens per step.")
 @click.option("--api-key-file", default=None, **_env("API_KEY_FILE"),
@@ -156,7 +160,7 @@ def serve_command(model, dtype, config_path, mode, prefill, decode, replicas, tr
                   router, host, grpc_port, http_port, model_name, served_model_name, chat_template, tool_call_parser,
                   reasoning_parser, generation_config, override_generation_config, lora_modules, lora_root,
                   responses_kept, max_model_len, max_num_seqs, max_num_batched_tokens,
-                  kv_pool_bytes, chunk_tokens, api_key_file, no_api_key, prefix_cache_per_api_key, allowed_origins,
+                  kv_pool_bytes, gpu_memory_utilization, chunk_tokens, api_key_file, no_api_key, prefix_cache_per_api_key, allowed_origins,
                   allowed_methods, allowed_headers, allow_credentials, tls_cert, tls_key,
                   tls_client_ca, worker_tls_ca, worker_tls_server_name,
                   otlp_endpoint, log_format, workdir):
@@ -176,7 +180,8 @@ def serve_command(model, dtype, config_path, mode, prefill, decode, replicas, tr
         "lora_loading.root": lora_root, "max_num_seqs": max_num_seqs, "max_num_batched_tokens": max_num_batched_tokens,
         "front_door.responses_kept": responses_kept, "limits.max_model_len": max_model_len,
         "front_door.host": host, "front_door.grpc_port": grpc_port, "front_door.http_port": http_port,
-        "front_door.model_name": model_name, "kv_pool_bytes": kv_pool_bytes, "chunk_tokens": chunk_tokens,
+        "front_door.model_name": model_name, "kv_pool_bytes": kv_pool_bytes,
+        "gpu_memory_utilization": gpu_memory_utilization, "chunk_tokens": chunk_tokens,
         "front_door.api_key_file": api_key_file, "front_door.no_api_key": no_api_key,
         "prefix_cache.per_api_key": prefix_cache_per_api_key, "front_door.cors.allowed_origins": allowed_origins,
         "front_door.cors.allowed_methods": allowed_methods, "front_door.cors.allowed_headers": allowed_headers,

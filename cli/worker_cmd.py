@@ -52,8 +52,12 @@ def _env(name: str) -> dict:
               help="Where the engine runs (auto: CUDA when visible).", **_env("DEVICE"))
 @click.option("--gpu", type=click.IntRange(0), default=0, show_default=True,
               help="cuda: which visible GPU (as numbered under this process's CUDA_VISIBLE_DEVICES).", **_env("GPU"))
-@click.option("--kv-pool-bytes", type=click.IntRange(1 << 20), default=None, help="decode/generate: KV pool size.",
-              **_env("KV_POOL_BYTES"))
+@click.option("--kv-pool-bytes", type=click.IntRange(1 << 20), default=None, **_env("KV_POOL_BYTES"),
+              help="KV pool size. Default: sized to GPU memory on a GPU, the decode profile's on the CPU.")
+@click.option("--gpu-memory-utilization", type=click.FloatRange(0, 1, min_open=True), default=None,
+              **_env("GPU_MEMORY_UTILIZATION"),
+              help="cuda: the fraction of the GPU's memory this worker takes; what its weights leave is its KV pool "
+                   "(vLLM's flag; default 0.9 unless --kv-pool-bytes).")
 @click.option("--max-num-seqs", type=click.IntRange(1, 4096), default=None, **_env("MAX_NUM_SEQS"),
               help="decode/generate: the most requests run at once (default: the decode profile's; generate: 64).")
 @click.option("--max-num-batched-tokens", type=click.IntRange(16), default=None, **_env("MAX_NUM_BATCHED_TOKENS"),
@@ -79,7 +83,7 @@ def _env(name: str) -> dict:
               help="OpenTelemetry traces: OTLP URL of a collector (HTTP, or gRPC with OTEL_EXPORTER_OTLP_PROTOCOL="
                    "grpc; default: the OTEL_EXPORTER_OTLP_* variables; off when none is set). Needs the otel extra.")
 def worker_command(role, engines, host, grpc_port, http_port, metrics_port, transport, device, gpu, kv_pool_bytes,
-                   max_num_seqs, max_num_batched_tokens,
+                   gpu_memory_utilization, max_num_seqs, max_num_batched_tokens,
                    threads, chunk_tokens, handoff, lora_modules, tls_cert, tls_key, workdir, log_file, log_format,
                    otlp_endpoint):
     """Run one role's Triton instance on this node until stopped.
@@ -89,6 +93,7 @@ def worker_command(role, engines, host, grpc_port, http_port, metrics_port, tran
     from engine.lora_files import check_modules
     from engine.shm_region import remove_orphaned_triton_regions, remove_stale_segments
     from ops.door_security import port_refusal
+    from ops.gpu_plan import one_worker_pool
     from ops.triton_process import TritonError, TritonServer
     from tandem.devices import DeviceError, resolve_device
     from tandem.secret import SecretError, is_loopback, load_secret
@@ -104,8 +109,16 @@ def worker_command(role, engines, host, grpc_port, http_port, metrics_port, tran
         if why:
             raise click.ClickException(f"the worker's {what} port cannot be used: {why} (choose another with "
                                        f"--{what.lower()}-port)")
+    if gpu_memory_utilization is not None and kv_pool_bytes is not None:
+        raise click.ClickException("--gpu-memory-utilization sizes the KV pool from what the weights leave, "
+                                   "--kv-pool-bytes gives it in bytes; give one of the two")
     try:
         on_gpu = resolve_device(device) == "cuda" and resolve_device("cuda", [gpu]) == "cuda"  # --gpu must exist
+        if gpu_memory_utilization is not None and not on_gpu:
+            raise DeviceError("--gpu-memory-utilization sizes a KV pool on a GPU, but this worker runs on the CPU; "
+                              "size it with --kv-pool-bytes")
+        if on_gpu and kv_pool_bytes is None:
+            kv_pool_bytes = one_worker_pool(engines, role, gpu, gpu_memory_utilization)
         load_secret(required=not is_loopback(host))  # checked here; the models read it themselves
         traced = TraceConfig.from_env(os.environ, otlp_endpoint, role)
         check_modules(lora_modules or {})

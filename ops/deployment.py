@@ -23,6 +23,11 @@
     prefix_cache: {enabled: true, prefill_pool_bytes: null,   # pages kept for reuse in every worker's pool
                    per_api_key: false}   # true: each API key holder's requests share cached prefixes
                                          # only among themselves
+    kv_pool_bytes: null            # each decode (co-located) worker's KV pool; null: sized on GPUs (below), the
+                                   # decode profile's on the CPU
+    gpu_memory_utilization: null   # GPUs: the fraction of each GPU's memory its workers take together; what
+                                   # weights and 1 GiB per process leave is shared equally by their KV pools
+                                   # (prefill's too, unless prefix_cache.prefill_pool_bytes); null: 0.9 (vLLM's)
     chunk_tokens: 256              # chunked mode: prompt tokens mixed into each decode step
     max_num_seqs: null             # the most requests a decode (or co-located) worker runs at once; null: the
                                    # decode engine's profile (tandem build), 64 co-located (vLLM's name)
@@ -103,6 +108,7 @@ class Deployment(Strict):
     local_prefill_tokens: int = Field(DEFAULT_LOCAL_PREFILL_TOKENS, ge=0)
     prefix_cache: PrefixCacheConfig = PrefixCacheConfig()
     kv_pool_bytes: int | None = Field(None, ge=1 << 20)
+    gpu_memory_utilization: float | None = Field(None, gt=0, le=1)  # null: 0.9 on GPUs unless kv_pool_bytes
     chunk_tokens: int = Field(256, ge=1)
     max_num_seqs: int | None = Field(None, ge=1, le=4096)  # vLLM's names; null: the engines' role profiles
     max_num_batched_tokens: int | None = Field(None, ge=16)
@@ -128,6 +134,9 @@ class Deployment(Strict):
                 pool = getattr(self, role)
                 if pool.count + len(pool.urls) < 1 and not pool.dns:
                     raise ValueError(f"disaggregated mode needs at least one {role} worker (count, urls or dns)")
+        if self.gpu_memory_utilization is not None and self.kv_pool_bytes is not None:
+            raise ValueError("gpu_memory_utilization sizes the KV pools on GPUs from what the weights leave, "
+                             "kv_pool_bytes gives them in bytes; give one of the two")
         if self.backend == "tensorrt-llm":
             self._trtllm_combination()
         elif self.handoff.mode == "pull":
@@ -156,6 +165,9 @@ class Deployment(Strict):
             raise ValueError("backend tensorrt-llm roles take their batch and token limits from their engines' "
                              "YAMLs (tandem build --backend tensorrt-llm); leave max_num_seqs and "
                              "max_num_batched_tokens out")
+        if self.gpu_memory_utilization is not None:
+            raise ValueError("backend tensorrt-llm roles size their KV cache themselves (kv_cache_config."
+                             "free_gpu_memory_fraction in the role YAMLs); leave gpu_memory_utilization out")
         if self.lora_modules or self.lora_loading.root:
             raise ValueError("backend tensorrt-llm roles run TensorRT-LLM's engines, not Tandem's LoRA adapters; "
                              "leave lora_modules and lora_loading.root out")

@@ -37,7 +37,7 @@ from control.router import ROUTERS
 from frontdoor.core import FrontDoor, ServedModel
 from control.orchestrator import Orchestrator
 from ops.supervisor import Supervisor
-from ops.gpu_plan import check_fits, gpu_totals, planned_bytes, role_bytes, role_gpus
+from ops.gpu_plan import gpu_totals, role_gpus, sized_pools
 from tandem.devices import DeviceError, resolve_device
 from ops.local_workers import WorkerSet
 from ops.trtllm_stack import trtllm_engines, trtllm_gpus_per_node
@@ -85,11 +85,15 @@ def worker_counts(dep: Deployment) -> dict[Role, int]:
 
 def local_gpus(dep: Deployment) -> dict[str, tuple[int, ...]]:
     """The GPUs of the deployment's local CUDA workers (ops/gpu_plan.py); DeploymentError naming CUDA when
-    the deployment asks for CUDA and this machine has none."""
+    the deployment asks for CUDA and this machine has none, or sizes pools to GPU memory with none on one."""
     try:
-        return role_gpus(dep, worker_counts(dep))
+        gpus = role_gpus(dep, worker_counts(dep))
     except DeviceError as e:
         raise DeploymentError(str(e)) from None
+    if not gpus and dep.gpu_memory_utilization is not None:
+        raise DeploymentError("gpu_memory_utilization sizes KV pools on GPUs, but no local worker runs on one; "
+                              "size pools on the CPU with kv_pool_bytes (--kv-pool-bytes)")
+    return gpus
 
 
 def trace_config(dep: Deployment) -> TraceConfig | None:
@@ -146,16 +150,14 @@ class Stack:
             tokens_per_page, names, per_node = manifest.kv_layout.tokens_per_page, served_names(dep, manifest.source), 0
         model = read_model_files(engines, dep, self.log)  # before any worker starts: one line if it cannot be read
         counts = worker_counts(dep)
-        if gpus:
-            try:
-                check_fits(planned_bytes(gpus, counts, *role_bytes(dep, engines)), gpu_totals(gpus))
-            except DeviceError as e:
-                raise DeploymentError(str(e)) from None
-        options = RepoOptions(transport=dep.transport, kv_pool_bytes=dep.kv_pool_bytes,
+        pools = self._gpu_pools(engines, gpus, counts)
+        options = RepoOptions(transport=dep.transport,
+                              kv_pool_bytes=pools.get(Role.DECODE, pools.get(Role.GENERATE, dep.kv_pool_bytes)),
                               chunk_tokens=dep.chunk_tokens if dep.mode is Mode.CHUNKED else 0,
                               transfer_timeout_s=dep.handoff.transfer_timeout_s,
                               fence_timeout_s=dep.handoff.fence_timeout_s, prefix_cache=dep.prefix_cache.enabled,
-                              prefill_pool_bytes=dep.prefix_cache.prefill_pool_bytes, handoff=dep.handoff.mode,
+                              prefill_pool_bytes=pools.get(Role.PREFILL, dep.prefix_cache.prefill_pool_bytes),
+                              handoff=dep.handoff.mode,
                               lora_modules=tuple(dep.lora_modules.items()), max_num_seqs=dep.max_num_seqs,
                               max_num_batched_tokens=dep.max_num_batched_tokens)
         for name in remove_stale_segments() + remove_orphaned_triton_regions():
@@ -215,6 +217,20 @@ class Stack:
         except OSError as e:  # taken since the check at the start
             raise DeploymentError(e.strerror or str(e)) from None
         self.served = served
+
+    def _gpu_pools(self, engines: str, gpus: dict, counts: dict) -> dict[Role, int]:
+        """The KV pool bytes of the local CUDA roles when sized to GPU memory (ops/gpu_plan.py), else {};
+        DeploymentError when the workers do not fit their GPUs."""
+        if not gpus:
+            return {}
+        try:
+            pools = sized_pools(self.dep, engines, gpus, counts, gpu_totals(gpus))
+        except DeviceError as e:
+            raise DeploymentError(str(e)) from None
+        if pools:
+            self.log("KV pools sized to GPU memory: " + ", ".join(f"{r} {b / 2**30:.2f} GiB per worker"
+                                                                  for r, b in sorted(pools.items()) if r in gpus))
+        return pools
 
     async def reload(self, dep: Deployment) -> str:
         """A new deployment file: read the API keys and TLS files again and follow its remote workers

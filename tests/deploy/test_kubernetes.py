@@ -191,6 +191,11 @@ def test_the_secret_is_mounted_as_a_file_and_no_value_is_committed(rendered):
     assert f"{SOURCE}/base/secret.txt" not in tracked
 
 
+def _without(cmd: list[str], flag: str) -> list[str]:
+    """`cmd` without `flag` and its value."""
+    return cmd[:cmd.index(flag)] + cmd[cmd.index(flag) + 2:] if flag in cmd else cmd
+
+
 def test_gpu_overlay_adds_gpus_nvidia_image_and_placement_to_workers_only(tree):
     cpu, gpu = (by_kind(render(str(tree / "overlays" / o)), "Deployment") for o in ("cpu", "gpu"))
     for role in WORKERS:
@@ -201,7 +206,9 @@ def test_gpu_overlay_adds_gpus_nvidia_image_and_placement_to_workers_only(tree):
         cmd = c["command"]
         assert cmd[cmd.index("--device") + 1] == "cuda" and spec["hostIPC"] is True  # its engine on its GPU
         base = cpu[f"tandem-{role}"]["spec"]["template"]["spec"]["containers"][0]["command"]
-        assert cmd == base + ["--device", "cuda"] and "--device" not in base  # the GPU command is the base's + device
+        # the GPU command is the base's + device, its KV pool sized to the GPU's memory instead of given in bytes
+        assert _without(_without(cmd, "--gpu-memory-utilization"), "--device") == _without(base, "--kv-pool-bytes")
+        assert "--device" not in base and "--kv-pool-bytes" not in cmd
         env = {e["name"]: e["value"] for e in c["env"]}
         assert "cuda_copy" in env["UCX_TLS"] and env["UCX_TCP_PORT_RANGE"]  # patched one, kept the rest
         assert [p["name"] for p in c["ports"]] == ["http", "grpc", "metrics"]

@@ -48,6 +48,21 @@ def test_cuda_without_cuda_is_refused_at_once_in_one_line(args, tmp_path):
     assert not os.listdir(tmp_path)  # nothing was started: no worker folder, no repository
 
 
+@pytest.mark.parametrize("args, says", [
+    (("serve", "--gpu-memory-utilization", "0.5", "--grpc-port", "0", "--http-port", "0"),
+     "gpu_memory_utilization sizes KV pools on GPUs, but no local worker runs on one"),
+    (("worker", "--role", "decode", "--engines", "nowhere", "--gpu-memory-utilization", "0.5"),
+     "--gpu-memory-utilization sizes a KV pool on a GPU, but this worker runs on the CPU"),
+    (("worker", "--role", "decode", "--engines", "nowhere", "--gpu-memory-utilization", "0.5", "--kv-pool-bytes",
+      "100000000"), "give one of the two"),
+], ids=["serve", "worker", "worker-both"])
+def test_gpu_memory_utilization_without_a_gpu_is_refused_at_once_in_one_line(args, says, tmp_path):
+    proc, _ = run_tandem(*args, tmp_path=tmp_path)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode != 0 and len(lines) == 1 and says in lines[0], proc.stderr
+    assert not os.listdir(tmp_path)  # nothing was started
+
+
 def test_auto_is_the_cpu_here_and_cuda_with_gpus_is_refused():
     assert resolve_device("auto") == "cpu"
     assert resolve_device("cpu") == "cpu"

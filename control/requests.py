@@ -59,6 +59,7 @@ class GenerationRequest:
     bad_words: tuple[str, ...] = ()  # texts the answer never contains, each tokenized as it is given
     allowed_token_ids: tuple[int, ...] = ()  # the only tokens the answer may hold (vLLM's); () = any
     cache_salt: str = ""  # cached prefix pages are shared only among requests with the same salt (vLLM's)
+    priority: int = 0  # lower waits less for a pass (vLLM's); non-zero needs Limits.priority_scheduling
     exclude_input: bool = True  # False: the answer starts with its input (prepare: Prepared.echo)
     skip_special_tokens: bool = True  # False: the answer's text keeps special tokens (vLLM's field)
     include_stop_str_in_output: bool = False  # True: the text ends with the stop string that ended it (vLLM's)
@@ -95,6 +96,7 @@ class Limits:
     max_prompt_chars: int = 1 << 20  # refused before tokenizing: a 10 MB prompt never reaches the tokenizer
     end_ids: tuple[int, ...] = ()  # the tokens the model's answers end with (engine.tokenizer.Tokenizer.end_ids)
     adapters: Adapters = field(default_factory=Adapters)  # LoRA adapters a request's `model` may name
+    priority_scheduling: bool = False  # the server honours priorities (`scheduling_policy: priority`)
 
     def check_chars(self, chars: int) -> None:
         """Refuse text of more characters than this server tokenizes."""
@@ -110,6 +112,9 @@ class Limits:
 
 
 def prepare(req: GenerationRequest, tokenizer: Tokenizer, limits: Limits) -> Prepared:
+    if req.priority and not limits.priority_scheduling:  # vLLM refuses it too unless started with priority scheduling
+        raise InvalidArgument("priority: this server serves requests first come, first served; only 0 is accepted "
+                              "(start it with --scheduling-policy priority to honour priorities)", "priority")
     ids = prompt_ids(req, tokenizer, limits)
     max_context = limits.max_context
     if req.drop_oldest_turns and not _fits(ids, req, max_context):
@@ -137,7 +142,7 @@ def prepare(req: GenerationRequest, tokenizer: Tokenizer, limits: Limits) -> Pre
                             stop_token_ids=tuple(req.stop_token_ids), logit_bias=tuple(req.logit_bias), guide=req.guide,
                             bad_words=_bad_words(req.bad_words, tokenizer),
                             allowed_token_ids=tuple(sorted(set(req.allowed_token_ids))), cache_salt=req.cache_salt,
-                            extra_eos=(req.end_id,) if req.end_id is not None else (),
+                            priority=req.priority, extra_eos=(req.end_id,) if req.end_id is not None else (),
                             lora=limits.adapters.key_of(req.model)).with_seed()
     limits.check_ids([t for t, _ in params.logit_bias], "logit_bias")
     limits.check_ids(params.allowed_token_ids, "allowed_token_ids")

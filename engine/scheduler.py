@@ -8,12 +8,13 @@ so a full pool is an answer, not an unbounded queue in here), in one of two ways
   them); the next decode step continues it.
 
 Each `step()` is one forward pass, by one of two policies for local prefill (policies/batching.py):
-- prefill-first (`chunk_tokens=None`): while prompts wait, one pass of the oldest of them that fit in
+- prefill-first (`chunk_tokens=None`): while prompts wait, one pass of the first of them that fit in
   `pass_tokens` (a longer prompt runs alone) and in the batch runs, and the decodes stall for it;
   otherwise one decode step of every running sequence.
 - chunked (`chunk_tokens=N`): every pass decodes one token for each running sequence and adds up to N
-  prompt tokens of the prompts the batch has room for (oldest first), so a long prompt is spread over
+  prompt tokens of the prompts the batch has room for (in turn), so a long prompt is spread over
   many passes.
+"First" is arrival order, or with priorities the lowest priority value first (`add_prefill`).
 The batch cap, `max_batch_size`, counts running sequences and prompts being prefilled here.
 The scheduler frees nothing: the caller releases a finished sequence's pages.
 """
@@ -46,7 +47,7 @@ class Scheduler:
         self.max_batch_size = max_batch_size
         self.pass_tokens = pass_tokens
         self.chunk_tokens = chunk_tokens
-        self.waiting: deque[Sequence] = deque()  # prompts (partly) to compute here, oldest first
+        self.waiting: deque[Sequence] = deque()  # prompts (partly) to compute here, in turn (add_prefill)
         self.running: list[Sequence] = []
 
     @property
@@ -62,7 +63,12 @@ class Scheduler:
         return self.size < self.max_batch_size
 
     def add_prefill(self, seq: Sequence) -> None:
-        self.waiting.append(seq)
+        """Queue a prompt: behind every waiting one of its priority or a lower value (arrival order among
+        equals; all equal, first come first served), ahead of those of a higher value."""
+        at = len(self.waiting)
+        while at and self.waiting[at - 1].params.priority > seq.params.priority:
+            at -= 1
+        self.waiting.insert(at, seq)
 
     def add_running(self, seq: Sequence) -> None:
         self.running.append(seq)

@@ -58,7 +58,7 @@ def _common(body: dict, allowed: set[str], models: tuple[str, ...], max_tokens_d
                 include_stop_str_in_output=boolean(body, "include_stop_str_in_output"), guide=guide(body),
                 bad_words=bad_words(body), allowed_token_ids=token_ids(body, "allowed_token_ids", nonempty=True),
                 truncate_prompt_tokens=truncate_prompt_tokens(body), cache_salt=cache_salt(body),
-                model=body.get("model"))
+                priority=number(body, "priority", 0, int), model=body.get("model"))
 
 
 def completion_request(body: dict, models: tuple[str, ...], request_id: str, unknown: UnknownFields | None = None,

@@ -77,9 +77,6 @@ def refuse_unsupported(body: dict) -> None:
     if body.get("use_beam_search") not in (None, False):
         raise InvalidArgument("use_beam_search: beam search is not supported; every answer is sampled (or greedy "
                               "with temperature 0)", "use_beam_search")
-    if number(body, "priority", 0, int) != 0:  # vLLM refuses it too unless started with priority scheduling
-        raise InvalidArgument("priority: requests are served first come, first served (vLLM's default policy); "
-                              "only 0 is accepted", "priority")
     boolean(body, "spaces_between_special_tokens", True)  # checked; no effect, as in vLLM with a fast tokenizer
 
 

@@ -32,6 +32,8 @@
     max_num_seqs: null             # the most requests a decode (or co-located) worker runs at once; null: the
                                    # decode engine's profile (tandem build), 64 co-located (vLLM's name)
     max_num_batched_tokens: null   # the most prompt tokens one prefill pass takes; null: the prefill profile's
+    scheduling_policy: fcfs        # or priority: a request's `priority` (lower first) orders the prompts waiting
+                                   # for a prefill pass and the requests waiting for a decode batch (vLLM's)
     front_door: {host: 127.0.0.1, grpc_port: 8001, http_port: 8000, model_name: ensemble,
                  served_model_name: null,   # OpenAI model id, or a list (the first, then aliases); null: the model's
                  api_key_file: null,        # keys, one a line (and/or TANDEM_API_KEY); needed beyond loopback ...
@@ -112,6 +114,7 @@ class Deployment(Strict):
     chunk_tokens: int = Field(256, ge=1)
     max_num_seqs: int | None = Field(None, ge=1, le=4096)  # vLLM's names; null: the engines' role profiles
     max_num_batched_tokens: int | None = Field(None, ge=16)
+    scheduling_policy: Literal["fcfs", "priority"] = "fcfs"  # priority: requests' `priority` orders the waiting
     max_retries: int = Field(2, ge=0)
     # Local workers run this much nicer (lower CPU priority) than the front door. Where they share cores
     # (CPU-only serving), refusals, health probes and token streaming then wait for no model step; the
@@ -165,6 +168,9 @@ class Deployment(Strict):
             raise ValueError("backend tensorrt-llm roles take their batch and token limits from their engines' "
                              "YAMLs (tandem build --backend tensorrt-llm); leave max_num_seqs and "
                              "max_num_batched_tokens out")
+        if self.scheduling_policy != "fcfs":
+            raise ValueError("backend tensorrt-llm roles schedule their requests themselves; leave "
+                             "scheduling_policy at fcfs")
         if self.gpu_memory_utilization is not None:
             raise ValueError("backend tensorrt-llm roles size their KV cache themselves (kv_cache_config."
                              "free_gpu_memory_fraction in the role YAMLs); leave gpu_memory_utilization out")

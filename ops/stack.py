@@ -197,7 +197,8 @@ class Stack:
         tokenizer, cfg = model.tokenizer, model.config
         self.service = Orchestrator(path=path, tokenizer=tokenizer, metrics=metrics, mode=dep.mode,
                                     limits=Limits(model.context, cfg.vocab_size, lim.max_prompt_chars,
-                                                  tuple(sorted(tokenizer.end_ids(cfg.eos_token_ids))), adapters),
+                                                  tuple(sorted(tokenizer.end_ids(cfg.eos_token_ids))), adapters,
+                                                  priority_scheduling=dep.scheduling_policy == "priority"),
                                     admission=Admission(lim.max_in_flight, lim.max_queued_tokens,
                                                         max_in_flight_per_key=lim.max_in_flight_per_key),
                                     timeout_s=lim.request_timeout_s, tracer=self.tracer)

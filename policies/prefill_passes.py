@@ -1,12 +1,15 @@
 """How a prefill worker fills its passes.
 
 A pass computes at most `pass_tokens` prompt tokens. It is either
-- a packed pass of whole prompts: the oldest waiting prompt, then the shortest others that still
+- a packed pass of whole prompts: the first waiting prompt, then the shortest others that still
   fit (`pack`); or
 - the next chunk of one prompt longer than a pass: `chunk_tokens` tokens, a whole number of KV
   pages, so every chunk starts on a page boundary (`chunk_tokens`).
 When long and short prompts both wait, passes alternate (`PassTurn`): a short prompt never waits
 for a whole long prompt, and a long prompt always advances.
+"First" is the order of `in_turn`: arrival, or with priority scheduling the lowest priority value
+first, arrival among equals (vLLM's priority policy); the fillers of a packed pass go by priority too,
+the shortest first within one.
 
 Used by engine/workers/prefill_worker.py (sizes: tokens still to compute, the cached prefix left
 out) and planner/sim/sim_prefill.py (sizes: prompt lengths).
@@ -25,19 +28,25 @@ def chunk_tokens(pass_tokens: int, tokens_per_page: int) -> int:
     return max(tokens_per_page, pass_tokens // tokens_per_page * tokens_per_page)
 
 
-def pack(waiting: Sequence[T], size: Callable[[T], int], budget: int) -> list[T]:
-    """The prompts of one packed pass, from `waiting` in arrival order (not empty).
+def in_turn(waiting: Sequence[T], priority: Callable[[T], int]) -> list[T]:
+    """`waiting` (in arrival order) in the order it is served: the lowest priority value first, arrival
+    order among equals. All priorities equal (first come, first served): arrival order."""
+    return sorted(waiting, key=priority)  # stable: the older first on ties
 
-    The oldest is always taken (even when alone it exceeds `budget`); then the others, shortest
-    first (arrival order on ties), while the running total stays within `budget`.
+
+def pack(waiting: Sequence[T], size: Callable[[T], int], budget: int,
+         priority: Callable[[T], int] = lambda _: 0) -> list[T]:
+    """The prompts of one packed pass, from `waiting` in turn (in_turn; not empty).
+
+    The first is always taken (even when alone it exceeds `budget`); then the others by priority and,
+    within one, shortest first (arrival order on ties), each that still fits within `budget`.
     """
     group, room = [waiting[0]], budget - size(waiting[0])
-    for item in sorted(waiting[1:], key=size):  # sorted is stable: the older first on ties
+    for item in sorted(waiting[1:], key=lambda it: (priority(it), size(it))):  # stable: the older first on ties
         n = size(item)
-        if n > room:
-            break  # ascending sizes: nothing after this one fits either
-        group.append(item)
-        room -= n
+        if n <= room:  # a larger one of a lower priority class may not fit where a smaller one later does
+            group.append(item)
+            room -= n
     return group
 
 

@@ -20,6 +20,7 @@ MAX_LOGIT_BIAS = 1024  # tokens one request may bias: the sampler adds each to i
 MAX_BAD_WORDS = 64  # token sequences one request may ban (engine/sequence.py checks each at every step)
 MAX_BAD_WORD_TOKENS = 16
 MAX_CACHE_SALT = 256  # characters of a request's cache_salt
+MAX_PRIORITY = 2**31 - 1  # |priority| (vLLM takes any integer; a 32-bit one is every scheduler's)
 MAX_LORA_NAME = 160  # characters of a LoRA adapter's key: its name (at most 128) and a load's suffix
 
 
@@ -55,6 +56,7 @@ class SamplingParams:
     allowed_token_ids: tuple[int, ...] = ()  # the only tokens the output may hold, distinct; () = any
     cache_salt: str = ""  # prefix-cache pages are shared only among requests with the same one (tandem/prefix.py)
     lora: str = ""  # the LoRA adapter the answer is computed with (engine/lora.py); "": the base model
+    priority: int = 0  # waiting for a pass, lower goes first, arrival order among equals (vLLM's); changes no token
 
     def __post_init__(self) -> None:
         if not _is_int(self.max_tokens) or self.max_tokens < 1:
@@ -98,6 +100,9 @@ class SamplingParams:
         if allowed and self.guide is not None:
             raise InvalidArgument("allowed_token_ids and structured output exclude each other (the grammar already "
                                   "says which tokens may come): send one of them", "allowed_token_ids")
+        if not _is_int(self.priority) or not -MAX_PRIORITY <= self.priority <= MAX_PRIORITY:
+            raise InvalidArgument(f"priority must be an integer in [-{MAX_PRIORITY}, {MAX_PRIORITY}] (lower is served "
+                                  f"first), got {self.priority!r}", "priority")
         if not isinstance(self.lora, str) or len(self.lora) > MAX_LORA_NAME:
             raise InvalidArgument(f"lora must be an adapter's key of at most {MAX_LORA_NAME} characters", "lora")
         if not isinstance(self.cache_salt, str) or len(self.cache_salt) > MAX_CACHE_SALT:

@@ -79,9 +79,11 @@ class DecodeLoop:
         while self.inbox:
             changed = True
             lease = self.inbox.popleft()
-            if self.leases.get(lease.request_id) is lease:
+            if self.leases.get(lease.request_id) is lease and lease.state is not LeaseState.WAITING_KV:
                 self._advance(lease)
-        for lease in [x for x in self.leases.values() if x.state is LeaseState.WAITING_KV]:
+        # those whose K/V are in join the batch as it has room: the lowest priority value first, then in order
+        for lease in sorted((x for x in self.leases.values() if x.state is LeaseState.WAITING_KV),
+                            key=lambda x: x.seq.params.priority):
             changed |= self._advance(lease)
         # Armed last, after the due ones fired: the loop may sleep right after this call, and a tick
         # that fired without re-arming would leave a lease nobody looks at again.

@@ -2,7 +2,8 @@
 
 A request is submitted (its writer opened into the destination pages) and queued. Each step of the
 loop runs one pass of at most `pass_tokens` tokens (the rules: policies/prefill_passes.py), either
-- a packed pass of whole prompts (the oldest first, then the shortest that fit), each layer's K/V
+- a packed pass of whole prompts (the oldest first, then the shortest that fit; with priorities, the
+  lowest priority value first), each layer's K/V
   going to the writers as it is computed, or
 - the next chunk of one long prompt (longer than a pass), prefilled against a local KV pool and
   streamed to its destination chunk by chunk.
@@ -47,7 +48,7 @@ from engine.workers.prefill_items import PrefillItem, SlowWriter
 from engine.workers.prefill_runs import PrefillRuns
 from engine.workers.sink import Responder
 from engine.workers.watchers import Watchers
-from policies.prefill_passes import PassTurn, chunk_tokens, pack
+from policies.prefill_passes import PassTurn, chunk_tokens, in_turn, pack
 from tandem.pool import host_identity
 from tandem.roles import Role
 from tandem.status import Cancelled
@@ -198,10 +199,13 @@ class PrefillWorker(PrefillRuns):
         full = []
         with self.lock:
             dropped = self._drop_cancelled()
-            longs = [it for it in self.queue if it.chunked]
-            shorts = [it for it in self.queue if not it.chunked]
+            waiting = in_turn(self.queue, _priority)
+            # a long prompt part way through (its pages held) keeps its turn: another waiting for pool room
+            # behind it must not take it, whatever its priority (it could never get the room)
+            longs = sorted((it for it in waiting if it.chunked), key=lambda it: not it.seq.page_table)
+            shorts = [it for it in waiting if not it.chunked]
             take_long = self.turn.take_long(bool(longs), bool(shorts))
-            group = [longs[0]] if take_long else pack(shorts, self._todo, self.pass_tokens) if shorts else []
+            group = [longs[0]] if take_long else pack(shorts, self._todo, self.pass_tokens, _priority) if shorts else []
             for it in group:
                 self.queue.remove(it)
                 if (self.caching or it.msg.pull) and not take_long:
@@ -277,3 +281,7 @@ class PrefillWorker(PrefillRuns):
         for s in self.senders.values():
             s.close()
         self.senders.clear()
+
+
+def _priority(it: PrefillItem) -> int:
+    return it.msg.sampling.priority

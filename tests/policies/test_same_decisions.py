@@ -24,7 +24,7 @@ from planner.sim.pages import PagePool
 from planner.sim.request import SimRequest
 from planner.sim.sim_prefill import Link, PrefillSim
 from policies.batching import admit, chunk_split
-from policies.prefill_passes import PassTurn, chunk_tokens, pack
+from policies.prefill_passes import PassTurn, chunk_tokens, in_turn, pack
 from tandem.sampling_params import SamplingParams
 from tandem.wire import Prefill
 
@@ -159,6 +159,24 @@ def test_pack_takes_the_oldest_then_the_shortest_that_fit(queue, budget):
     assert all(queue[i] > left for i in idx if i not in group)  # nothing left out would still fit...
     others = [queue[i] for i in group[1:]]
     assert others == sorted(others)  # ...because the shortest were taken first
+
+
+@settings(max_examples=300, deadline=None)
+@given(sizes, st.integers(1, 600), st.lists(st.integers(-2, 2), min_size=12, max_size=12))
+def test_with_priorities_the_most_urgent_oldest_goes_first_and_fillers_go_by_priority(queue, budget, prio):
+    arrived = list(range(len(queue)))
+    waiting = in_turn(arrived, lambda i: prio[i])
+    assert [prio[i] for i in waiting] == sorted(prio[:len(queue)])  # lowest value first...
+    assert all(a < b for a, b in zip(waiting, waiting[1:]) if prio[a] == prio[b])  # ...arrival order among equals
+    group = pack(waiting, lambda i: queue[i], budget, lambda i: prio[i])
+    assert group[0] == waiting[0] and len(set(group)) == len(group)
+    assert len(group) == 1 or sum(queue[i] for i in group) <= budget
+    left = budget - sum(queue[i] for i in group)
+    assert all(queue[i] > left for i in arrived if i not in group)  # nothing left out would still fit
+    fillers = [(prio[i], queue[i]) for i in group[1:]]
+    assert fillers == sorted(fillers)  # by priority, the shortest first within one
+    if len(set(prio[:len(queue)])) == 1:  # all equal: exactly first come, first served
+        assert waiting == arrived and group == pack(arrived, lambda i: queue[i], budget)
 
 
 @settings(max_examples=300, deadline=None)

@@ -1,0 +1,59 @@
+"""Priority scheduling (`tandem serve --scheduling-policy priority`, vLLM's policy) on a real 1P1D stack:
+a request of a lower priority value overtakes a backlog of others waiting for the decode worker's batch
+(one request at a time here, `--max-num-seqs 1`), and answers exactly what it answers alone. Without the
+policy a non-zero priority is refused (tests/serve/test_prompt_options.py); the prefill queue's order is
+tested on a real prefill worker (tests/workers/test_prefill_priority.py) and its policy (tests/policies),
+the co-located one's in tests/engine/test_scheduler.py."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+
+import pytest
+
+from ops.deployment import DeploymentError, load_deployment
+from tests.conftest import start_serve, stop_serve
+from tests.serve.clients import post
+
+BODY = {"max_tokens": 96, "ignore_eos": True, "temperature": 0}
+
+
+def test_an_urgent_request_overtakes_a_backlog_waiting_for_the_decode_batch(built_engines, tmp_path):
+    s = start_serve(built_engines, tmp_path, "--scheduling-policy", "priority", "--max-num-seqs", "1")
+    try:
+        alone = post(s.http, "/v1/completions", {**BODY, "prompt": "Urgent: name three rivers."})
+        assert alone[0] == 200, alone
+        code, err = post(s.http, "/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}],
+                                                          "priority": 2**40})
+        assert code == 400 and err["error"]["param"] == "priority" and "[-2147483647, 2147483647]" in \
+            err["error"]["message"], err
+        finished, lock, first_tokens = [], threading.Lock(), threading.Semaphore(0)
+
+        def send(name: str, priority: int) -> str:
+            body = {**BODY, "prompt": f"{name}: name three rivers.", "priority": priority, "stream": True}
+            # a stream's first event is its first token, sampled by the prefill worker: it is prefilled
+            code, events = post(s.http, "/v1/completions", body, on_event=lambda n: n == 1 and first_tokens.release())
+            assert code == 200, events
+            with lock:
+                finished.append(name)
+            return "".join(e["choices"][0]["text"] for e in events if e["choices"])
+
+        with concurrent.futures.ThreadPoolExecutor(6) as pool:
+            lows = [pool.submit(send, f"low-{i}", 5) for i in range(5)]
+            for _ in lows:  # every one prefilled: one decodes, four wait for the batch (each ~96 steps)
+                assert first_tokens.acquire(timeout=120)
+            urgent = pool.submit(send, "Urgent", -5)
+            assert urgent.result(timeout=300) == alone[1]["choices"][0]["text"]  # a priority changes no token
+            for f in lows:
+                f.result(timeout=300)
+        # first come, first served it would finish last; it waits for the one decoding when it came and at
+        # most one that took the batch's place before its own K/V were in
+        assert finished.index("Urgent") <= 2, finished
+    finally:
+        stop_serve(s)
+
+
+def test_tensorrt_llm_roles_refuse_the_priority_policy():
+    with pytest.raises(DeploymentError, match="schedule their requests themselves"):
+        load_deployment(None, {"backend": "tensorrt-llm", "device": "cuda", "scheduling_policy": "priority"})

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
 WORDS = ("river market lantern garden engine harbor winter copper meadow signal forest letter orbit canyon "
          "violin pepper thunder marble island compass velvet ladder mirror saddle beacon ember glacier "
@@ -37,6 +37,7 @@ class Stream:
     # (clients/bench/dataset.py); prompt_len and output_len are then their means, for the report
     prompts: tuple[tuple[str, int], ...] = ()
     source: str = ""  # the file `prompts` came from
+    priority: int = 0  # the requests' `priority` (OpenAI protocol; non-zero needs --scheduling-policy priority)
 
     def __post_init__(self):
         if sum(bool(x) for x in (self.concurrency, self.rate, self.interval)) != 1:
@@ -71,7 +72,7 @@ class RequestSpec:
     max_tokens: int
     arrival: float | None  # seconds after start (open-loop streams), None for closed-loop ones
     warmup: bool = False
-    extra: dict = field(default_factory=dict)
+    priority: int = 0  # lower is served first, by a server with priority scheduling
     model: str = ""  # the model (a LoRA adapter) the request names; "": the driver's own
 
 
@@ -160,5 +161,6 @@ def requests_for(scenario: Scenario, tokenizer) -> list[RequestSpec]:
                     else s.output_len
                 prompt = make_prompt(tokenizer, s.prompt_len, rng)
             model = pick.choice(scenario.models) if scenario.models else ""
-            out.append(RequestSpec(s.name, i, prompt, n_out, arrival, warmup=i < scenario.warmup, model=model))
+            out.append(RequestSpec(s.name, i, prompt, n_out, arrival, warmup=i < scenario.warmup, model=model,
+                                   priority=s.priority))
     return out

@@ -39,6 +39,9 @@ class GrpcDriver:
         return out
 
     async def send(self, spec: RequestSpec, t_run: float) -> RequestRecord:
+        if spec.priority:
+            raise ValueError("a request's priority travels over the OpenAI protocol only (the Triton ensemble's "
+                             "tensors have none): use --protocol openai")
         rec = RequestRecord(spec.stream, time.perf_counter() - t_run, warmup=spec.warmup)
         outputs = [InferRequestedOutput(n) for n in ("text_output", "num_output_tokens", "num_input_tokens")]
 
@@ -78,7 +81,7 @@ class OpenAIDriver:
         rec = RequestRecord(spec.stream, time.perf_counter() - t_run, warmup=spec.warmup)
         body = {"model": spec.model or self.model, "prompt": spec.prompt, "max_tokens": spec.max_tokens,
                 "min_tokens": spec.max_tokens, "temperature": 0, "stream": True,
-                "stream_options": {"include_usage": True}}
+                "stream_options": {"include_usage": True}, **({"priority": spec.priority} if spec.priority else {})}
         t0 = time.perf_counter()
         try:
             async with self.session.post(f"{self.url}/v1/completions", json=body) as resp:

@@ -1,0 +1,108 @@
+#!/usr/bin/env python3
+"""Priority scheduling against first come, first served, side by side in one run: one 1P1D deployment
+served twice (`--scheduling-policy priority`, then the default `fcfs`), the same workload through the
+OpenAI door each time.
+
+    python scripts/bench_priority.py --engines engines/smollm2-135m [--out docs/benchmarks/priority]
+
+The workload: a closed loop of `batch` requests (8 clients, 384-token prompts, 48-token answers,
+priority 10) keeps the prefill queue and the decode batch (`--max-num-seqs 4`) full, while `interactive`
+requests (320-token prompts, 16-token answers, priority -10) arrive every 2.5 s. An interactive prompt is
+too long to ride along in a batch prompt's pass (512 tokens on CPU), as a short one does under either
+policy (a pass's fillers are the shortest waiting prompts). Under fcfs the same
+requests are sent with priority 0 (that server refuses any other). Reported per stream: TTFT and
+end-to-end p50/p90 as the client saw them. Wall-clock numbers of this machine: read the two policies
+against each other. Writes report.json and report.md into --out when given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import os
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from clients.bench.bench_workload import Scenario, Stream, warmup_scenario  # noqa: E402
+from clients.bench.drivers import make_driver  # noqa: E402
+from clients.bench.runner import run_scenario  # noqa: E402
+from clients.bench.stats import dist  # noqa: E402
+from engine.tokenizer import Tokenizer  # noqa: E402
+from ops.serve_process import ServeProcess  # noqa: E402
+
+WORKLOAD = Scenario("priority", (
+    Stream("batch", prompt_len=384, output_len=48, count=40, concurrency=8, priority=10),
+    Stream("interactive", prompt_len=320, output_len=16, count=10, interval=2.5, start_after=4.0, priority=-10),
+), warmup=2, seed=7, description="8 batch clients (384-token prompts, 48-token answers, priority 10) and an "
+   "interactive request (320 / 16 tokens, priority -10) every 2.5 s")
+POLICIES = ("priority", "fcfs")
+
+
+async def run_policy(engines: str, policy: str, workdir: str, tokenizer) -> dict:
+    """The workload against one serve of `policy`; per stream TTFT and E2E distributions (seconds)."""
+    scenario = WORKLOAD if policy == "priority" else dataclasses.replace(
+        WORKLOAD, streams=tuple(dataclasses.replace(s, priority=0) for s in WORKLOAD.streams))
+    serve = ServeProcess(os.path.join(workdir, policy), ("--model", engines, "--scheduling-policy", policy,
+                                                         "--max-num-seqs", "4")).start()
+    try:
+        driver = make_driver("openai", serve.http)
+        try:
+            await run_scenario(warmup_scenario(2), driver, tokenizer, show_progress=False)
+            print(f"[{policy}] {scenario.description} ...", flush=True)
+            records = await run_scenario(scenario, driver, tokenizer, show_progress=False)
+        finally:
+            await driver.close()
+    finally:
+        if serve.stop() != 0:
+            print(f"[{policy}] tandem serve did not stop cleanly", file=sys.stderr)
+    out = {}
+    for stream in ("batch", "interactive"):
+        mine = [r for r in records if r.stream == stream and not r.warmup]
+        ok = [r for r in mine if r.ok]
+        out[stream] = {"requests": len(mine), "failed": len(mine) - len(ok),
+                       "ttft_s": dist([r.ttft for r in ok]), "e2e_s": dist([r.e2e for r in ok])}
+    return out
+
+
+def markdown(doc: dict) -> str:
+    lines = ["# Priority scheduling vs first come, first served", "", f"Command: `{doc['command']}`", "",
+             WORKLOAD.description + "; 1P1D, `--max-num-seqs 4`. Wall-clock seconds on this machine, both "
+             f"policies in one run. Load average (1 min) at the start {doc['load_start']:.1f}, at the end "
+             f"{doc['load_end']:.1f}.", "",
+             "| stream | policy | requests | failed | TTFT p50 | TTFT p90 | E2E p50 | E2E p90 |",
+             "|---|---|---:|---:|---:|---:|---:|---:|"]
+    for stream in ("interactive", "batch"):
+        for policy in POLICIES:
+            r = doc["results"][policy][stream]
+            lines.append(f"| {stream} | {policy} | {r['requests']} | {r['failed']} | {r['ttft_s']['p50']:.2f} | "
+                         f"{r['ttft_s']['p90']:.2f} | {r['e2e_s']['p50']:.2f} | {r['e2e_s']['p90']:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--engines", default="engines/smollm2-135m")
+    ap.add_argument("--out", default=None, help="a folder for report.json and report.md")
+    args = ap.parse_args()
+    tokenizer = Tokenizer(os.path.join(args.engines, "prefill"))
+    load_start = os.getloadavg()[0]
+    with tempfile.TemporaryDirectory(prefix="bench-priority-") as work:
+        results = {p: await run_policy(args.engines, p, work, tokenizer) for p in POLICIES}
+    doc = {"command": "python " + " ".join(sys.argv), "workload": WORKLOAD.to_dict(), "results": results,
+           "load_start": load_start, "load_end": os.getloadavg()[0]}
+    text = markdown(doc)
+    print(text)
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "report.json"), "w") as f:
+            json.dump(doc, f, indent=2)
+        with open(os.path.join(args.out, "report.md"), "w") as f:
+            f.write(text)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -10,7 +11,9 @@ import pytest
 
 from clients.bench.interference import CpuMeter
 from clients.bench.suite import SUITES, settings_for
-from clients.bench.bench_workload import SCENARIOS, poisson_scenario, requests_for, seed_scenario, warmup_scenario
+from clients.bench.bench_workload import (SCENARIOS, Scenario, Stream, poisson_scenario, requests_for, seed_scenario,
+                                         warmup_scenario)
+from clients.bench.drivers import make_driver
 
 
 def test_the_seed_and_its_scaled_variants():
@@ -69,3 +72,20 @@ def test_cpu_meter_tells_ours_from_others():
     with CpuMeter([2 ** 22 + 1]) as none_alive:  # above Linux's largest pid: a root with nothing to count
         pass
     assert none_alive.result["ours_cores"] == 0.0
+
+
+def test_a_streams_priority_reaches_its_requests_and_only_the_openai_driver_sends_it(default_engine):
+    scenario = Scenario("p", (Stream("urgent", 8, 2, count=2, interval=1.0, priority=-3),
+                              Stream("plain", 8, 2, count=1, concurrency=1)), warmup=0)
+    specs = requests_for(scenario, default_engine.tokenizer)
+    assert [(s.stream, s.priority) for s in specs] == [("urgent", -3), ("urgent", -3), ("plain", 0)]
+
+    async def over_grpc():
+        driver = make_driver("grpc", "127.0.0.1:1")  # nothing is sent: the priority is refused first
+        try:
+            with pytest.raises(ValueError, match="OpenAI protocol only"):
+                await driver.send(specs[0], 0.0)
+        finally:
+            await driver.close()
+
+    asyncio.run(over_grpc())

@@ -9,8 +9,8 @@ from tandem.wire import WIRE
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(__version__, prog_name="tandem",
-                      message="%(prog)s, version %(version)s (wire schema " + WIRE + ": orchestrator and workers must match)")
+@click.version_option(__version__, prog_name="tandem", message="%(prog)s, version %(version)s (wire schema " + WIRE
+                      + ": orchestrator and workers must match)")
 def main() -> None:
     """Tandem: prefill/decode disaggregated LLM serving on Triton Inference Server."""
 

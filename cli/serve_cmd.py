@@ -164,8 +164,8 @@ def serve_command(model, dtype, config_path, mode, prefill, decode, replicas, tr
                   router, host, grpc_port, http_port, model_name, served_model_name, chat_template, tool_call_parser,
                   reasoning_parser, generation_config, override_generation_config, lora_modules, lora_root,
                   responses_kept, max_model_len, max_num_seqs, max_num_batched_tokens, scheduling_policy,
-                  kv_pool_bytes, gpu_memory_utilization, chunk_tokens, api_key_file, no_api_key, prefix_cache_per_api_key, allowed_origins,
-                  allowed_methods, allowed_headers, allow_credentials, tls_cert, tls_key,
+                  kv_pool_bytes, gpu_memory_utilization, chunk_tokens, api_key_file, no_api_key, prefix_cache_per_api_key,
+                  allowed_origins, allowed_methods, allowed_headers, allow_credentials, tls_cert, tls_key,
                   tls_client_ca, worker_tls_ca, worker_tls_server_name,
                   otlp_endpoint, log_format, workdir):
     """Serve a model: prefill and decode workers in Triton, behind Triton gRPC and OpenAI HTTP.

@@ -103,7 +103,8 @@ class Fleet:
 
     def why_not_ready(self, roles: tuple[Role, ...]) -> list[str]:
         """For each of `roles` with no routable worker, why: each of its workers and its last failure."""
-        return [f"no {r} worker" + "".join(f"; {w.name} at {w.url}: {w.why_not or 'no answer yet'}" for w in self.role(r))
+        return [f"no {r} worker" + "".join(f"; {w.name} at {w.url}: {w.why_not or 'no answer yet'}"
+                                           for w in self.role(r))
                 for r in roles if not self.routable(r)]
 
     def add(self, name: str, role: Role | str, url: str) -> WorkerState:

@@ -135,7 +135,8 @@ def weight_bytes(engines: str) -> dict[str, int]:
     """Bytes of weights each role's worker loads from the engines folder."""
     from tandem.manifest import read_manifest
 
-    weights = {r: sum(os.path.getsize(os.path.join(engines, r, f)) for f in read_manifest(os.path.join(engines, r)).weight_files)
+    weights = {r: sum(os.path.getsize(os.path.join(engines, r, f))
+                      for f in read_manifest(os.path.join(engines, r)).weight_files)
                for r in (Role.PREFILL, Role.DECODE)}
     weights[Role.GENERATE] = weights[Role.PREFILL]  # the co-located worker runs the prefill engine
     return weights

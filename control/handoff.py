@@ -106,9 +106,16 @@ class Attempt:
         self.finished = False  # the token with a finish reason was returned: next() gives None
         self.ended = False  # the worker itself ended the request (its stream's last token): nothing to release
         self.placed = False  # the workers reserved its pages (a first token says so too): no longer waiting for them
+        self.on_placed: Callable[[], None] | None = None  # told when `placed` turns true
 
     async def next(self) -> Token | None:
         raise NotImplementedError
+
+    def mark_placed(self) -> None:
+        """The workers reserved its pages: it no longer waits for them."""
+        self.placed = True
+        if self.on_placed is not None:
+            self.on_placed()
 
     def workers(self) -> dict[str, str]:
         """The workers it runs on, by role (span attributes)."""
@@ -197,7 +204,8 @@ class Handoff(PairAttempt):
             reserved = await first_of(self.opened, Reserved, d, "before reserving pages")
             span.set(cached_tokens=reserved.cached_tokens, pages=len(reserved.destination.page_ids),
                      transport=reserved.destination.transport)
-        self.lease, t.reserved, self.placed = reserved.lease, time.perf_counter(), True
+        self.lease, t.reserved = reserved.lease, time.perf_counter()
+        self.mark_placed()
         t.decode_cached, t.transport = reserved.cached_tokens, reserved.destination.transport
         self.writer_running = True
         with self.span.child("tandem.prefill", worker=self.prefill.name) as span:

@@ -12,7 +12,8 @@
 Both go through the same router and the same `run` loop, which resumes a failed request elsewhere:
 prompt + tokens already streamed are prefilled again and the stream continues without repeating a
 token. A full pool (OUT_OF_PAGES) or no routable worker makes the request wait for the fleet to change
-(pages freed, a worker back), bounded by the request's deadline; a retryable failure tries another
+(pages freed, a worker back), bounded by the request's deadline, behind any request of a better priority
+waiting too (control/waiting_room.py); a retryable failure tries another
 worker, at most `max_retries` times; anything else ends the request with its status.
 """
 
@@ -31,6 +32,7 @@ from control.prefix_index import PrefixView
 from control.pull_attempt import PullAttempt
 from control.router import Demand, NoWorker, Router
 from control.trtllm_attempt import TrtllmAttempt
+from control.waiting_room import WaitingRoom
 from tandem.modes import HandoffMode, Mode
 from tandem.roles import Role
 from tandem.status import (DeadlineExceeded, InvalidArgument, OutOfPages, Status, TandemError, Unavailable, retryable,
@@ -61,6 +63,7 @@ class ServingPath(ABC):
         self.prefix = prefix if prefix is not None else PrefixView(tokens_per_page)
         self.local_max = local_max
         self.adapters = adapters if adapters is not None else Adapters()
+        self.room = WaitingRoom(fleet)
         self._ids = itertools.count()
 
     def ready(self) -> bool:
@@ -85,7 +88,8 @@ class ServingPath(ABC):
         failures = 0
         uid = f"{next(self._ids)}:{prep.request.request_id}"
         waited: TandemError | None = None  # why the request is waiting (full pools, no worker), if it is
-        with self.adapters.hold(prep.params.lora):  # its LoRA adapter stays on the workers until the end
+        # its LoRA adapter stays on the workers until the end; it leaves the waiting room however it ends
+        with self.adapters.hold(prep.params.lora), self.room.visit(uid):
             while True:
                 version, attempt = self.fleet.version, None
                 try:
@@ -94,8 +98,11 @@ class ServingPath(ABC):
                         rid = f"{uid}#{failures}.{len(sent)}"
                         async with self.attempt(prep, sent, avoid, rid, traced) as attempt:
                             traced.set(**attempt.workers())
+                            attempt.on_placed = lambda: self.room.leave(uid)
                             while (tok := await _step(attempt, deadline)) is not None:
-                                waited = None
+                                if waited is not None:  # it waited, and has its pages now
+                                    waited = None
+                                    self.room.leave(uid)
                                 if tok.token is not None:
                                     sent.append(tok.token)
                                 if tok.finish_reason is not None:  # done: the caller may close us at this yield
@@ -105,7 +112,7 @@ class ServingPath(ABC):
                     return
                 except (OutOfPages, NoWorker) as e:
                     waited = e
-                    if not await self.fleet.wait_change(version, deadline):
+                    if not await self.room.wait(uid, prep.params.priority, version, deadline):
                         raise _gave_up(e) from None
                 except DeadlineExceeded as e:
                     if attempt is not None and attempt.placed:  # it waited, then got its pages: its own deadline

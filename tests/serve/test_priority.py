@@ -1,6 +1,7 @@
 """Priority scheduling (`tandem serve --scheduling-policy priority`, vLLM's policy) on a real 1P1D stack:
 a request of a lower priority value overtakes a backlog of others waiting for the decode worker's batch
-(one request at a time here, `--max-num-seqs 1`), and answers exactly what it answers alone. Without the
+(one request at a time here, `--max-num-seqs 1`) or for its pages (the orchestrator's waiting room), and
+answers exactly what it answers alone. Without the
 policy a non-zero priority is refused (tests/serve/test_prompt_options.py); the prefill queue's order is
 tested on a real prefill worker (tests/workers/test_prefill_priority.py) and its policy (tests/policies),
 the co-located one's in tests/engine/test_scheduler.py."""
@@ -8,13 +9,17 @@ the co-located one's in tests/engine/test_scheduler.py."""
 from __future__ import annotations
 
 import concurrent.futures
+import os
+import signal
 import threading
+import time
 
 import pytest
+import yaml
 
 from ops.deployment import DeploymentError, load_deployment
 from tests.conftest import start_serve, stop_serve
-from tests.serve.clients import post
+from tests.serve.clients import pages_used, post
 
 BODY = {"max_tokens": 96, "ignore_eos": True, "temperature": 0}
 
@@ -50,6 +55,52 @@ def test_an_urgent_request_overtakes_a_backlog_waiting_for_the_decode_batch(buil
         # first come, first served it would finish last; it waits for the one decoding when it came and at
         # most one that took the batch's place before its own K/V were in
         assert finished.index("Urgent") <= 2, finished
+    finally:
+        stop_serve(s)
+
+
+def test_an_urgent_request_takes_freed_pages_before_requests_waiting_longer(built_engines, tmp_path):
+    """A 5-page decode pool (80 tokens): a holder takes 4 pages and waits for its prefill (the prefill
+    worker stopped); four requests of 3 pages each, then an urgent one, are refused for pages and wait in
+    the orchestrator. When the holder ends, one of them fits at a time: the urgent one goes first (first
+    come, first served, its earlier neighbours would race it for the pages and most often win)."""
+    cfg = tmp_path / "dep.yaml"
+    cfg.write_text(yaml.safe_dump({"health": {"stall_s": 60, "stall_restart_s": 120}}))  # the stop is no stall
+    s = start_serve(built_engines, tmp_path, "--scheduling-policy", "priority", "--config", str(cfg),
+                    "--kv-pool-bytes", str(5 * 16 * 46080))  # the default model: 46080 KV bytes per token
+    body = {"max_tokens": 30, "ignore_eos": True, "temperature": 0}  # ~9 prompt tokens + 30: 3 pages
+    try:
+        alone = post(s.http, "/v1/completions", {**body, "prompt": "Urgent: name three rivers."})
+        assert alone[0] == 200, alone
+        finished, lock = [], threading.Lock()
+
+        def send(name: str, priority: int, tokens: int = 30) -> str:
+            code, answer = post(s.http, "/v1/completions", {**body, "prompt": f"{name}: name three rivers.",
+                                                            "max_tokens": tokens, "priority": priority})
+            assert code == 200, answer
+            with lock:
+                finished.append(name)
+            return answer["choices"][0]["text"]
+
+        prefill = s.workers()["prefill-0"]["pid"]
+        with concurrent.futures.ThreadPoolExecutor(6) as pool:
+            os.killpg(prefill, signal.SIGSTOP)
+            try:
+                holder = pool.submit(send, "Holder", 0, 52)  # ~12 + 52 tokens: 4 pages, held until its prefill
+                until = time.monotonic() + 30
+                while sum(pages_used(s.http).values()) < 4 and time.monotonic() < until:
+                    time.sleep(0.05)
+                assert sum(pages_used(s.http).values()) >= 4
+                lows = [pool.submit(send, f"low-{i}", 5) for i in range(4)]
+                time.sleep(1.5)  # each tried once and was refused: 1 page is free, it needs 3
+                urgent = pool.submit(send, "Urgent", -5)
+                time.sleep(1.5)
+            finally:
+                os.killpg(prefill, signal.SIGCONT)
+            assert urgent.result(timeout=300) == alone[1]["choices"][0]["text"]  # a priority changes no token
+            for f in [holder, *lows]:
+                f.result(timeout=300)
+        assert finished[:2] == ["Holder", "Urgent"], finished
     finally:
         stop_serve(s)
 

@@ -62,6 +62,14 @@ def test_a_prompt_option_we_cannot_honour_is_a_400_naming_it(served, extra, para
     assert status == 400 and reply["error"]["param"] == param and says in reply["error"]["message"], reply
 
 
+def test_the_responses_door_carries_a_priority_as_chat_does(served):
+    status, reply, _ = http(served.http, "/v1/responses", {"input": "Hi", "max_output_tokens": 4, "priority": 1})
+    assert status == 400 and reply["error"]["param"] == "priority" and "first come, first served" in \
+        reply["error"]["message"], reply
+    status, reply, _ = http(served.http, "/v1/responses", {"input": "Hi", "max_output_tokens": 4, "priority": 0})
+    assert status == 200 and reply["object"] == "response", reply  # 4 tokens: "incomplete", as asked
+
+
 def test_vllms_no_effect_fields_are_accepted_as_vllm_accepts_them(served, default_engine):
     """priority 0 and spaces_between_special_tokens (vLLM applies it with slow tokenizers only) change no
     token, and are not "unknown" (the server names those in its log)."""

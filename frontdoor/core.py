@@ -29,11 +29,9 @@ import time
 from collections.abc import AsyncIterator, Callable, Collection, Sequence
 from dataclasses import dataclass
 
-from tritonclient.grpc import model_config_pb2 as mc
-
 from control.orchestrator import Orchestrator
 from engine.detokenizer import TextStream
-from frontdoor.model_contract import INPUTS, MAX_BATCH_SIZE, OUTPUTS
+from frontdoor.model_contract import INPUTS, OUTPUTS, model_config
 from control.requests import GenerationRequest
 from tandem.logprobs import Logprob
 from tandem.prefix import scoped_salt
@@ -41,20 +39,6 @@ from tandem.request_context import api_key_name, cache_scope, client_traceparent
 from tandem.status import Status, TandemError, status_of
 
 _ADMITTED, _DONE = object(), object()  # FrontDoor._merged's markers: an answer was admitted, an answer ended
-_TYPE = {"BYTES": mc.TYPE_STRING, "INT32": mc.TYPE_INT32, "UINT64": mc.TYPE_UINT64, "FP32": mc.TYPE_FP32,
-         "BOOL": mc.TYPE_BOOL}
-
-
-def model_config(name: str) -> mc.ModelConfig:
-    cfg = mc.ModelConfig(name=name, backend="python", max_batch_size=MAX_BATCH_SIZE)
-    cfg.model_transaction_policy.decoupled = True
-    for t in INPUTS:
-        cfg.input.add(name=t.name, data_type=_TYPE[t.datatype], dims=list(t.dims), optional=t.optional)
-    for t in OUTPUTS:
-        cfg.output.add(name=t.name, data_type=_TYPE[t.datatype], dims=list(t.dims))
-    return cfg
-
-
 class Stats:
     """Per-model counters for ModelStatistics (perf_analyzer reads them)."""
 
@@ -93,7 +77,8 @@ class ServedModel:
         self.service, self.triton_name, self.served_name = service, triton_name, served_name or triton_name
         self.listed, self.adapters = (self.served_name, *aliases), adapters  # the base model's OpenAI ids first
         self.tool_call_parser, self.reasoning_parser = tool_call_parser, reasoning_parser
-        self.sampling_defaults, self.config, self.stats = sampling_defaults or {}, model_config(triton_name), Stats()
+        self.sampling_defaults, self.stats = sampling_defaults or {}, Stats()
+        self.config = model_config(triton_name, priorities=service.limits.priority_scheduling)
 
     @property
     def openai_names(self) -> tuple[str, ...]:  # what a request's `model` may be

@@ -30,11 +30,12 @@ from frontdoor.kserve_codec import (InferCall, decode_call, grpc_inputs, output_
 from frontdoor.model_contract import INPUTS, OUTPUTS
 from frontdoor.protocol_status import describe, grpc_code
 from frontdoor.request_ids import GrpcRequestIds
+from frontdoor.schedule_policy import grpc_parameters
 from tandem import __version__
 from tandem.request_context import current_id
 from tandem.status import Internal, InvalidArgument, NotFound, TandemError, status_of
 
-EXTENSIONS = ("model_configuration", "statistics")
+EXTENSIONS = ("model_configuration", "statistics", "schedule_policy")
 log = logging.getLogger("tandem.grpc")
 DEADLINE_MARGIN_S = 0.1  # answer this long before a client's gRPC deadline, so it hears why
 
@@ -119,7 +120,8 @@ class TritonProtocolServicer(pb_grpc.GRPCInferenceServiceServicer):
         # the client's KServe id, else (one call, one request) the call's request id, else a fresh one
         rid = request.id or (current_id() if context is not None else "") or f"{current_id('grpc')}-{next(self._ids)}"
         return decode_call(grpc_inputs(request), rid, [o.name for o in request.outputs], timeout,
-                           unary=context is not None, adapters=self.served.adapters)
+                           unary=context is not None, adapters=self.served.adapters,
+                           parameters=grpc_parameters(request.parameters))
 
     async def ModelInfer(self, request, context):
         try:

@@ -8,7 +8,8 @@
 Refused on both, with the reason: a requested output the model lacks, an input the model lacks or of
 the wrong datatype, data that is not a list where a tensor is expected (`"data": "Hi"`), data whose
 element count does not match its shape, a number out of its datatype's range (3_000_000_000 for an
-INT32 is refused, not wrapped around), and `stream=true` on a unary call.
+INT32 is refused, not wrapped around), and `stream=true` on a unary call. Both read Triton's
+schedule-policy parameters, `priority` and `timeout` (frontdoor/schedule_policy.py).
 
 Raw tensor bytes (gRPC raw contents, HTTP binary tensor data) are little-endian, row-major; a BYTES
 tensor is each element as a 4-byte little-endian length followed by its bytes (from_raw, to_raw).
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from frontdoor.model_contract import OUTPUTS, TensorSpec, parse_requests
+from frontdoor.schedule_policy import schedule_of
 from control.requests import GenerationRequest
 from tandem.status import InvalidArgument, MethodNotAllowed, NotFound
 
@@ -92,9 +94,11 @@ class InferCall:
 
 
 def decode_call(inputs: Inputs, request_id: str, wanted: list[str], timeout_s: float | None,
-                unary: bool, adapters: tuple[str, ...] = ()) -> InferCall:
+                unary: bool, adapters: tuple[str, ...] = (), parameters: dict | None = None) -> InferCall:
     """The typed call; `unary`: the transport answers once (ModelInfer, HTTP infer): stream=true is refused.
-    `adapters`: the LoRA adapters a `lora_name` may name (another is NOT_FOUND)."""
+    `adapters`: the LoRA adapters a `lora_name` may name (another is NOT_FOUND); `parameters`: the
+    request's (name -> plain value): its priority level and timeout (frontdoor/schedule_policy.py)."""
+    schedule = schedule_of(parameters or {})
     unknown = sorted(set(wanted) - set(_OUTPUT_NAMES))
     if unknown:
         raise InvalidArgument(f"unknown outputs {unknown}; this model has {', '.join(_OUTPUT_NAMES)}")
@@ -106,8 +110,9 @@ def decode_call(inputs: Inputs, request_id: str, wanted: list[str], timeout_s: f
     if stream and unary:
         raise InvalidArgument("stream=true needs a streaming call: gRPC ModelStreamInfer, or /v1/completions "
                               "and /v1/chat/completions with \"stream\": true")
-    if timeout_s is not None:
-        reqs = [dataclasses.replace(r, timeout_s=timeout_s) for r in reqs]
+    timeouts = [t for t in (timeout_s, schedule.timeout_s) if t is not None]
+    reqs = [dataclasses.replace(r, timeout_s=min(timeouts) if timeouts else r.timeout_s, priority=schedule.priority)
+            for r in reqs]
     return InferCall(request_id, reqs, stream, frozenset(wanted))
 
 

@@ -14,8 +14,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from tritonclient.grpc import model_config_pb2 as mc
 
 from control.requests import GenerationRequest
+from frontdoor.schedule_policy import advertise
 from tandem.guides import Guide, GuideKind
 from tandem.status import InvalidArgument
 
@@ -68,6 +70,23 @@ OUTPUTS = (
     TensorSpec("num_output_tokens", "INT32", (1,)),
 )
 _BY_NAME = {t.name: t for t in INPUTS}
+_TYPE = {"BYTES": mc.TYPE_STRING, "INT32": mc.TYPE_INT32, "UINT64": mc.TYPE_UINT64, "FP32": mc.TYPE_FP32,
+         "BOOL": mc.TYPE_BOOL}
+
+
+def model_config(name: str, priorities: bool = False) -> mc.ModelConfig:
+    """The served model's Triton config; `priorities`: the server honours priority levels."""
+    cfg = mc.ModelConfig(name=name, backend="python", max_batch_size=MAX_BATCH_SIZE)
+    cfg.model_transaction_policy.decoupled = True
+    for t in INPUTS:
+        cfg.input.add(name=t.name, data_type=_TYPE[t.datatype], dims=list(t.dims), optional=t.optional)
+    for t in OUTPUTS:
+        cfg.output.add(name=t.name, data_type=_TYPE[t.datatype], dims=list(t.dims))
+    if priorities:
+        advertise(cfg.dynamic_batching)
+    return cfg
+
+
 # inputs we take only at the value that means "off"
 _NEUTRAL = {"beam_width": 1, "num_return_sequences": 1, "length_penalty": 1.0, "return_context_logits": False,
             "return_generation_logits": False}

@@ -19,6 +19,7 @@ from tritonclient.grpc import InferInput, InferRequestedOutput
 from clients.bench.stats import RequestRecord
 from clients.bench.bench_workload import RequestSpec
 from clients.sse_reader import sse_chunks
+from frontdoor.schedule_policy import DEFAULT_LEVEL
 
 
 class GrpcDriver:
@@ -39,15 +40,13 @@ class GrpcDriver:
         return out
 
     async def send(self, spec: RequestSpec, t_run: float) -> RequestRecord:
-        if spec.priority:
-            raise ValueError("a request's priority travels over the OpenAI protocol only (the Triton ensemble's "
-                             "tensors have none): use --protocol openai")
         rec = RequestRecord(spec.stream, time.perf_counter() - t_run, warmup=spec.warmup)
         outputs = [InferRequestedOutput(n) for n in ("text_output", "num_output_tokens", "num_input_tokens")]
 
         async def one():
             yield {"model_name": self.model, "inputs": self._inputs(spec), "outputs": outputs,
-                   "request_id": f"{spec.stream}-{spec.index}", "enable_empty_final_response": True}
+                   "request_id": f"{spec.stream}-{spec.index}", "enable_empty_final_response": True,
+                   "priority": spec.priority + DEFAULT_LEVEL if spec.priority else 0}  # Triton's level
 
         t0 = time.perf_counter()
         try:

@@ -74,18 +74,19 @@ def test_cpu_meter_tells_ours_from_others():
     assert none_alive.result["ours_cores"] == 0.0
 
 
-def test_a_streams_priority_reaches_its_requests_and_only_the_openai_driver_sends_it(default_engine):
+def test_a_streams_priority_reaches_its_requests_and_both_drivers_send_it(default_engine, served):
     scenario = Scenario("p", (Stream("urgent", 8, 2, count=2, interval=1.0, priority=-3),
                               Stream("plain", 8, 2, count=1, concurrency=1)), warmup=0)
     specs = requests_for(scenario, default_engine.tokenizer)
     assert [(s.stream, s.priority) for s in specs] == [("urgent", -3), ("urgent", -3), ("plain", 0)]
 
-    async def over_grpc():
-        driver = make_driver("grpc", "127.0.0.1:1")  # nothing is sent: the priority is refused first
+    async def send(protocol: str, url: str) -> list[str]:
+        driver = make_driver(protocol, url)
         try:
-            with pytest.raises(ValueError, match="OpenAI protocol only"):
-                await driver.send(specs[0], 0.0)
+            return [(await driver.send(spec, 0.0)).error for spec in (specs[0], specs[2])]
         finally:
             await driver.close()
 
-    asyncio.run(over_grpc())
+    for protocol, url in (("grpc", served.grpc), ("openai", served.http)):  # a first-come, first-served server
+        urgent, plain = asyncio.run(send(protocol, url))
+        assert "first come, first served" in urgent and plain is None, (protocol, urgent, plain)

@@ -40,20 +40,26 @@ def http(url: str, path: str, body: dict | None = None, raw: bytes | None = None
         return e.code, json.loads(e.read()), e.headers.get("Content-Type", "")
 
 
-def kserve_json(tensors: dict, outputs: list[str] = ()) -> dict:
-    """tensors: name -> (values, datatype[, shape]); shape [1, len(values)] unless given."""
+def kserve_json(tensors: dict, outputs: list[str] = (), parameters: dict | None = None) -> dict:
+    """tensors: name -> (values, datatype[, shape]); shape [1, len(values)] unless given; `parameters`:
+    the request's."""
     inputs = []
     for name, spec in tensors.items():
         values, dt = spec[0], spec[1]
         shape = spec[2] if len(spec) > 2 else [1, len(values) if isinstance(values, list) else 1]
         inputs.append({"name": name, "datatype": dt, "shape": shape, "data": values})
-    return {"inputs": inputs, "outputs": [{"name": o} for o in outputs]}
+    body = {"inputs": inputs, "outputs": [{"name": o} for o in outputs]}
+    return body | ({"parameters": parameters} if parameters else {})
 
 
 def grpc_request(tensors: dict, outputs: list[str] = (), model: str = "ensemble", rid: str = "c",
-                 raw: dict | None = None) -> pb.ModelInferRequest:
-    """The same tensors as raw protobuf; `raw`: name -> bytes replacing a tensor's encoded data."""
+                 raw: dict | None = None, parameters: dict | None = None) -> pb.ModelInferRequest:
+    """The same tensors as raw protobuf; `raw`: name -> bytes replacing a tensor's encoded data;
+    `parameters`: the request's, each in the InferParameter field of its Python type."""
     req = pb.ModelInferRequest(model_name=model, id=rid)
+    for name, value in (parameters or {}).items():
+        kind = {bool: "bool_param", int: "int64_param", str: "string_param", float: "double_param"}[type(value)]
+        setattr(req.parameters[name], kind, value)
     for name, spec in tensors.items():
         values, dt = spec[0], spec[1]
         shape = spec[2] if len(spec) > 2 else [1, len(values)]
@@ -163,6 +169,7 @@ class Bad:
     http_raw: dict | None = None  # the HTTP infer body, where JSON can say what tensors cannot
     grpc_raw: dict = field(default_factory=dict)  # name -> raw bytes for the gRPC tensor
     drop: tuple[str, ...] = ()  # BASE inputs left out
+    parameters: dict | None = None  # the KServe request's parameters (Triton's schedule policy)
     unary_only: bool = False  # not sent on ModelStreamInfer (where it is not an error)
     grpc: bool = True  # the gRPC doors can carry it
     over_http: bool = True  # KServe HTTP (JSON) can carry it
@@ -230,6 +237,16 @@ BAD = [
     Bad("a schema that is not an object", 400, "INVALID_ARGUMENT", "json_schema guide must be a JSON object",
         {"guided_json": "[1]"}, {"guided_decoding_guide_type": (["json_schema"], "BYTES"),
                                  "guided_decoding_guide": (["[1]"], "BYTES")}),
+    Bad("a priority on a first-come, first-served server", 400, "INVALID_ARGUMENT", "first come, first served",
+        {"priority": 1}, {}, parameters={"priority": 1}),
+    Bad("a priority of the wrong type", 400, "INVALID_ARGUMENT", ("'priority' must be an integer",
+        "parameter priority must be an integer"), {"priority": "high"}, {}, parameters={"priority": "high"}),
+    Bad("a priority level past the last", 400, "INVALID_ARGUMENT", "parameter priority must be an integer in [0, "
+        "4294967295] (a priority level: 1 the highest", kserve={}, parameters={"priority": 2**32}),
+    Bad("a negative timeout", 400, "INVALID_ARGUMENT", "parameter timeout must be an integer in [0, ", kserve={},
+        parameters={"timeout": -5}),
+    Bad("parameters that are not an object", 400, "INVALID_ARGUMENT", "parameters must be an object", grpc=False,
+        http_raw=kserve_json(BASE) | {"parameters": [1]}),
     Bad("a cache salt too long", 400, "INVALID_ARGUMENT", "of at most 256 characters", {"cache_salt": "s" * 257},
         {"cache_salt": (["s" * 257], "BYTES")}),
 ]
@@ -239,7 +256,7 @@ def _http_infer_body(bad: Bad) -> dict:
     if bad.http_raw is not None:
         return bad.http_raw
     tensors = {k: v for k, v in BASE.items() if k not in bad.drop} | bad.kserve
-    return kserve_json(tensors, list(bad.outputs))
+    return kserve_json(tensors, list(bad.outputs), bad.parameters)
 
 
 @pytest.mark.parametrize("bad", BAD, ids=[b.name for b in BAD])
@@ -261,7 +278,7 @@ def test_a_bad_input_gets_the_same_status_from_every_door_in_its_own_shape(serve
     if bad.kserve is not None and bad.grpc:
         model = "llama-70b" if bad.code == "NOT_FOUND" and not bad.kserve else "ensemble"
         tensors = {k: v for k, v in BASE.items() if k not in bad.drop} | bad.kserve
-        req = grpc_request(tensors, list(bad.outputs), model=model, raw=bad.grpc_raw)
+        req = grpc_request(tensors, list(bad.outputs), model=model, raw=bad.grpc_raw, parameters=bad.parameters)
         code, details, _ = grpc_unary(served.grpc, req)
         assert code.name == bad.code and bad.says(False) in details, (code, details)
         doors += 1
@@ -285,3 +302,22 @@ def test_http_routes_and_methods_that_do_not_exist_are_json_in_each_protocols_sh
         got, reply, kind = http(served.http, path, None, method=method)
         assert got == status and kind.startswith("application/json") and list(reply) == ["error"], (path, reply)
         assert path in reply["error"]
+
+
+def test_triton_schedule_policy_timeout_bounds_a_request_on_both_kserve_doors(served):
+    """Triton's `timeout` parameter (microseconds) is the request's deadline; priorities are refused
+    on a first-come, first-served server (above), whose config advertises no priority levels."""
+    slow = BASE | {"max_tokens": ([64], "INT32"), "min_tokens": ([64], "INT32")}
+    status, reply, _ = http(served.http, "/v2/models/ensemble/infer", kserve_json(slow, parameters={"timeout": 1}))
+    assert status == 504 and "deadline" in reply["error"], reply
+    code, details, _ = grpc_unary(served.grpc, grpc_request(slow, parameters={"timeout": 1}))
+    assert code == grpc.StatusCode.DEADLINE_EXCEEDED, (code, details)
+    roomy = {"timeout": 120_000_000}
+    status, reply, _ = http(served.http, "/v2/models/ensemble/infer", kserve_json(BASE, parameters=roomy))
+    code, details, resp = grpc_unary(served.grpc, grpc_request(BASE, parameters=roomy))
+    assert status == 200 and code == grpc.StatusCode.OK, (reply, details)
+    assert reply["outputs"][0]["data"] == list(output(resp, "text_output"))
+    status, cfg, _ = http(served.http, "/v2/models/ensemble/config", method="GET")
+    assert status == 200 and "dynamic_batching" not in cfg, cfg
+    status, meta, _ = http(served.http, "/v2", method="GET")
+    assert "schedule_policy" in meta["extensions"], meta

@@ -88,7 +88,7 @@ def test_model_config_metadata_and_health(served):
         assert [o.name for o in cfg.output][0] == "text_output"
         assert c.is_server_live() and c.is_server_ready() and c.is_model_ready("ensemble")
         assert not c.is_model_ready("other")
-        assert set(c.get_server_metadata().extensions) == {"model_configuration", "statistics"}
+        assert set(c.get_server_metadata().extensions) == {"model_configuration", "statistics", "schedule_policy"}
     finally:
         c.close()
     with urllib.request.urlopen(served.http + "/metrics") as r:

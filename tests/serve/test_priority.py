@@ -1,7 +1,7 @@
 """Priority scheduling (`tandem serve --scheduling-policy priority`, vLLM's policy) on a real 1P1D stack:
 a request of a lower priority value overtakes a backlog of others waiting for the decode worker's batch
 (one request at a time here, `--max-num-seqs 1`) or for its pages (the orchestrator's waiting room), and
-answers exactly what it answers alone. Without the
+answers exactly what it answers alone; a Triton gRPC client says it with Triton's priority levels. Without the
 policy a non-zero priority is refused (tests/serve/test_prompt_options.py); the prefill queue's order is
 tested on a real prefill worker (tests/workers/test_prefill_priority.py) and its policy (tests/policies),
 the co-located one's in tests/engine/test_scheduler.py."""
@@ -14,21 +14,30 @@ import signal
 import threading
 import time
 
+import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
 import yaml
 
 from ops.deployment import DeploymentError, load_deployment
 from tests.conftest import start_serve, stop_serve
-from tests.serve.clients import pages_used, post
+from tests.serve.clients import ensemble_inputs, pages_used, post
 
 BODY = {"max_tokens": 96, "ignore_eos": True, "temperature": 0}
 
 
 def test_an_urgent_request_overtakes_a_backlog_waiting_for_the_decode_batch(built_engines, tmp_path):
+    """The urgent request comes over Triton gRPC with Triton's priority level 1 (frontdoor/schedule_policy.py:
+    Tandem's priority -2^31 + 1), the backlog over OpenAI's completions at the default priority, 0: only
+the level read as Triton means it puts it first."""
     s = start_serve(built_engines, tmp_path, "--scheduling-policy", "priority", "--max-num-seqs", "1")
     try:
-        alone = post(s.http, "/v1/completions", {**BODY, "prompt": "Urgent: name three rivers."})
-        assert alone[0] == 200, alone
+        urgent_in = ensemble_inputs(grpcclient, "Urgent: name three rivers.", 96, False,
+                                    {"min_tokens": (np.array([[96]], dtype=np.int32), "INT32")})
+        client = grpcclient.InferenceServerClient(s.grpc)
+        alone = client.infer("ensemble", urgent_in).as_numpy("text_output")[0][0].decode()
+        levels = client.get_model_config("ensemble").config.dynamic_batching
+        assert (levels.priority_levels, levels.default_priority_level) == (2**32 - 1, 2**31)
         code, err = post(s.http, "/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}],
                                                           "priority": 2**40})
         assert code == 400 and err["error"]["param"] == "priority" and "[-2147483647, 2147483647]" in \
@@ -44,17 +53,24 @@ def test_an_urgent_request_overtakes_a_backlog_waiting_for_the_decode_batch(buil
                 finished.append(name)
             return "".join(e["choices"][0]["text"] for e in events if e["choices"])
 
+        def send_urgent() -> str:
+            text = client.infer("ensemble", urgent_in, priority=1).as_numpy("text_output")[0][0].decode()
+            with lock:
+                finished.append("Urgent")
+            return text
+
         with concurrent.futures.ThreadPoolExecutor(6) as pool:
-            lows = [pool.submit(send, f"low-{i}", 5) for i in range(5)]
+            lows = [pool.submit(send, f"low-{i}", 0) for i in range(5)]
             for _ in lows:  # every one prefilled: one decodes, four wait for the batch (each ~96 steps)
                 assert first_tokens.acquire(timeout=120)
-            urgent = pool.submit(send, "Urgent", -5)
-            assert urgent.result(timeout=300) == alone[1]["choices"][0]["text"]  # a priority changes no token
+            urgent = pool.submit(send_urgent)
+            assert urgent.result(timeout=300) == alone  # a priority changes no token
             for f in lows:
                 f.result(timeout=300)
         # first come, first served it would finish last; it waits for the one decoding when it came and at
         # most one that took the batch's place before its own K/V were in
         assert finished.index("Urgent") <= 2, finished
+        client.close()
     finally:
         stop_serve(s)
 

@@ -121,6 +121,11 @@ _JSON_STRINGS = _json("a JSON list of strings", "'[\"https://chat.example.com\"]
               **_env("SCHEDULING_POLICY"),
               help="priority: a request's `priority` (lower first) orders what waits for a prefill pass or a decode "
                    "batch (vLLM's flag). Default fcfs: first come, first served, and a non-zero priority is refused.")
+@click.option("--priority-levels", type=int, default=None, **_env("PRIORITY_LEVELS"),
+              help="With --scheduling-policy priority: the Triton priority levels a KServe request may name (1 the "
+                   "highest); give --default-priority-level with it. Default: 2^32-1 levels, default level 2^31.")
+@click.option("--default-priority-level", type=int, default=None, **_env("DEFAULT_PRIORITY_LEVEL"),
+              help="The level of a request naming none (Tandem's priority 0; level k is priority k minus it).")
 @click.option("--kv-pool-bytes", type=click.IntRange(1 << 20), default=None, **_env("KV_POOL_BYTES"),
               help="Decode KV pool per worker. Default: sized to GPU memory on GPUs, the decode profile's on CPUs.")
 @click.option("--gpu-memory-utilization", type=click.FloatRange(0, 1, min_open=True), default=None,
@@ -164,6 +169,7 @@ def serve_command(model, dtype, config_path, mode, prefill, decode, replicas, tr
                   router, host, grpc_port, http_port, model_name, served_model_name, chat_template, tool_call_parser,
                   reasoning_parser, generation_config, override_generation_config, lora_modules, lora_root,
                   responses_kept, max_model_len, max_num_seqs, max_num_batched_tokens, scheduling_policy,
+                  priority_levels, default_priority_level,
                   kv_pool_bytes, gpu_memory_utilization, chunk_tokens, api_key_file, no_api_key, prefix_cache_per_api_key,
                   allowed_origins, allowed_methods, allowed_headers, allow_credentials, tls_cert, tls_key,
                   tls_client_ca, worker_tls_ca, worker_tls_server_name,
@@ -182,7 +188,8 @@ def serve_command(model, dtype, config_path, mode, prefill, decode, replicas, tr
         "front_door.reasoning_parser": reasoning_parser, "front_door.generation_config": generation_config,
         "front_door.override_generation_config": override_generation_config, "lora_modules": lora_modules,
         "lora_loading.root": lora_root, "max_num_seqs": max_num_seqs, "max_num_batched_tokens": max_num_batched_tokens,
-        "scheduling_policy": scheduling_policy,
+        "scheduling_policy": scheduling_policy, "priority_levels": priority_levels,
+        "default_priority_level": default_priority_level,
         "front_door.responses_kept": responses_kept, "limits.max_model_len": max_model_len,
         "front_door.host": host, "front_door.grpc_port": grpc_port, "front_door.http_port": http_port,
         "front_door.model_name": model_name, "kv_pool_bytes": kv_pool_bytes,

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from control.orchestrator import Orchestrator
 from engine.detokenizer import TextStream
 from frontdoor.model_contract import INPUTS, OUTPUTS, model_config
+from frontdoor.schedule_policy import PriorityLevels
 from control.requests import GenerationRequest
 from tandem.logprobs import Logprob
 from tandem.prefix import scoped_salt
@@ -68,17 +69,20 @@ class Stats:
 class ServedModel:
     def __init__(self, service: Orchestrator, triton_name: str = "ensemble", served_name: str | None = None,
                  tool_call_parser: str | None = None, reasoning_parser: str | None = None,
-                 sampling_defaults: dict | None = None, aliases: tuple[str, ...] = (), adapters: Collection[str] = ()):
+                 sampling_defaults: dict | None = None, aliases: tuple[str, ...] = (), adapters: Collection[str] = (),
+                 levels: PriorityLevels = PriorityLevels()):
         """`tool_call_parser`: how the model writes a tool call (frontdoor/tool_call_text.py); None: tool_choice
         "auto" is refused. `reasoning_parser`: how it marks its thinking (frontdoor/reasoning_text.py); None:
         all content. `sampling_defaults`: the OpenAI doors' defaults for fields a request leaves out
         (frontdoor/generation_defaults.py). `aliases`: more OpenAI ids a request may name (answers carry
-        `served_name`); `adapters`: LoRA adapters' names (control/adapters.py: they change while serving)."""
+        `served_name`); `adapters`: LoRA adapters' names (control/adapters.py: they change while serving).
+        `levels`: how the KServe doors read a priority level (advertised when the service honours priorities)."""
         self.service, self.triton_name, self.served_name = service, triton_name, served_name or triton_name
         self.listed, self.adapters = (self.served_name, *aliases), adapters  # the base model's OpenAI ids first
         self.tool_call_parser, self.reasoning_parser = tool_call_parser, reasoning_parser
         self.sampling_defaults, self.stats = sampling_defaults or {}, Stats()
-        self.config = model_config(triton_name, priorities=service.limits.priority_scheduling)
+        self.levels = levels
+        self.config = model_config(triton_name, levels if service.limits.priority_scheduling else None)
 
     @property
     def openai_names(self) -> tuple[str, ...]:  # what a request's `model` may be

@@ -120,7 +120,7 @@ class TritonProtocolServicer(pb_grpc.GRPCInferenceServiceServicer):
         # the client's KServe id, else (one call, one request) the call's request id, else a fresh one
         rid = request.id or (current_id() if context is not None else "") or f"{current_id('grpc')}-{next(self._ids)}"
         return decode_call(grpc_inputs(request), rid, [o.name for o in request.outputs], timeout,
-                           unary=context is not None, adapters=self.served.adapters,
+                           unary=context is not None, adapters=self.served.adapters, levels=self.served.levels,
                            parameters=grpc_parameters(request.parameters))
 
     async def ModelInfer(self, request, context):

@@ -99,7 +99,8 @@ class KServeRoutes:
             raise InvalidArgument("'outputs' must be a list of objects with a 'name'")
         call = decode_call(http_inputs(header, binary), str(header.get("id") or current_id() or f"http-{id(request)}"),
                            [o["name"] for o in wanted], request_timeout(request), unary=True,
-                           adapters=self.served.adapters, parameters=header.get("parameters"))
+                           adapters=self.served.adapters, levels=self.served.levels,
+                           parameters=header.get("parameters"))
         answers = await self.door.collect_all(call.requests)
         tensors = output_tensors([a.text for a in answers], [list(a.logprobs) for a in answers],
                                  [a.prompt_tokens for a in answers], [a.tokens for a in answers], call.wanted)

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from frontdoor.model_contract import OUTPUTS, TensorSpec, parse_requests
-from frontdoor.schedule_policy import schedule_of
+from frontdoor.schedule_policy import PriorityLevels, schedule_of
 from control.requests import GenerationRequest
 from tandem.status import InvalidArgument, MethodNotAllowed, NotFound
 
@@ -94,11 +94,13 @@ class InferCall:
 
 
 def decode_call(inputs: Inputs, request_id: str, wanted: list[str], timeout_s: float | None,
-                unary: bool, adapters: tuple[str, ...] = (), parameters: dict | None = None) -> InferCall:
+                unary: bool, adapters: tuple[str, ...] = (), parameters: dict | None = None,
+                levels: PriorityLevels = PriorityLevels()) -> InferCall:
     """The typed call; `unary`: the transport answers once (ModelInfer, HTTP infer): stream=true is refused.
     `adapters`: the LoRA adapters a `lora_name` may name (another is NOT_FOUND); `parameters`: the
-    request's (name -> plain value): its priority level and timeout (frontdoor/schedule_policy.py)."""
-    schedule = schedule_of(parameters or {})
+    request's (name -> plain value): its priority level, read on the served model's `levels`, and timeout
+    (frontdoor/schedule_policy.py)."""
+    schedule = schedule_of(parameters or {}, levels)
     unknown = sorted(set(wanted) - set(_OUTPUT_NAMES))
     if unknown:
         raise InvalidArgument(f"unknown outputs {unknown}; this model has {', '.join(_OUTPUT_NAMES)}")

@@ -17,7 +17,7 @@ import numpy as np
 from tritonclient.grpc import model_config_pb2 as mc
 
 from control.requests import GenerationRequest
-from frontdoor.schedule_policy import advertise
+from frontdoor.schedule_policy import PriorityLevels, advertise
 from tandem.guides import Guide, GuideKind
 from tandem.status import InvalidArgument
 
@@ -74,16 +74,16 @@ _TYPE = {"BYTES": mc.TYPE_STRING, "INT32": mc.TYPE_INT32, "UINT64": mc.TYPE_UINT
          "BOOL": mc.TYPE_BOOL}
 
 
-def model_config(name: str, priorities: bool = False) -> mc.ModelConfig:
-    """The served model's Triton config; `priorities`: the server honours priority levels."""
+def model_config(name: str, levels: PriorityLevels | None = None) -> mc.ModelConfig:
+    """The served model's Triton config; `levels`: the priority levels the server honours (None: none)."""
     cfg = mc.ModelConfig(name=name, backend="python", max_batch_size=MAX_BATCH_SIZE)
     cfg.model_transaction_policy.decoupled = True
     for t in INPUTS:
         cfg.input.add(name=t.name, data_type=_TYPE[t.datatype], dims=list(t.dims), optional=t.optional)
     for t in OUTPUTS:
         cfg.output.add(name=t.name, data_type=_TYPE[t.datatype], dims=list(t.dims))
-    if priorities:
-        advertise(cfg.dynamic_batching)
+    if levels is not None:
+        advertise(cfg.dynamic_batching, levels)
     return cfg
 
 

@@ -34,6 +34,8 @@
     max_num_batched_tokens: null   # the most prompt tokens one prefill pass takes; null: the prefill profile's
     scheduling_policy: fcfs        # or priority: a request's `priority` (lower first) orders the prompts waiting
                                    # for a prefill pass and the requests waiting for a decode batch (vLLM's)
+    priority_levels: null          # priority: Triton's levels on the KServe doors, 1 the highest, with
+    default_priority_level: null   # the default level (priority 0); null: 2^32-1 levels, default 2^31
     front_door: {host: 127.0.0.1, grpc_port: 8001, http_port: 8000, model_name: ensemble,
                  served_model_name: null,   # OpenAI model id, or a list (the first, then aliases); null: the model's
                  api_key_file: null,        # keys, one a line (and/or TANDEM_API_KEY); needed beyond loopback ...
@@ -78,6 +80,7 @@ from pydantic import AfterValidator, Field, ValidationError, model_validator
 from control.worker_tls import WorkerTlsFiles
 from engine.lora_files import check_modules
 from frontdoor.http_lora import LoraLoading
+from frontdoor.schedule_policy import PriorityLevels
 from ops.deployment_sections import (FrontDoor, Handoff, Health, Limits, PrefixCacheConfig, Strict, Tracing,
                                      WorkerPool)
 from tandem.modes import Mode
@@ -115,6 +118,8 @@ class Deployment(Strict):
     max_num_seqs: int | None = Field(None, ge=1, le=4096)  # vLLM's names; null: the engines' role profiles
     max_num_batched_tokens: int | None = Field(None, ge=16)
     scheduling_policy: Literal["fcfs", "priority"] = "fcfs"  # priority: requests' `priority` orders the waiting
+    priority_levels: int | None = None  # Triton's, with default_priority_level (frontdoor/schedule_policy.py)
+    default_priority_level: int | None = None
     max_retries: int = Field(2, ge=0)
     # Local workers run this much nicer (lower CPU priority) than the front door. Where they share cores
     # (CPU-only serving), refusals, health probes and token streaming then wait for no model step; the
@@ -129,6 +134,25 @@ class Deployment(Strict):
     # LoRA adapters a request's `model` may name: folder by name (engine/lora.py)
     lora_modules: Annotated[dict[str, str], AfterValidator(check_modules)] = {}
     lora_loading: LoraLoading = LoraLoading()  # adapters loaded and unloaded while serving
+
+    @property
+    def levels(self) -> PriorityLevels:
+        """How the KServe doors read a request's priority level (Triton's; frontdoor/schedule_policy.py)."""
+        return PriorityLevels(self.priority_levels, self.default_priority_level) if self.priority_levels else \
+            PriorityLevels()
+
+    @model_validator(mode="after")
+    def _priority_levels(self):
+        given = [f for f in ("priority_levels", "default_priority_level") if getattr(self, f) is not None]
+        if given and self.scheduling_policy != "priority":
+            raise ValueError(f"{' and '.join(given)} set how priority levels read, but scheduling_policy is "
+                             f"{self.scheduling_policy}; set scheduling_policy: priority")
+        if len(given) == 1:
+            raise ValueError(f"give priority_levels and default_priority_level together (as a Triton model's "
+                             f"config does), got only {given[0]}")
+        if given:
+            PriorityLevels(self.priority_levels, self.default_priority_level)  # ValueError: they do not fit
+        return self
 
     @model_validator(mode="after")
     def _workers(self):

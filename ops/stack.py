@@ -206,7 +206,7 @@ class Stack:
             await self._until_ready()
         fd = dep.front_door
         served = ServedModel(self.service, fd.model_name, names[0], fd.tool_call_parser, fd.reasoning_parser,
-                             model.sampling_defaults, aliases=tuple(names[1:]), adapters=adapters)
+                             model.sampling_defaults, aliases=tuple(names[1:]), adapters=adapters, levels=dep.levels)
         door = FrontDoor(served)
         try:
             self.grpc = await start_grpc(TritonProtocolServicer(door), fd.host, fd.grpc_port,

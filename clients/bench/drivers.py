@@ -26,6 +26,18 @@ class GrpcDriver:
     def __init__(self, url: str, model: str = "ensemble"):
         self.client = grpc_aio.InferenceServerClient(url)
         self.model = model
+        self._default_level: int | None = None  # the model's, read from its config when first needed
+
+    async def level(self, priority: int) -> int:
+        """Triton's level for a request's priority (0: the model's default): around the default level the
+        model's config advertises (frontdoor/schedule_policy.py), or Tandem's default levels' where it
+        advertises none (the server then refuses a non-zero priority, as it should)."""
+        if not priority:
+            return 0
+        if self._default_level is None:
+            cfg = await self.client.get_model_config(self.model)
+            self._default_level = cfg.config.dynamic_batching.default_priority_level or DEFAULT_LEVEL
+        return priority + self._default_level
 
     def _inputs(self, spec: RequestSpec) -> list[InferInput]:
         out = []
@@ -43,14 +55,15 @@ class GrpcDriver:
         rec = RequestRecord(spec.stream, time.perf_counter() - t_run, warmup=spec.warmup)
         outputs = [InferRequestedOutput(n) for n in ("text_output", "num_output_tokens", "num_input_tokens")]
 
-        async def one():
+        async def one(level: int):
             yield {"model_name": self.model, "inputs": self._inputs(spec), "outputs": outputs,
                    "request_id": f"{spec.stream}-{spec.index}", "enable_empty_final_response": True,
-                   "priority": spec.priority + DEFAULT_LEVEL if spec.priority else 0}  # Triton's level
+                   "priority": level}
 
-        t0 = time.perf_counter()
         try:
-            async for result, error in self.client.stream_infer(one()):
+            level = await self.level(spec.priority)  # before the clock starts: read once per driver
+            t0 = time.perf_counter()
+            async for result, error in self.client.stream_infer(one(level)):
                 if error is not None:
                     rec.error = str(error)
                     break

@@ -36,20 +36,23 @@ def grpc_infer(url: str, prompt: str, max_tokens: int, model: str = "ensemble") 
 
 
 def grpc_stream(url: str, prompt: str, max_tokens: int, extra: dict | None = None,
-                headers: dict | None = None) -> list[str]:
-    """Each streamed response's text_output, in order (ends at Triton's final-response flag)."""
+                headers: dict | None = None, priority: int = 0, on_part=None) -> list[str]:
+    """Each streamed response's text_output, in order (ends at Triton's final-response flag); `priority`:
+    Triton's level; `on_part(n)` is called after the n-th response arrives (n from 1)."""
     c = grpcclient.InferenceServerClient(url)
     q: queue.Queue = queue.Queue()
     c.start_stream(callback=lambda result, error: q.put((result, error)), headers=headers)
     try:
         c.async_stream_infer("ensemble", ensemble_inputs(grpcclient, prompt, max_tokens, True, extra),
-                             request_id="s", enable_empty_final_response=True)
+                             request_id="s", enable_empty_final_response=True, priority=priority)
         parts = []
         while True:
             result, error = q.get(timeout=120)
             if error is not None:
                 raise error
             parts.append(result.as_numpy("text_output")[0][0].decode())
+            if on_part is not None:
+                on_part(len(parts))
             if result.get_response().parameters["triton_final_response"].bool_param:
                 return parts
     finally:

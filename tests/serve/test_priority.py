@@ -1,14 +1,17 @@
 """Priority scheduling (`tandem serve --scheduling-policy priority`, vLLM's policy) on a real 1P1D stack:
 a request of a lower priority value overtakes a backlog of others waiting for the decode worker's batch
 (one request at a time here, `--max-num-seqs 1`) or for its pages (the orchestrator's waiting room), and
-answers exactly what it answers alone; a Triton gRPC client says it with Triton's priority levels. Without the
+answers exactly what it answers alone; a Triton gRPC client says it with Triton's priority levels, read on
+the deployment's levels (`--priority-levels`, `--default-priority-level`). Without the
 policy a non-zero priority is refused (tests/serve/test_prompt_options.py); the prefill queue's order is
 tested on a real prefill worker (tests/workers/test_prefill_priority.py) and its policy (tests/policies),
 the co-located one's in tests/engine/test_scheduler.py."""
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
+import functools
 import os
 import signal
 import threading
@@ -18,22 +21,51 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import yaml
+from tritonclient.utils import InferenceServerException
 
+from clients.bench.drivers import GrpcDriver
 from ops.deployment import DeploymentError, load_deployment
 from tests.conftest import start_serve, stop_serve
-from tests.serve.clients import ensemble_inputs, pages_used, post
+from tests.serve.clients import ensemble_inputs, grpc_stream, pages_used, post
 
 BODY = {"max_tokens": 96, "ignore_eos": True, "temperature": 0}
+MIN_TOKENS = {"min_tokens": (np.array([[96]], dtype=np.int32), "INT32")}  # over gRPC: exactly 96 tokens
+
+
+def _finished_order(backlog, urgent) -> tuple[list[str], str]:
+    """Five backlog requests, then the urgent one once each of them is prefilled (one decodes, four wait
+    for the batch, each ~96 steps). `backlog(name, on_event)` answers a request's text and calls
+    `on_event(n)` at its n-th streamed event (the first is its first token, sampled by the prefill worker);
+    `urgent()` answers the urgent request's text. Returns the names in the order they finished, and that text."""
+    finished, lock, first_tokens = [], threading.Lock(), threading.Semaphore(0)
+
+    def run(name: str, send) -> str:
+        text = send()
+        with lock:
+            finished.append(name)
+        return text
+
+    def on_event(n: int) -> None:
+        if n == 1:
+            first_tokens.release()
+
+    with concurrent.futures.ThreadPoolExecutor(6) as pool:
+        lows = [pool.submit(run, f"low-{i}", functools.partial(backlog, f"low-{i}", on_event)) for i in range(5)]
+        for _ in lows:
+            assert first_tokens.acquire(timeout=120)
+        text = pool.submit(run, "Urgent", urgent).result(timeout=300)
+        for f in lows:
+            f.result(timeout=300)
+    return finished, text
 
 
 def test_an_urgent_request_overtakes_a_backlog_waiting_for_the_decode_batch(built_engines, tmp_path):
     """The urgent request comes over Triton gRPC with Triton's priority level 1 (frontdoor/schedule_policy.py:
     Tandem's priority -2^31 + 1), the backlog over OpenAI's completions at the default priority, 0: only
-the level read as Triton means it puts it first."""
+    the level read as Triton means it puts it first."""
     s = start_serve(built_engines, tmp_path, "--scheduling-policy", "priority", "--max-num-seqs", "1")
     try:
-        urgent_in = ensemble_inputs(grpcclient, "Urgent: name three rivers.", 96, False,
-                                    {"min_tokens": (np.array([[96]], dtype=np.int32), "INT32")})
+        urgent_in = ensemble_inputs(grpcclient, "Urgent: name three rivers.", 96, False, MIN_TOKENS)
         client = grpcclient.InferenceServerClient(s.grpc)
         alone = client.infer("ensemble", urgent_in).as_numpy("text_output")[0][0].decode()
         levels = client.get_model_config("ensemble").config.dynamic_batching
@@ -42,37 +74,66 @@ the level read as Triton means it puts it first."""
                                                           "priority": 2**40})
         assert code == 400 and err["error"]["param"] == "priority" and "[-2147483647, 2147483647]" in \
             err["error"]["message"], err
-        finished, lock, first_tokens = [], threading.Lock(), threading.Semaphore(0)
 
-        def send(name: str, priority: int) -> str:
-            body = {**BODY, "prompt": f"{name}: name three rivers.", "priority": priority, "stream": True}
-            # a stream's first event is its first token, sampled by the prefill worker: it is prefilled
-            code, events = post(s.http, "/v1/completions", body, on_event=lambda n: n == 1 and first_tokens.release())
+        def openai_low(name: str, on_event) -> str:
+            body = {**BODY, "prompt": f"{name}: name three rivers.", "priority": 0, "stream": True}
+            code, events = post(s.http, "/v1/completions", body, on_event=on_event)
             assert code == 200, events
-            with lock:
-                finished.append(name)
             return "".join(e["choices"][0]["text"] for e in events if e["choices"])
 
-        def send_urgent() -> str:
-            text = client.infer("ensemble", urgent_in, priority=1).as_numpy("text_output")[0][0].decode()
-            with lock:
-                finished.append("Urgent")
-            return text
-
-        with concurrent.futures.ThreadPoolExecutor(6) as pool:
-            lows = [pool.submit(send, f"low-{i}", 0) for i in range(5)]
-            for _ in lows:  # every one prefilled: one decodes, four wait for the batch (each ~96 steps)
-                assert first_tokens.acquire(timeout=120)
-            urgent = pool.submit(send_urgent)
-            assert urgent.result(timeout=300) == alone  # a priority changes no token
-            for f in lows:
-                f.result(timeout=300)
+        finished, text = _finished_order(openai_low, lambda: client.infer("ensemble", urgent_in, priority=1)
+                                         .as_numpy("text_output")[0][0].decode())
+        assert text == alone  # a priority changes no token
         # first come, first served it would finish last; it waits for the one decoding when it came and at
         # most one that took the batch's place before its own K/V were in
         assert finished.index("Urgent") <= 2, finished
         client.close()
     finally:
         stop_serve(s)
+
+
+def test_priority_levels_read_as_the_deployment_sets_them(built_engines, tmp_path):
+    """`--priority-levels 3 --default-priority-level 2` (1 high, 2 normal, 3 low, as a Triton model's config
+    may set them): a backlog at level 3 over Triton gRPC is overtaken by a request naming no priority (over
+    OpenAI: 0, level 2). Read on the default levels (default 2^31), level 3 would go before everything."""
+    s = start_serve(built_engines, tmp_path, "--scheduling-policy", "priority", "--max-num-seqs", "1",
+                    "--priority-levels", "3", "--default-priority-level", "2")
+    urgent = {**BODY, "prompt": "Urgent: name three rivers."}
+    try:
+        client = grpcclient.InferenceServerClient(s.grpc)
+        levels = client.get_model_config("ensemble").config.dynamic_batching
+        assert (levels.priority_levels, levels.default_priority_level) == (3, 2)
+        with pytest.raises(InferenceServerException, match=r"priority must be an integer in \[0, 3\]") as e:
+            client.infer("ensemble", ensemble_inputs(grpcclient, "Hi", 2, False), priority=4)
+        assert "INVALID_ARGUMENT" in str(e.value.status())
+        client.close()
+        assert _bench_level(s.grpc, 1) == 3  # the bench's driver reads the default level from the config
+
+        def grpc_low(name: str, on_event) -> str:
+            return "".join(grpc_stream(s.grpc, f"{name}: name three rivers.", 96, MIN_TOKENS, priority=3,
+                                       on_part=on_event))
+
+        def openai_urgent() -> str:
+            code, answer = post(s.http, "/v1/completions", urgent)
+            assert code == 200, answer
+            return answer["choices"][0]["text"]
+
+        alone = openai_urgent()
+        finished, text = _finished_order(grpc_low, openai_urgent)
+        assert text == alone
+        assert finished.index("Urgent") <= 2, finished
+    finally:
+        stop_serve(s)
+
+
+def _bench_level(grpc_url: str, priority: int) -> int:
+    async def level() -> int:
+        driver = GrpcDriver(grpc_url)
+        try:
+            return await driver.level(priority)
+        finally:
+            await driver.close()
+    return asyncio.run(level())
 
 
 def test_an_urgent_request_takes_freed_pages_before_requests_waiting_longer(built_engines, tmp_path):
@@ -124,3 +185,27 @@ def test_an_urgent_request_takes_freed_pages_before_requests_waiting_longer(buil
 def test_tensorrt_llm_roles_refuse_the_priority_policy():
     with pytest.raises(DeploymentError, match="schedule their requests themselves"):
         load_deployment(None, {"backend": "tensorrt-llm", "device": "cuda", "scheduling_policy": "priority"})
+
+
+@pytest.mark.parametrize("overrides, why", [
+    ({"priority_levels": 3, "default_priority_level": 2}, "but scheduling_policy is fcfs"),
+    ({"scheduling_policy": "priority", "priority_levels": 3}, "together"),
+    ({"scheduling_policy": "priority", "priority_levels": 3, "default_priority_level": 4},
+     r"default level in \[1, N\]"),
+    ({"scheduling_policy": "priority", "priority_levels": 2**32, "default_priority_level": 1}, "N in"),
+    ({"scheduling_policy": "priority", "priority_levels": 2**31 + 1, "default_priority_level": 1},
+     "at most 2147483647 levels above"),
+    ({"scheduling_policy": "priority", "priority_levels": 2**32 - 1, "default_priority_level": 2**31 + 1},
+     "default level at most 2147483648"),
+])
+def test_priority_levels_that_cannot_be_read_are_refused_naming_why(overrides, why):
+    with pytest.raises(DeploymentError, match=why):
+        load_deployment(None, overrides)
+
+
+def test_a_level_is_the_priority_its_distance_from_the_default():
+    three = load_deployment(None, {"scheduling_policy": "priority", "priority_levels": 3,
+                                   "default_priority_level": 2}).levels
+    assert [three.priority(k) for k in (0, 1, 2, 3)] == [0, -1, 0, 1] and three.level(1) == 3
+    full = load_deployment(None, {"scheduling_policy": "priority"}).levels  # every Tandem priority, 0 in the middle
+    assert (full.priority(1), full.priority(2**32 - 1), full.level(0)) == (-(2**31 - 1), 2**31 - 1, 2**31)

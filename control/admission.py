@@ -1,10 +1,16 @@
 """Admission control: bounded work in flight, refused at once beyond it (HTTP 429 / RESOURCE_EXHAUSTED).
 
 Two limits, both deployment keys: requests in flight (being tokenized, or admitted and not finished), and prompt tokens
-queued (admitted requests that have not had their first token yet: the prefill backlog). A request
-over either is refused before any worker sees it, so an overload burst costs the accepted requests
-nothing and memory stays bounded. A third, optional, is per caller: the requests one API key holder
-may have in flight (`limits.max_in_flight_per_key`), so one tenant's burst leaves the others room.
+queued ahead of a request (admitted requests that have not had their first token yet: the prefill
+backlog it would wait behind). A request over either is refused before any worker sees it, so an
+overload burst costs the accepted requests nothing and memory stays bounded. A third, optional, is per
+caller: the requests one API key holder may have in flight (`limits.max_in_flight_per_key`), so one
+tenant's burst leaves the others room.
+
+With priorities (`scheduling_policy: priority`) the backlog ahead of a request is the queued prompts of
+its priority or a more urgent one: the workers take those first, so a backlog of less urgent work never
+turns an urgent request away. The requests in flight stay one limit for all (what bounds memory).
+First come, first served every priority is 0 and every queued token is ahead.
 """
 
 from __future__ import annotations
@@ -21,7 +27,8 @@ class Admission:
     max_in_flight: int = 64
     max_queued_tokens: int = 32768
     in_flight: int = 0
-    queued_tokens: int = 0
+    queued_tokens: int = 0  # all of them
+    queued: Counter = field(default_factory=Counter)  # priority -> its prompt tokens queued
     preparing: int = 0  # passed `check`, being tokenized, not yet admitted (or refused)
     max_in_flight_per_key: int | None = None  # admitted requests of one API key holder; None: no limit of its own
     by_caller: Counter = field(default_factory=Counter)  # caller (the key's name) -> its admitted requests
@@ -57,11 +64,14 @@ class Admission:
         finally:
             self.preparing -= 1
 
-    def admit(self, prompt_tokens: int, caller: str = "") -> "Ticket":
-        """Admit a prepared request of `caller` (the name of its API key; "" without keys), or refuse it."""
+    def admit(self, prompt_tokens: int, caller: str = "", priority: int = 0) -> "Ticket":
+        """Admit a prepared request of `caller` (the name of its API key; "" without keys) and `priority`
+        (lower first), or refuse it. A request alone in the backlog ahead of it is admitted whatever its size."""
         self.check()
-        if self.queued_tokens and self.queued_tokens + prompt_tokens > self.max_queued_tokens:
-            raise ResourceExhausted(f"{self.queued_tokens} prompt tokens are queued (limit {self.max_queued_tokens}); "
+        ahead = sum(tokens for p, tokens in self.queued.items() if p <= priority)
+        if ahead and ahead + prompt_tokens > self.max_queued_tokens:
+            of = f" of priority {priority} or more urgent" if ahead < self.queued_tokens else ""
+            raise ResourceExhausted(f"{ahead} prompt tokens{of} are queued (limit {self.max_queued_tokens}); "
                                     f"retry after a moment")
         mine = self.by_caller[caller] if caller else 0
         if caller and self.max_in_flight_per_key and mine >= self.max_in_flight_per_key:
@@ -69,19 +79,24 @@ class Admission:
                                     f"may have (limits.max_in_flight_per_key); retry after a moment")
         self.in_flight += 1
         self.queued_tokens += prompt_tokens
+        self.queued[priority] += prompt_tokens
         if caller:
             self.by_caller[caller] += 1
-        return Ticket(self, prompt_tokens, caller)
+        return Ticket(self, prompt_tokens, caller, priority)
 
 
 class Ticket:
     """One admitted request: `first_token()` when its prompt is done, `close()` when it ends."""
 
-    def __init__(self, admission: Admission, tokens: int, caller: str = ""):
-        self.admission, self.tokens, self.caller, self.open = admission, tokens, caller, True
+    def __init__(self, admission: Admission, tokens: int, caller: str = "", priority: int = 0):
+        self.admission, self.tokens, self.caller, self.priority, self.open = admission, tokens, caller, priority, True
 
     def first_token(self) -> None:
-        self.admission.queued_tokens -= self.tokens
+        a = self.admission
+        a.queued_tokens -= self.tokens
+        a.queued[self.priority] -= self.tokens
+        if not a.queued[self.priority]:
+            del a.queued[self.priority]
         self.tokens = 0
 
     def close(self) -> None:

@@ -158,7 +158,7 @@ class FrontDoor:
                 req = dataclasses.replace(req, cache_salt=scoped_salt(cache_scope(), req.cache_salt))
                 prep = await svc.prepare(req, admission)
                 n_in = len(prep.prompt_ids)
-                ticket = svc.admission.admit(n_in, api_key_name())  # refused at once when full
+                ticket = svc.admission.admit(n_in, api_key_name(), req.priority)  # refused at once when full
             meter.admitted(n_in)
             if on_admitted is not None:
                 on_admitted()

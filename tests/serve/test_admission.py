@@ -54,3 +54,23 @@ def test_one_callers_requests_are_limited_apart_from_the_others():
     with pytest.raises(InvalidArgument, match="max_in_flight_per_key"):
         a.check_size(3, "tenant-a")
     a.check_size(3)  # without a key only the server's limit counts
+
+
+def test_the_backlog_ahead_of_a_request_is_the_queued_prompts_of_its_priority_or_more_urgent():
+    a = Admission(max_in_flight=8, max_queued_tokens=10)
+    batch = [a.admit(4, priority=5), a.admit(4, priority=5)]
+    with pytest.raises(ResourceExhausted, match=r"^8 prompt tokens are queued \(limit 10\)"):
+        a.admit(4, priority=5)  # 8 ahead of it: all that is queued
+    urgent = a.admit(6, priority=-5)  # none ahead: the less urgent backlog is served after it
+    with pytest.raises(ResourceExhausted, match=r"^6 prompt tokens of priority 0 or more urgent are queued"):
+        a.admit(5)
+    a.admit(4).close()  # 6 + 4 fit
+    urgent.first_token()  # its prompt is done: it is ahead of no one any more
+    assert (a.queued_tokens, dict(a.queued)) == (8, {5: 8})
+    for t in [urgent, *batch]:
+        t.close()
+    assert (a.in_flight, a.queued_tokens, dict(a.queued)) == (0, 0, {})
+    first_come = Admission(max_in_flight=8, max_queued_tokens=10)  # fcfs: every priority 0, all of it ahead
+    first_come.admit(8)
+    with pytest.raises(ResourceExhausted, match=r"^8 prompt tokens are queued"):
+        first_come.admit(3)

@@ -182,6 +182,48 @@ def test_an_urgent_request_takes_freed_pages_before_requests_waiting_longer(buil
         stop_serve(s)
 
 
+def test_an_urgent_request_is_admitted_past_a_full_backlog_of_less_urgent_prompts(built_engines, tmp_path):
+    """limits.max_queued_tokens 40 and the prefill worker stopped, so admitted prompts stay queued:
+    requests of priority 5 fill the backlog until one is refused (429). One of priority -5 is admitted all
+    the same (control/admission.py: the workers take it before that backlog) and answers as it does alone
+    once the worker goes on; the admitted backlog loses nothing."""
+    cfg = tmp_path / "dep.yaml"
+    cfg.write_text(yaml.safe_dump({"health": {"stall_s": 60, "stall_restart_s": 120},  # the stop is no stall
+                                   "limits": {"max_queued_tokens": 40}}))
+    s = start_serve(built_engines, tmp_path, "--scheduling-policy", "priority", "--config", str(cfg))
+    body = {"max_tokens": 8, "ignore_eos": True, "temperature": 0}
+
+    def send(name: str, priority: int) -> tuple[int, dict]:
+        return post(s.http, "/v1/completions", {**body, "prompt": f"{name}: name three rivers.", "priority": priority})
+    try:
+        code, alone = send("Urgent", 0)
+        assert code == 200, alone
+        prefill = s.workers()["prefill-0"]["pid"]
+        with concurrent.futures.ThreadPoolExecutor(12) as pool:
+            os.killpg(prefill, signal.SIGSTOP)
+            try:
+                admitted, refused = [], None
+                while refused is None and len(admitted) < 10:  # ~9 prompt tokens each: the 5th is over 40
+                    low = pool.submit(send, f"low-{len(admitted)}", 5)
+                    time.sleep(1.0)  # refused at once, or admitted and waiting for the stopped prefill
+                    if low.done():
+                        refused = low.result()
+                    else:
+                        admitted.append(low)
+                assert refused is not None and refused[0] == 429, (len(admitted), refused)
+                assert "prompt tokens are queued (limit 40)" in refused[1]["error"]["message"], refused
+                urgent = pool.submit(send, "Urgent", -5)
+                time.sleep(1.0)
+                assert not urgent.done(), urgent.result()  # admitted: it waits for the prefill worker too
+            finally:
+                os.killpg(prefill, signal.SIGCONT)
+            code, answer = urgent.result(timeout=120)
+            assert code == 200 and answer["choices"][0]["text"] == alone["choices"][0]["text"], answer
+            assert all(f.result(timeout=120)[0] == 200 for f in admitted)
+    finally:
+        stop_serve(s)
+
+
 def test_tensorrt_llm_roles_refuse_the_priority_policy():
     with pytest.raises(DeploymentError, match="schedule their requests themselves"):
         load_deployment(None, {"backend": "tensorrt-llm", "device": "cuda", "scheduling_policy": "priority"})

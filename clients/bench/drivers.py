@@ -19,25 +19,26 @@ from tritonclient.grpc import InferInput, InferRequestedOutput
 from clients.bench.stats import RequestRecord
 from clients.bench.bench_workload import RequestSpec
 from clients.sse_reader import sse_chunks
-from frontdoor.schedule_policy import DEFAULT_LEVEL
+from frontdoor.schedule_policy import PriorityLevels
 
 
 class GrpcDriver:
     def __init__(self, url: str, model: str = "ensemble"):
         self.client = grpc_aio.InferenceServerClient(url)
         self.model = model
-        self._default_level: int | None = None  # the model's, read from its config when first needed
+        self._levels: PriorityLevels | None = None  # the model's, read from its config when first needed
 
     async def level(self, priority: int) -> int:
-        """Triton's level for a request's priority (0: the model's default): around the default level the
-        model's config advertises (frontdoor/schedule_policy.py), or Tandem's default levels' where it
-        advertises none (the server then refuses a non-zero priority, as it should)."""
+        """Triton's level for a request's priority (0: the model's default): on the levels the model's config
+        advertises (frontdoor/schedule_policy.py), or Tandem's default levels where it advertises none (the
+        server then refuses a non-zero priority, as it should)."""
         if not priority:
             return 0
-        if self._default_level is None:
-            cfg = await self.client.get_model_config(self.model)
-            self._default_level = cfg.config.dynamic_batching.default_priority_level or DEFAULT_LEVEL
-        return priority + self._default_level
+        if self._levels is None:
+            given = (await self.client.get_model_config(self.model)).config.dynamic_batching
+            self._levels = PriorityLevels(given.priority_levels, given.default_priority_level) \
+                if given.priority_levels else PriorityLevels()
+        return self._levels.level(priority)
 
     def _inputs(self, spec: RequestSpec) -> list[InferInput]:
         out = []

@@ -13,7 +13,8 @@ Both go through the same router and the same `run` loop, which resumes a failed 
 prompt + tokens already streamed are prefilled again and the stream continues without repeating a
 token. A full pool (OUT_OF_PAGES) or no routable worker makes the request wait for the fleet to change
 (pages freed, a worker back), bounded by the request's deadline, behind any request of a better priority
-waiting too (control/waiting_room.py); a retryable failure tries another
+waiting too; a full pool first preempts a running request of a worse priority there, which waits and
+resumes in turn (control/waiting_room.py); a retryable failure tries another
 worker, at most `max_retries` times; anything else ends the request with its status.
 """
 
@@ -32,7 +33,7 @@ from control.prefix_index import PrefixView
 from control.pull_attempt import PullAttempt
 from control.router import Demand, NoWorker, Router
 from control.trtllm_attempt import TrtllmAttempt
-from control.waiting_room import WaitingRoom
+from control.waiting_room import Preempted, Seat, WaitingRoom
 from tandem.modes import HandoffMode, Mode
 from tandem.roles import Role
 from tandem.status import (DeadlineExceeded, InvalidArgument, OutOfPages, Status, TandemError, Unavailable, retryable,
@@ -89,7 +90,7 @@ class ServingPath(ABC):
         uid = f"{next(self._ids)}:{prep.request.request_id}"
         waited: TandemError | None = None  # why the request is waiting (full pools, no worker), if it is
         # its LoRA adapter stays on the workers until the end; it leaves the waiting room however it ends
-        with self.adapters.hold(prep.params.lora), self.room.visit(uid):
+        with self.adapters.hold(prep.params.lora), self.room.visit(uid, prep.params.priority) as seat:
             while True:
                 version, attempt = self.fleet.version, None
                 try:
@@ -99,7 +100,9 @@ class ServingPath(ABC):
                         async with self.attempt(prep, sent, avoid, rid, traced) as attempt:
                             traced.set(**attempt.workers())
                             attempt.on_placed = lambda: self.room.leave(uid)
-                            while (tok := await _step(attempt, deadline)) is not None:
+                            seat.take(attempt.decode.name)
+                            attempt.on_exit.append(seat.vacate)
+                            while (tok := await _step(attempt, deadline, seat)) is not None:
                                 if waited is not None:  # it waited, and has its pages now
                                     waited = None
                                     self.room.leave(uid)
@@ -111,6 +114,11 @@ class ServingPath(ABC):
                                 yield tok
                     return
                 except (OutOfPages, NoWorker) as e:
+                    if isinstance(e, Preempted):  # its pages went to a more urgent request: it waits for some
+                        self.metrics.preemptions.inc()
+                        log.info("request %s: preempted after %d token(s)", uid, len(sent))
+                    elif isinstance(e, OutOfPages):
+                        self.room.make_room(prep.params.priority, getattr(getattr(e, "worker", None), "name", None))
                     waited = e
                     if not await self.room.wait(uid, prep.params.priority, version, deadline):
                         raise _gave_up(e) from None
@@ -260,8 +268,12 @@ def _gave_up(why: TandemError) -> TandemError:
     return Unavailable(f"{why}, and none came back before the request's deadline")
 
 
-async def _step(attempt: Attempt, deadline: float) -> Token | None:
-    """The attempt's next token, awaited no later than the request's deadline (monotonic)."""
+async def _step(attempt: Attempt, deadline: float, seat: Seat) -> Token | None:
+    """The attempt's next token, awaited no later than the request's deadline (monotonic); Preempted when
+    a more urgent request took the seat's pages (before, or while, it waits for the token)."""
+    if seat.preempted:
+        raise Preempted()
+    seat.stepping = task = asyncio.current_task()
     try:
         # asyncio.timeout, not wait_for: wait_for runs the await in another task and can lose a cancel
         # that arrives as that task ends (the request would go on for a client that left)
@@ -269,3 +281,9 @@ async def _step(attempt: Attempt, deadline: float) -> Token | None:
             return await attempt.next()
     except TimeoutError:
         raise DeadlineExceeded("the request's deadline passed before it finished") from None
+    except asyncio.CancelledError:
+        if seat.preempted and task.uncancel() == 0:  # the preemption's cancel alone, not the client's
+            raise Preempted() from None
+        raise
+    finally:
+        seat.stepping = None

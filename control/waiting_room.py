@@ -1,4 +1,4 @@
-"""The requests waiting for the fleet to change (full pools, no routable worker), in priority order.
+"""Who gets a worker's pages, by priority: the requests waiting for them, and those holding them.
 
 A request refused for pages (OUT_OF_PAGES) or finding no routable worker sleeps until the fleet
 changes (control/fleet.py `wait_change`), then tries again. With `--scheduling-policy priority` it must
@@ -7,20 +7,63 @@ priority waiting try again; the others hold off until each of those is placed (i
 its first token) or gone, which wakes them. Equal priorities try together, as they always did: first
 come, first served gives every request priority 0, so nothing changes there (and nobody is woken for
 nothing when a waiter is placed: its pages are taken, not freed).
+
+Nor does it wait for pages a less urgent request holds (vLLM preempts the same way): a request refused
+for pages preempts the least urgent running request of a worse priority on that worker (`make_room`;
+the latest to arrive among equals). The preempted request's attempt ends, giving its pages back, and it
+waits here in turn; it resumes as a failed one does (prompt + its tokens so far prefilled again, the
+stream going on without repeating a token; exact, greedy or seeded). First come, first served nobody
+is ever preempted.
 """
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 from control.fleet import Fleet
+from tandem.status import OutOfPages
+
+
+class Preempted(OutOfPages):
+    """The request's attempt gave its pages to a more urgent request; it waits for pages and resumes (the
+    serving path's own signal: a client sees it only as OUT_OF_PAGES, if none come before its deadline)."""
+
+    def __init__(self):
+        super().__init__("its pages went to a more urgent request")
+
+
+class Seat:
+    """One request's stay: the worker its current attempt runs on (None between attempts), and whether a
+    more urgent request took its pages. `preempted` is acted on only where the request awaits its
+    worker's next token (control/serving_path.py `_step`), never while a token is on its way out."""
+
+    def __init__(self, priority: int, order: int):
+        self.priority, self.order = priority, order
+        self.worker: str | None = None
+        self.preempted = False
+        self.stepping: asyncio.Task | None = None  # the task awaiting the worker's next token, meanwhile
+
+    def take(self, worker: str) -> None:
+        self.worker, self.preempted = worker, False
+
+    def vacate(self) -> None:
+        self.worker, self.preempted = None, False
+
+    def preempt(self) -> None:
+        self.preempted = True
+        if self.stepping is not None:
+            self.stepping.cancel()  # `_step` tells this cancel from the client's (Task.uncancel)
 
 
 class WaitingRoom:
     def __init__(self, fleet: Fleet):
         self.fleet = fleet
         self._waiting: dict[str, int] = {}  # request uid -> its priority (lower goes first)
+        self._seats: dict[str, Seat] = {}  # request uid -> its stay
+        self._order = itertools.count()
 
     async def wait(self, uid: str, priority: int, version: int, deadline: float) -> bool:
         """Sleep until the fleet's version moves past `version`, then until no request of a better
@@ -35,11 +78,13 @@ class WaitingRoom:
         return True
 
     @contextmanager
-    def visit(self, uid: str) -> Iterator[None]:
+    def visit(self, uid: str, priority: int) -> Iterator[Seat]:
         """One request's whole stay: however it ends, it leaves the room."""
+        self._seats[uid] = seat = Seat(priority, next(self._order))
         try:
-            yield
+            yield seat
         finally:
+            del self._seats[uid]
             self.leave(uid)
 
     def leave(self, uid: str) -> None:
@@ -48,6 +93,19 @@ class WaitingRoom:
         priority = self._waiting.pop(uid, None)
         if priority is not None and self._waiting and not self._ahead(priority + 1):
             self.fleet.poke()
+
+    def make_room(self, priority: int, worker: str | None) -> bool:
+        """Preempt the least urgent request of a worse priority than `priority` running on `worker` (None:
+        on any), the latest to arrive among equals; False if there is none. One at a time: while a
+        preempted one is still giving its pages back there, nobody more."""
+        there = [s for s in self._seats.values() if s.worker is not None and worker in (None, s.worker)]
+        if any(s.preempted for s in there):
+            return True
+        worse = [s for s in there if s.priority > priority]
+        if not worse:
+            return False
+        max(worse, key=lambda s: (s.priority, s.order)).preempt()
+        return True
 
     def _ahead(self, priority: int) -> bool:
         """Whether a request of a better priority than `priority` is waiting."""

@@ -77,6 +77,8 @@ class Metrics:
                                 "door included, by status", m + ["status"], registry=r)
         self.recoveries = Counter("tandem_recoveries", "Requests resumed on another worker after a failure",
                                   ["role"], registry=r)
+        self.preemptions = Counter("tandem_preemptions", "Requests that gave their pages to a more urgent one "
+                                   "(priority scheduling) and resumed", registry=r)
         self.local_prefills = Counter("tandem_local_prefills", "Requests a decode worker prefilled itself "
                                       "(conditional disaggregation: it lacked few enough prompt tokens)", ["worker"],
                                       registry=r)

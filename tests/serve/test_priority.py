@@ -1,9 +1,10 @@
 """Priority scheduling (`tandem serve --scheduling-policy priority`, vLLM's policy) on a real 1P1D stack:
 a request of a lower priority value overtakes a backlog of others waiting for the decode worker's batch
-(one request at a time here, `--max-num-seqs 1`) or for its pages (the orchestrator's waiting room), and
+(one request at a time here, `--max-num-seqs 1`) or for its pages (the orchestrator's waiting room), or
+preempts a less urgent one holding the pages, is admitted past a backlog of less urgent prompts, and
 answers exactly what it answers alone; a Triton gRPC client says it with Triton's priority levels, read on
-the deployment's levels (`--priority-levels`, `--default-priority-level`). Without the
-policy a non-zero priority is refused (tests/serve/test_prompt_options.py); the prefill queue's order is
+the deployment's levels (`--priority-levels`, `--default-priority-level`). Without the policy a non-zero
+priority is refused (tests/serve/test_prompt_options.py); the prefill queue's order is
 tested on a real prefill worker (tests/workers/test_prefill_priority.py) and its policy (tests/policies),
 the co-located one's in tests/engine/test_scheduler.py."""
 
@@ -26,7 +27,7 @@ from tritonclient.utils import InferenceServerException
 from clients.bench.drivers import GrpcDriver
 from ops.deployment import DeploymentError, load_deployment
 from tests.conftest import start_serve, stop_serve
-from tests.serve.clients import ensemble_inputs, grpc_stream, pages_used, post
+from tests.serve.clients import ensemble_inputs, grpc_stream, metric_total, pages_used, post
 
 BODY = {"max_tokens": 96, "ignore_eos": True, "temperature": 0}
 MIN_TOKENS = {"min_tokens": (np.array([[96]], dtype=np.int32), "INT32")}  # over gRPC: exactly 96 tokens
@@ -137,10 +138,11 @@ def _bench_level(grpc_url: str, priority: int) -> int:
 
 
 def test_an_urgent_request_takes_freed_pages_before_requests_waiting_longer(built_engines, tmp_path):
-    """A 5-page decode pool (80 tokens): a holder takes 4 pages and waits for its prefill (the prefill
-    worker stopped); four requests of 3 pages each, then an urgent one, are refused for pages and wait in
-    the orchestrator. When the holder ends, one of them fits at a time: the urgent one goes first (first
-    come, first served, its earlier neighbours would race it for the pages and most often win)."""
+    """A 5-page decode pool (80 tokens): a holder more urgent than all (so nobody preempts it) takes 4 pages
+    and waits for its prefill (the prefill worker stopped); four requests of 3 pages each, then an urgent
+    one, are refused for pages and wait in the orchestrator. When the holder ends, one of them fits at a
+    time: the urgent one goes first (first come, first served, its earlier neighbours would race it for the
+    pages and most often win)."""
     cfg = tmp_path / "dep.yaml"
     cfg.write_text(yaml.safe_dump({"health": {"stall_s": 60, "stall_restart_s": 120}}))  # the stop is no stall
     s = start_serve(built_engines, tmp_path, "--scheduling-policy", "priority", "--config", str(cfg),
@@ -163,7 +165,7 @@ def test_an_urgent_request_takes_freed_pages_before_requests_waiting_longer(buil
         with concurrent.futures.ThreadPoolExecutor(6) as pool:
             os.killpg(prefill, signal.SIGSTOP)
             try:
-                holder = pool.submit(send, "Holder", 0, 52)  # ~12 + 52 tokens: 4 pages, held until its prefill
+                holder = pool.submit(send, "Holder", -9, 52)  # ~12 + 52 tokens: 4 pages, held until its prefill
                 until = time.monotonic() + 30
                 while sum(pages_used(s.http).values()) < 4 and time.monotonic() < until:
                     time.sleep(0.05)
@@ -178,6 +180,39 @@ def test_an_urgent_request_takes_freed_pages_before_requests_waiting_longer(buil
             for f in [holder, *lows]:
                 f.result(timeout=300)
         assert finished[:2] == ["Holder", "Urgent"], finished
+    finally:
+        stop_serve(s)
+
+
+def test_an_urgent_request_preempts_a_less_urgent_one_holding_the_pages(built_engines, tmp_path):
+    """A 10-page decode pool (160 tokens): a request of priority 5, sampled at temperature 1 with a seed,
+    streams a long answer and holds all 10 pages; an urgent one (-5, 3 pages) is refused for pages and
+    preempts it (control/waiting_room.py). The urgent one finishes first; the preempted one resumes (its
+    prompt and tokens so far prefilled again) and both answer exactly what they answer alone."""
+    s = start_serve(built_engines, tmp_path, "--scheduling-policy", "priority",
+                    "--kv-pool-bytes", str(10 * 16 * 46080))  # the default model: 46080 KV bytes per token
+    holder = {"prompt": "Holder: tell a long story about rivers.", "max_tokens": 148, "ignore_eos": True,
+              "temperature": 1.0, "seed": 7, "priority": 5}  # ~10 prompt tokens + 148: all 10 pages
+    urgent = {"prompt": "Urgent: name three rivers.", "max_tokens": 30, "ignore_eos": True, "temperature": 0,
+              "priority": -5}
+    try:
+        alone = [post(s.http, "/v1/completions", body)[1]["choices"][0]["text"] for body in (holder, urgent)]
+        finished, lock, streaming = [], threading.Lock(), threading.Semaphore(0)
+
+        def send(name: str, body: dict, on_event=None) -> str:
+            code, answer = post(s.http, "/v1/completions", {**body, "stream": True}, on_event=on_event)
+            assert code == 200, answer
+            with lock:
+                finished.append(name)
+            return "".join(e["choices"][0]["text"] for e in answer if e["choices"])
+
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            held = pool.submit(send, "Holder", holder, lambda n: n == 10 and streaming.release())
+            assert streaming.acquire(timeout=120)  # it decodes, 138 tokens to go
+            assert pool.submit(send, "Urgent", urgent).result(timeout=300) == alone[1]
+            assert held.result(timeout=300) == alone[0]  # resumed exactly: no token lost, repeated or changed
+        assert finished == ["Urgent", "Holder"], finished
+        assert metric_total(s.http, "tandem_preemptions_total") >= 1
     finally:
         stop_serve(s)
 

@@ -263,7 +263,7 @@ def test_a_resumed_attempt_is_its_own_span_after_the_failed_one():
     async def run():
         path = TwoTries(Fleet(), ROUTERS["least-loaded"](), 16, Metrics("disaggregated"))
         stream = tracer.start("tandem.stream")
-        prep = SimpleNamespace(request=SimpleNamespace(request_id="r"), params=SimpleNamespace(lora=""))
+        prep = SimpleNamespace(request=SimpleNamespace(request_id="r"), params=SimpleNamespace(lora="", priority=0))
         tokens = [t.token async for t in path.run(prep, time.monotonic() + 30, stream)]
         stream.end()
         return tokens

@@ -1,15 +1,19 @@
 """The orchestrator's waiting room (control/waiting_room.py) on a real Fleet: after a change, a request
 waiting behind one of a better priority holds off until that one leaves, and a request of equal
-priority leaving wakes nobody (first come, first served: pages taken, not freed). The whole behaviour
-on a real stack: tests/serve/test_priority.py."""
+priority leaving wakes nobody (first come, first served: pages taken, not freed); a request refused for
+pages preempts the least urgent of the worse ones running there, one at a time. The whole behaviour on a
+real stack: tests/serve/test_priority.py."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 
+import pytest
+
 from control.fleet import Fleet
-from control.waiting_room import WaitingRoom
+from control.serving_path import _step
+from control.waiting_room import Preempted, WaitingRoom
 
 
 def test_a_worse_priority_holds_off_until_the_better_one_leaves():
@@ -59,12 +63,57 @@ def test_holding_off_past_the_deadline_gives_up():
         fleet.poke()
         assert await urgent is True
         assert await low is False  # the urgent one never left
-        with room.visit("urgent"):  # it ends however it ends: it leaves
+        with room.visit("urgent", -1):  # it ends however it ends: it leaves
             pass
         room.leave("low")
         later = asyncio.create_task(room.wait("later", 9, fleet.version, time.monotonic() + 5))
         await asyncio.sleep(0)
         fleet.poke()
         assert await later is True  # nobody better is waiting any more
+
+    asyncio.run(main())
+
+
+def test_room_is_made_by_preempting_the_least_urgent_running_there_one_at_a_time():
+    room = WaitingRoom(Fleet())
+    with room.visit("a", 5) as a, room.visit("b", 5) as b, room.visit("c", 9) as c, room.visit("d", 0) as d, \
+            room.visit("between", 7) as between:  # between attempts: it holds no pages
+        for seat, worker in ((a, "decode-0"), (b, "decode-0"), (c, "decode-1"), (d, "decode-0")):
+            seat.take(worker)
+        assert not room.make_room(5, "decode-0")  # nobody worse than 5 there (an equal is not worse)
+        assert room.make_room(-1, "decode-0") and b.preempted and not a.preempted  # the later of the two 5s
+        assert room.make_room(-1, "decode-0") and not a.preempted  # b is still giving its pages back
+        b.vacate()
+        assert room.make_room(-1, "decode-0") and a.preempted
+        a.vacate()
+        assert room.make_room(-1, None) and c.preempted  # on any worker: the least urgent of all
+        c.vacate()
+        assert room.make_room(-1, "decode-0") and d.preempted and not between.preempted
+        d.vacate()
+        assert not room.make_room(-1, None)
+
+
+def test_a_preempted_step_ends_as_preempted_and_a_clients_cancel_stays_a_cancel():
+    class Unanswered:  # an attempt whose worker has not sent its next token yet (a fault-free stand-in)
+        async def next(self):
+            await asyncio.Event().wait()
+
+    async def main():
+        room = WaitingRoom(Fleet())
+        with room.visit("low", 5) as seat:
+            for client_leaves in (False, True):
+                seat.take("decode-0")
+                step = asyncio.create_task(_step(Unanswered(), time.monotonic() + 30, seat))
+                await asyncio.sleep(0.01)
+                assert room.make_room(0, "decode-0")
+                if client_leaves:
+                    step.cancel()  # at the same moment: the request ends, it is not resumed
+                with pytest.raises(asyncio.CancelledError if client_leaves else Preempted):
+                    await step
+                seat.vacate()
+            seat.take("decode-0")
+            room.make_room(0, "decode-0")  # preempted while its token was on its way out: the next step says so
+            with pytest.raises(Preempted):
+                await _step(Unanswered(), time.monotonic() + 30, seat)
 
     asyncio.run(main())

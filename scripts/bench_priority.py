@@ -4,6 +4,7 @@ served twice (`--scheduling-policy priority`, then the default `fcfs`), the same
 OpenAI door each time.
 
     python scripts/bench_priority.py --engines engines/smollm2-135m [--out docs/benchmarks/priority]
+    python scripts/bench_priority.py --max-num-seqs 64 --kv-pool-bytes 79626240 --out docs/benchmarks/priority-pages
 
 The workload: a closed loop of `batch` requests (8 clients, 384-token prompts, 48-token answers,
 priority 10) keeps the prefill queue and the decode batch (`--max-num-seqs 4`) full, while `interactive`
@@ -13,6 +14,10 @@ policy (a pass's fillers are the shortest waiting prompts). Under fcfs the same
 requests are sent with priority 0 (that server refuses any other). Reported per stream: TTFT and
 end-to-end p50/p90 as the client saw them. Wall-clock numbers of this machine: read the two policies
 against each other. Writes report.json and report.md into --out when given.
+
+The second command makes the decode pool, not the batch, what binds: 108 pages of 16 tokens hold four
+batch requests (27 pages each), so an interactive one (21 pages) finds it full and, under the priority
+policy, preempts a batch request (control/waiting_room.py); under fcfs it waits for pages with the rest.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from clients.bench.bench_workload import Scenario, Stream, warmup_scenario  # noqa: E402
 from clients.bench.drivers import make_driver  # noqa: E402
+from clients.bench.multiturn import read_counters  # noqa: E402
 from clients.bench.runner import run_scenario  # noqa: E402
 from clients.bench.stats import dist  # noqa: E402
 from engine.tokenizer import Tokenizer  # noqa: E402
@@ -42,24 +48,26 @@ WORKLOAD = Scenario("priority", (
 POLICIES = ("priority", "fcfs")
 
 
-async def run_policy(engines: str, policy: str, workdir: str, tokenizer) -> dict:
-    """The workload against one serve of `policy`; per stream TTFT and E2E distributions (seconds)."""
+async def run_policy(engines: str, policy: str, workdir: str, tokenizer, serve_args: tuple[str, ...]) -> dict:
+    """The workload against one serve of `policy` (and `serve_args`); per stream TTFT and E2E
+    distributions (seconds)."""
     scenario = WORKLOAD if policy == "priority" else dataclasses.replace(
         WORKLOAD, streams=tuple(dataclasses.replace(s, priority=0) for s in WORKLOAD.streams))
     serve = ServeProcess(os.path.join(workdir, policy), ("--model", engines, "--scheduling-policy", policy,
-                                                         "--max-num-seqs", "4")).start()
+                                                         *serve_args)).start()
     try:
         driver = make_driver("openai", serve.http)
         try:
             await run_scenario(warmup_scenario(2), driver, tokenizer, show_progress=False)
             print(f"[{policy}] {scenario.description} ...", flush=True)
             records = await run_scenario(scenario, driver, tokenizer, show_progress=False)
+            preempted = read_counters(serve.http, {"preemptions": "tandem_preemptions_total"})["preemptions"]
         finally:
             await driver.close()
     finally:
         if serve.stop() != 0:
             print(f"[{policy}] tandem serve did not stop cleanly", file=sys.stderr)
-    out = {}
+    out = {"preemptions": int(preempted)}
     for stream in ("batch", "interactive"):
         mine = [r for r in records if r.stream == stream and not r.warmup]
         ok = [r for r in mine if r.ok]
@@ -70,9 +78,10 @@ async def run_policy(engines: str, policy: str, workdir: str, tokenizer) -> dict
 
 def markdown(doc: dict) -> str:
     lines = ["# Priority scheduling vs first come, first served", "", f"Command: `{doc['command']}`", "",
-             WORKLOAD.description + "; 1P1D, `--max-num-seqs 4`. Wall-clock seconds on this machine, both "
-             f"policies in one run. Load average (1 min) at the start {doc['load_start']:.1f}, at the end "
-             f"{doc['load_end']:.1f}.", "",
+             WORKLOAD.description + f"; 1P1D, `{' '.join(doc['serve_args'])}`. Wall-clock seconds on this "
+             f"machine, both policies in one run. Load average (1 min) at the start {doc['load_start']:.1f}, at "
+             f"the end {doc['load_end']:.1f}. Requests preempted: " + ", ".join(
+                 f"{p} {doc['results'][p]['preemptions']}" for p in POLICIES) + ".", "",
              "| stream | policy | requests | failed | TTFT p50 | TTFT p90 | E2E p50 | E2E p90 |",
              "|---|---|---:|---:|---:|---:|---:|---:|"]
     for stream in ("interactive", "batch"):
@@ -87,12 +96,17 @@ async def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--engines", default="engines/smollm2-135m")
     ap.add_argument("--out", default=None, help="a folder for report.json and report.md")
+    ap.add_argument("--max-num-seqs", type=int, default=4, help="the decode batch (default 4: it binds)")
+    ap.add_argument("--kv-pool-bytes", type=int, default=None, help="the decode pool (default: the profile's)")
     args = ap.parse_args()
+    serve_args = ("--max-num-seqs", str(args.max_num_seqs),
+                  *(("--kv-pool-bytes", str(args.kv_pool_bytes)) if args.kv_pool_bytes else ()))
     tokenizer = Tokenizer(os.path.join(args.engines, "prefill"))
     load_start = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="bench-priority-") as work:
-        results = {p: await run_policy(args.engines, p, work, tokenizer) for p in POLICIES}
+        results = {p: await run_policy(args.engines, p, work, tokenizer, serve_args) for p in POLICIES}
     doc = {"command": "python " + " ".join(sys.argv), "workload": WORKLOAD.to_dict(), "results": results,
+           "serve_args": serve_args,
            "load_start": load_start, "load_end": os.getloadavg()[0]}
     text = markdown(doc)
     print(text)

@@ -155,12 +155,12 @@ COUNTERS = {"kv_bytes": "tandem_kv_transfer_bytes_total", "hit_pages": "tandem_p
             "miss_pages": "tandem_prefix_cache_miss_pages_total", "local_prefills": "tandem_local_prefills_total"}
 
 
-def read_counters(metrics_url: str) -> dict[str, float]:
-    """Each COUNTERS total, summed over its label sets (workers, transports)."""
+def read_counters(metrics_url: str, counters: dict[str, str] = COUNTERS) -> dict[str, float]:
+    """Each of `counters`' totals (key -> metric name), summed over its label sets (workers, transports)."""
     with urllib.request.urlopen(metrics_url.rstrip("/") + "/metrics", timeout=30) as r:
         text = r.read().decode()
     out = {}
-    for key, name in COUNTERS.items():
+    for key, name in counters.items():
         out[key] = sum(float(v) for v in re.findall(rf"^{name}(?:\{{[^}}]*\}})? ([0-9.e+-]+)$", text, re.M))
     return out
 

@@ -9,8 +9,9 @@ come, first served gives every request priority 0, so nothing changes there (and
 nothing when a waiter is placed: its pages are taken, not freed).
 
 Nor does it wait for pages a less urgent request holds (vLLM preempts the same way): a request refused
-for pages preempts the least urgent running request of a worse priority on that worker (`make_room`;
-the latest to arrive among equals). The preempted request's attempt ends, giving its pages back, and it
+for pages preempts the least urgent running request of a worse priority on that worker, or, when none
+there is worse, on another one, whose freed pages the router then finds (`make_room`; the latest to
+arrive among equals). The preempted request's attempt ends, giving its pages back, and it
 waits here in turn; it resumes as a failed one does (prompt + its tokens so far prefilled again, the
 stream going on without repeating a token; exact, greedy or seeded). First come, first served nobody
 is ever preempted.
@@ -95,9 +96,14 @@ class WaitingRoom:
             self.fleet.poke()
 
     def make_room(self, priority: int, worker: str | None) -> bool:
-        """Preempt the least urgent request of a worse priority than `priority` running on `worker` (None:
-        on any), the latest to arrive among equals; False if there is none. One at a time: while a
-        preempted one is still giving its pages back there, nobody more."""
+        """Preempt the least urgent request of a worse priority than `priority` (the latest to arrive among
+        equals): one running on `worker`, the worker that refused the request, if any there is worse; else
+        one running on any worker (the router then finds its pages free there). False if none is worse.
+        One at a time: while a preempted one is still giving its pages back there (anywhere, for the
+        second choice), nobody more."""
+        return any(self._preempt_on(priority, where) for where in dict.fromkeys((worker, None)))
+
+    def _preempt_on(self, priority: int, worker: str | None) -> bool:
         there = [s for s in self._seats.values() if s.worker is not None and worker in (None, s.worker)]
         if any(s.preempted for s in there):
             return True

@@ -1,7 +1,8 @@
 """Priority scheduling (`tandem serve --scheduling-policy priority`, vLLM's policy) on a real 1P1D stack:
 a request of a lower priority value overtakes a backlog of others waiting for the decode worker's batch
 (one request at a time here, `--max-num-seqs 1`) or for its pages (the orchestrator's waiting room), or
-preempts a less urgent one holding the pages, is admitted past a backlog of less urgent prompts, and
+preempts a less urgent one holding the pages (on a 1P2D stack: on the other decode worker when nobody
+worse runs on the one that refused it), is admitted past a backlog of less urgent prompts, and
 answers exactly what it answers alone; a Triton gRPC client says it with Triton's priority levels, read on
 the deployment's levels (`--priority-levels`, `--default-priority-level`). Without the policy a non-zero
 priority is refused (tests/serve/test_prompt_options.py); the prefill queue's order is
@@ -212,6 +213,52 @@ def test_an_urgent_request_preempts_a_less_urgent_one_holding_the_pages(built_en
             assert pool.submit(send, "Urgent", urgent).result(timeout=300) == alone[1]
             assert held.result(timeout=300) == alone[0]  # resumed exactly: no token lost, repeated or changed
         assert finished == ["Urgent", "Holder"], finished
+        assert metric_total(s.http, "tandem_preemptions_total") >= 1
+    finally:
+        stop_serve(s)
+
+
+def test_an_urgent_request_refused_where_nobody_is_worse_preempts_on_the_other_decode_worker(built_engines, tmp_path):
+    """1P2D, 20-page decode pools: Keeper (-9, 12 pages) runs on one decode worker, Holder (5, 16 pages,
+    seeded temperature 1) on the other. Urgent (-5, 10 pages) fits on neither; the worker with the most
+    free pages (Keeper's) refuses it and holds nobody worse, so the least urgent request elsewhere,
+    Holder, is preempted (control/waiting_room.py make_room) and Urgent takes its pages. Urgent finishes
+    before Holder and both answer as alone (without the fallback, Urgent waited ~175 tokens for Keeper)."""
+    page = 16 * 46080  # the default model's KV bytes per 16-token page
+    s = start_serve(built_engines, tmp_path, "--scheduling-policy", "priority", "--decode", "2",
+                    "--kv-pool-bytes", str(20 * page))
+    common = {"ignore_eos": True, "stream": True}
+    keeper = {**common, "prompt": "Keeper: tell a story about lakes.", "max_tokens": 175, "temperature": 0,
+              "priority": -9}
+    holder = {**common, "prompt": "Holder: tell a long story about rivers.", "max_tokens": 236,
+              "temperature": 1.0, "seed": 7, "priority": 5}
+    urgent = {**common, "prompt": "Urgent: name three rivers.", "max_tokens": 142, "temperature": 0,
+              "priority": -5}
+    finished, lock = [], threading.Lock()
+
+    def send(name: str, body: dict, on_event=None) -> str:
+        code, answer = post(s.http, "/v1/completions", {**body, "stream_options": {"include_usage": True}},
+                            on_event=on_event)
+        assert code == 200, answer
+        with lock:
+            finished.append(name)
+        pages = -(-answer[-1]["usage"]["total_tokens"] // 16)
+        assert pages == {"Keeper": 12, "Holder": 16, "Urgent": 10}[name], (name, answer[-1]["usage"])
+        return "".join(e["choices"][0]["text"] for e in answer if e["choices"])
+
+    try:
+        alone = {name: send(name, body) for name, body in (("Holder", holder), ("Urgent", urgent))}
+        finished.clear()
+        with concurrent.futures.ThreadPoolExecutor(3) as pool:
+            futures = {}
+            for name, body in (("Keeper", keeper), ("Holder", holder)):  # Holder fits only the other worker
+                streaming = threading.Semaphore(0)
+                futures[name] = pool.submit(send, name, body, lambda n, go=streaming: n == 10 and go.release())
+                assert streaming.acquire(timeout=120)
+            assert pool.submit(send, "Urgent", urgent).result(timeout=300) == alone["Urgent"]
+            assert futures["Holder"].result(timeout=300) == alone["Holder"]  # resumed exactly
+            futures["Keeper"].result(timeout=300)
+        assert finished.index("Urgent") < finished.index("Holder"), finished
         assert metric_total(s.http, "tandem_preemptions_total") >= 1
     finally:
         stop_serve(s)

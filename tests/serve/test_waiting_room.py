@@ -74,22 +74,24 @@ def test_holding_off_past_the_deadline_gives_up():
     asyncio.run(main())
 
 
-def test_room_is_made_by_preempting_the_least_urgent_running_there_one_at_a_time():
+def test_room_is_made_by_preempting_the_least_urgent_running_there_else_anywhere_one_at_a_time():
     room = WaitingRoom(Fleet())
     with room.visit("a", 5) as a, room.visit("b", 5) as b, room.visit("c", 9) as c, room.visit("d", 0) as d, \
             room.visit("between", 7) as between:  # between attempts: it holds no pages
         for seat, worker in ((a, "decode-0"), (b, "decode-0"), (c, "decode-1"), (d, "decode-0")):
             seat.take(worker)
-        assert not room.make_room(5, "decode-0")  # nobody worse than 5 there (an equal is not worse)
+        assert not room.make_room(9, "decode-0")  # nobody anywhere is worse than 9 (an equal is not worse)
+        assert room.make_room(5, "decode-0") and c.preempted  # nobody worse there: the least urgent elsewhere
+        assert not (a.preempted or b.preempted or d.preempted)
         assert room.make_room(-1, "decode-0") and b.preempted and not a.preempted  # the later of the two 5s
         assert room.make_room(-1, "decode-0") and not a.preempted  # b is still giving its pages back
         b.vacate()
         assert room.make_room(-1, "decode-0") and a.preempted
         a.vacate()
-        assert room.make_room(-1, None) and c.preempted  # on any worker: the least urgent of all
-        c.vacate()
         assert room.make_room(-1, "decode-0") and d.preempted and not between.preempted
         d.vacate()
+        assert room.make_room(-1, "decode-0")  # nobody left there, and c is still giving its pages back
+        c.vacate()
         assert not room.make_room(-1, None)
 
 

@@ -105,7 +105,7 @@ class Attempt:
         self.opened = None  # the decode worker's Open stream (control/channel.py), once opened
         self.finished = False  # the token with a finish reason was returned: next() gives None
         self.ended = False  # the worker itself ended the request (its stream's last token): nothing to release
-        self.placed = False  # the workers reserved its pages (a first token says so too): no longer waiting for them
+        self.placed = False  # its decode (or co-located) worker leased its pages: no longer waiting for them
         self.on_placed: Callable[[], None] | None = None  # told when `placed` turns true
 
     async def next(self) -> Token | None:

@@ -110,6 +110,7 @@ class PullAttempt(PairAttempt):
                 raise blame(Unavailable(f"{d.name} {what} before reading its K/V"), d)
             span.set(kv_bytes=pulled.kv_bytes, kv_seconds=pulled.kv_seconds, cached_tokens=pulled.cached_tokens)
         t.pulled, t.pulled_at, t.decode_cached = pulled, time.perf_counter(), pulled.cached_tokens
+        self.mark_placed()  # its pages on the decode worker (not its first token, the prefill worker's)
         self._hold(None)
         self.prefill.client.unhold(self.request_id, source.hold, reader_closed=True)  # the read ended before Pulled
         if self.on_pulled is not None:

@@ -100,12 +100,11 @@ class ServingPath(ABC):
                         async with self.attempt(prep, sent, avoid, rid, traced) as attempt:
                             traced.set(**attempt.workers())
                             attempt.on_placed = lambda: self.room.leave(uid)
-                            seat.take(attempt.decode.name)
+                            seat.take(attempt.decode.name, lambda a=attempt: a.opened is not None)
                             attempt.on_exit.append(seat.vacate)
                             while (tok := await _step(attempt, deadline, seat)) is not None:
-                                if waited is not None:  # it waited, and has its pages now
+                                if waited is not None and attempt.placed:  # it waited, and has its pages now
                                     waited = None
-                                    self.room.leave(uid)
                                 if tok.token is not None:
                                     sent.append(tok.token)
                                 if tok.finish_reason is not None:  # done: the caller may close us at this yield
@@ -185,7 +184,10 @@ class LocalAttempt(Attempt):
     async def next(self) -> Token | None:
         if self.opened is None:
             self.opened = self.decode.client.open(self.msg)
-        return await self._stream_next()
+        tok = await self._stream_next()
+        if not self.placed:  # the worker leased its pages at the Open
+            self.mark_placed()
+        return tok
 
     async def __aexit__(self, *exc) -> None:
         if self.opened is not None and not self.ended:

@@ -68,6 +68,7 @@ class TrtllmAttempt(PairAttempt):
         tok = await self._stream_next()
         if self.awaiting_kv:
             self.awaiting_kv = False
+            self.mark_placed()
             self.timings.pulled_at = time.perf_counter()
             if self.on_pulled is not None:
                 self.on_pulled()

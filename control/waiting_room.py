@@ -3,25 +3,25 @@
 A request refused for pages (OUT_OF_PAGES) or finding no routable worker sleeps until the fleet
 changes (control/fleet.py `wait_change`), then tries again. With `--scheduling-policy priority` it must
 not lose the freed pages to a request of a worse priority: after a change, only the waiters of the best
-priority waiting try again; the others hold off until each of those is placed (its pages reserved, or
-its first token) or gone, which wakes them. Equal priorities try together, as they always did: first
+priority waiting try again; the others hold off until each of those is placed (its decode or co-located
+worker leased its pages) or gone, which wakes them. Equal priorities try together, as they always did: first
 come, first served gives every request priority 0, so nothing changes there (and nobody is woken for
 nothing when a waiter is placed: its pages are taken, not freed).
 
 Nor does it wait for pages a less urgent request holds (vLLM preempts the same way): a request refused
 for pages preempts the least urgent running request of a worse priority on that worker, or, when none
 there is worse, on another one, whose freed pages the router then finds (`make_room`; the latest to
-arrive among equals). The preempted request's attempt ends, giving its pages back, and it
-waits here in turn; it resumes as a failed one does (prompt + its tokens so far prefilled again, the
-stream going on without repeating a token; exact, greedy or seeded). First come, first served nobody
-is ever preempted.
+arrive among equals; only a request that has opened on its worker, so may hold pages there). The
+preempted request's attempt ends, giving its pages back, and it waits here in turn; it resumes as a
+failed one does (prompt + its tokens so far prefilled again, the stream going on without repeating a
+token; exact, greedy or seeded). First come, first served nobody is ever preempted.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from control.fleet import Fleet
@@ -44,11 +44,19 @@ class Seat:
     def __init__(self, priority: int, order: int):
         self.priority, self.order = priority, order
         self.worker: str | None = None
+        self.opened: Callable[[], bool] = lambda: False  # whether the attempt opened on `worker` yet
         self.preempted = False
         self.stepping: asyncio.Task | None = None  # the task awaiting the worker's next token, meanwhile
 
-    def take(self, worker: str) -> None:
-        self.worker, self.preempted = worker, False
+    def take(self, worker: str, opened: Callable[[], bool]) -> None:
+        """An attempt on `worker` began; `opened()` says whether it has asked that worker for its pages
+        (they are leased at the Open). Until then preempting it frees nothing there: a pull handoff opens
+        on its decode worker only after its whole prefill."""
+        self.worker, self.opened, self.preempted = worker, opened, False
+
+    def holds(self, worker: str | None) -> bool:
+        """Whether it may hold pages on `worker` (None: on any)."""
+        return self.worker is not None and worker in (None, self.worker) and self.opened()
 
     def vacate(self) -> None:
         self.worker, self.preempted = None, False
@@ -104,7 +112,7 @@ class WaitingRoom:
         return any(self._preempt_on(priority, where) for where in dict.fromkeys((worker, None)))
 
     def _preempt_on(self, priority: int, worker: str | None) -> bool:
-        there = [s for s in self._seats.values() if s.worker is not None and worker in (None, s.worker)]
+        there = [s for s in self._seats.values() if s.holds(worker)]
         if any(s.preempted for s in there):
             return True
         worse = [s for s in there if s.priority > priority]

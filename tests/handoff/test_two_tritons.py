@@ -107,6 +107,30 @@ def test_greedy_through_two_tritons_equals_single_process(workers, default_engin
     assert stats.kv_bytes_received == moved * default_engine.kv_layout().bytes_per_token
 
 
+def test_an_attempt_is_placed_when_its_decode_worker_leased_its_pages(workers, default_engine):
+    """`placed` (control/handoff.py; the waiting room lets worse waiters go and counts the request as
+    holding pages from then on): a push attempt is placed at Reserved, before its first token; a pull
+    attempt's first token comes from the prefill worker, before its decode worker leased anything, so it
+    is placed only once that worker read the K/V (Pulled), before the second token."""
+    ids = default_engine.tokenizer.encode("Name three rivers.")
+
+    async def run():
+        p, d = await pair(workers)
+        seen, told = [], []
+        try:
+            async with PROTOCOLS[workers.mode](d, p, "placed", ids, SamplingParams(max_tokens=4), [], Timings()) as h:
+                h.on_placed = lambda: told.append(len(seen))
+                while (t := await h.next()) is not None:
+                    seen.append(h.placed)
+            return seen, told
+        finally:
+            await closing(p, d)
+
+    seen, told = asyncio.run(run())
+    assert seen == ([True] * 4 if workers.mode == "push" else [False, True, True, True]), seen
+    assert told == ([0] if workers.mode == "push" else [1]), told  # once: before the first token, or after it
+
+
 def test_a_reservation_is_released_when_its_caller_goes_away(workers):
     """No lease timer: an Open whose caller vanishes (its stream cancelled) ends. With shm its pages are
     free at once (the fence revokes any writer); with NIXL they stay quarantined (`pages_fenced`) until a

@@ -74,12 +74,14 @@ def test_holding_off_past_the_deadline_gives_up():
     asyncio.run(main())
 
 
-def test_room_is_made_by_preempting_the_least_urgent_running_there_else_anywhere_one_at_a_time():
+def test_room_is_made_by_preempting_the_least_urgent_opened_there_else_anywhere_one_at_a_time():
     room = WaitingRoom(Fleet())
     with room.visit("a", 5) as a, room.visit("b", 5) as b, room.visit("c", 9) as c, room.visit("d", 0) as d, \
-            room.visit("between", 7) as between:  # between attempts: it holds no pages
+            room.visit("between", 7) as between, room.visit("prefilling", 20) as prefilling:
         for seat, worker in ((a, "decode-0"), (b, "decode-0"), (c, "decode-1"), (d, "decode-0")):
-            seat.take(worker)
+            seat.take(worker, lambda: True)
+        # between attempts it holds no pages; nor before its attempt opens on its worker (a pull prefilling)
+        prefilling.take("decode-0", lambda: False)
         assert not room.make_room(9, "decode-0")  # nobody anywhere is worse than 9 (an equal is not worse)
         assert room.make_room(5, "decode-0") and c.preempted  # nobody worse there: the least urgent elsewhere
         assert not (a.preempted or b.preempted or d.preempted)
@@ -92,7 +94,9 @@ def test_room_is_made_by_preempting_the_least_urgent_running_there_else_anywhere
         d.vacate()
         assert room.make_room(-1, "decode-0")  # nobody left there, and c is still giving its pages back
         c.vacate()
-        assert not room.make_room(-1, None)
+        assert not room.make_room(-1, None) and not prefilling.preempted
+        prefilling.take("decode-0", lambda: True)  # it opened there: the least urgent of all
+        assert room.make_room(-1, "decode-0") and prefilling.preempted
 
 
 def test_a_preempted_step_ends_as_preempted_and_a_clients_cancel_stays_a_cancel():
@@ -104,7 +108,7 @@ def test_a_preempted_step_ends_as_preempted_and_a_clients_cancel_stays_a_cancel(
         room = WaitingRoom(Fleet())
         with room.visit("low", 5) as seat:
             for client_leaves in (False, True):
-                seat.take("decode-0")
+                seat.take("decode-0", lambda: True)
                 step = asyncio.create_task(_step(Unanswered(), time.monotonic() + 30, seat))
                 await asyncio.sleep(0.01)
                 assert room.make_room(0, "decode-0")
@@ -113,7 +117,7 @@ def test_a_preempted_step_ends_as_preempted_and_a_clients_cancel_stays_a_cancel(
                 with pytest.raises(asyncio.CancelledError if client_leaves else Preempted):
                     await step
                 seat.vacate()
-            seat.take("decode-0")
+            seat.take("decode-0", lambda: True)
             room.make_room(0, "decode-0")  # preempted while its token was on its way out: the next step says so
             with pytest.raises(Preempted):
                 await _step(Unanswered(), time.monotonic() + 30, seat)

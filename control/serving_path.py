@@ -86,7 +86,7 @@ class ServingPath(ABC):
         `tandem.attempt` span under `span` (a resumed one says so: `resumed`, `resumed_after_tokens`)."""
         sent: list[int] = []
         avoid: set[str] = set()
-        failures = 0
+        failures, tries = 0, itertools.count()  # tries: every attempt's id is new to the workers
         uid = f"{next(self._ids)}:{prep.request.request_id}"
         waited: TandemError | None = None  # why the request is waiting (full pools, no worker), if it is
         # its LoRA adapter stays on the workers until the end; it leaves the waiting room however it ends
@@ -96,7 +96,7 @@ class ServingPath(ABC):
                 try:
                     with span.child("tandem.attempt", retry=failures, resumed=failures > 0,
                                     resumed_after_tokens=len(sent)) as traced:
-                        rid = f"{uid}#{failures}.{len(sent)}"
+                        rid = f"{uid}#{next(tries)}.{len(sent)}"  # a preempted one may still be open there
                         async with self.attempt(prep, sent, avoid, rid, traced) as attempt:
                             traced.set(**attempt.workers())
                             attempt.on_placed = lambda: self.room.leave(uid)

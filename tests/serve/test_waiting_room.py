@@ -123,3 +123,47 @@ def test_a_preempted_step_ends_as_preempted_and_a_clients_cancel_stays_a_cancel(
                 await _step(Unanswered(), time.monotonic() + 30, seat)
 
     asyncio.run(main())
+
+
+def test_an_attempt_after_a_preemption_has_an_id_of_its_own():
+    """A preempted attempt may still be open on its worker when the request tries again there (its
+    Release, or the end of its Open call, is on its way): the next Open must not reuse its id, or that
+    worker refuses it as already open, a server conflict the client saw as a 400. The serving path's own
+    run loop with scripted attempts (the race cannot be caused on a stack at will; a preemption storm on
+    one is tests/serve/test_preemption_storm.py)."""
+    from types import SimpleNamespace
+
+    from control.fleet import WorkerState
+    from control.handoff import Attempt
+    from control.router import ROUTERS
+    from control.serving_path import ServingPath
+    from frontdoor.door_metrics import Metrics
+    from tandem.wire import Token
+
+    ids: list[str] = []
+    fleet = Fleet()
+
+    class PreemptedOnce(Attempt):
+        async def next(self):
+            if len(ids) == 1:
+                asyncio.get_running_loop().call_soon(fleet.poke)  # its pages came back
+                raise Preempted()
+            if self.finished:
+                return None
+            self.finished = True
+            return Token(1, finish_reason="length")
+
+    class Scripted(ServingPath):
+        roles = ("decode",)
+
+        def attempt(self, prep, sent, avoid, request_id, span=None):
+            ids.append(request_id)
+            return PreemptedOnce(WorkerState("decode-0", "decode", "127.0.0.1:1", None), request_id, span)
+
+    async def main():
+        path = Scripted(fleet, ROUTERS["least-loaded"](), 16, Metrics("disaggregated"))
+        prep = SimpleNamespace(request=SimpleNamespace(request_id="r"), params=SimpleNamespace(lora="", priority=5))
+        return [t.token async for t in path.run(prep, time.monotonic() + 30)]
+
+    assert asyncio.run(main()) == [1]
+    assert len(ids) == 2 and ids[0] != ids[1], ids  # neither had sent a token

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import struct
 from collections.abc import AsyncIterator
 
@@ -26,6 +27,8 @@ from tritonclient.grpc import service_pb2_grpc as pb_grpc
 from control.worker_tls import WorkerTls, secret_refusal
 from tandem.status import Status, TandemError, Unavailable, error_for
 from tandem.wire import Reply, decode_reply, encode_request
+
+log = logging.getLogger(__name__)
 
 _OPTIONS = [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20),
             ("grpc.keepalive_time_ms", 10_000), ("grpc.keepalive_timeout_ms", 5_000)]
@@ -96,7 +99,7 @@ class WorkerChannel:
                 reply, final = item
                 if reply.status is not Status.OK:
                     finished = True
-                    raise error_for(reply.status, reply.message)
+                    raise self._error(reply)
                 if reply.body is not None:
                     if final:
                         finished = True
@@ -196,6 +199,15 @@ class WorkerChannel:
             queue.put_nowait((_reply(r.raw_output_contents[0]), final))
         if final:
             queue.put_nowait(_END)
+
+    def _error(self, reply: Reply) -> TandemError:
+        """A non-OK reply as its exception. A refused control message (PROTOCOL_ERROR: we built it, from a
+        request already validated) is logged here: it is a bug or a mixed deployment, never the client's."""
+        if reply.status is not Status.PROTOCOL_ERROR:
+            return error_for(reply.status, reply.message)
+        log.error("%s at %s refused a control message: %s", self.model, self.url, reply.message)
+        return error_for(reply.status, f"a worker refused a control message (a server fault, see the server "
+                                       f"log): {reply.message}")
 
     def reset(self, why: str) -> None:
         """Give up on the current stream (its worker stalled): every waiting call fails with UNAVAILABLE

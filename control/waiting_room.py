@@ -6,7 +6,9 @@ not lose the freed pages to a request of a worse priority: after a change, only 
 priority waiting try again; the others hold off until each of those is placed (its decode or co-located
 worker leased its pages) or gone, which wakes them. Equal priorities try together, as they always did: first
 come, first served gives every request priority 0, so nothing changes there (and nobody is woken for
-nothing when a waiter is placed: its pages are taken, not freed).
+nothing when a waiter is placed: its pages are taken, not freed). A request arriving meanwhile is not
+held off: it may use pages the waiters cannot use yet (a backfill); if it takes pages a more urgent waiter
+then needs, that one preempts it (below), which costs the newcomer its prefill, not the waiter its place.
 
 Nor does it wait for pages a less urgent request holds (vLLM preempts the same way): a request refused
 for pages preempts the least urgent running request of a worse priority on that worker, or, when none

@@ -19,10 +19,16 @@ the reply carries `status_of(exc)`; the receiving side turns it back into the sa
     UNAVAILABLE         UNAVAILABLE          503   yes        server (no healthy worker)
     CANCELLED           CANCELLED            499   no         client (went away or cancelled)
     DEADLINE_EXCEEDED   DEADLINE_EXCEEDED    504   yes        server (the request's deadline passed)
+    PROTOCOL_ERROR      INTERNAL             500   no         server (a worker refused a control message
+                                                                 the orchestrator built: a bug or mixed builds)
     INTERNAL            INTERNAL             500   no         server (a bug: see the log)
 
 A server-side fault is never reported as a client error: only the "client" rows are 4xx
-(429 means "too busy now, retry after Retry-After", not "you did something wrong").
+(429 means "too busy now, retry after Retry-After", not "you did something wrong"). A worker tells
+apart a request it cannot serve (INVALID_ARGUMENT: the prompt or a parameter, the client's) from a
+control message that breaks the protocol (PROTOCOL_ERROR: an id, a lease, a step out of order, a
+malformed or foreign-build message; the orchestrator built it from a request already validated, so to
+the client it is the server's fault).
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ class Status(str, enum.Enum):
     UNAVAILABLE = "UNAVAILABLE"
     CANCELLED = "CANCELLED"
     DEADLINE_EXCEEDED = "DEADLINE_EXCEEDED"
+    PROTOCOL_ERROR = "PROTOCOL_ERROR"
     INTERNAL = "INTERNAL"
 
 
@@ -69,6 +76,7 @@ STATUS_TABLE: dict[Status, StatusInfo] = {
     Status.UNAVAILABLE: StatusInfo("UNAVAILABLE", 503, True),
     Status.CANCELLED: StatusInfo("CANCELLED", 499, False),
     Status.DEADLINE_EXCEEDED: StatusInfo("DEADLINE_EXCEEDED", 504, True),
+    Status.PROTOCOL_ERROR: StatusInfo("INTERNAL", 500, False),
     Status.INTERNAL: StatusInfo("INTERNAL", 500, False),
 }
 
@@ -147,6 +155,13 @@ class DeadlineExceeded(TandemError):
     status = Status.DEADLINE_EXCEEDED
 
 
+class ProtocolError(TandemError):
+    """A control message breaks the protocol: malformed, from another build, naming a lease or hold that
+    is not the request's, or a step out of order. The worker changed nothing."""
+
+    status = Status.PROTOCOL_ERROR
+
+
 class Internal(TandemError):
     status = Status.INTERNAL
 
@@ -154,7 +169,7 @@ class Internal(TandemError):
 _CLASSES: dict[Status, type[TandemError]] = {
     c.status: c for c in (InvalidArgument, NotFound, MethodNotAllowed, TooLarge, Unauthenticated, OutOfPages,
                           ResourceExhausted, LeaseLost, TransferFailed, Unavailable, Cancelled, DeadlineExceeded,
-                          Internal)
+                          ProtocolError, Internal)
 }
 
 

@@ -2,11 +2,11 @@
 
 One frozen dataclass per operation. A request travels as `{"wire": W, "type": T, "body": {...}}`, where W
 is `WIRE`, a fingerprint of every message's schema: a worker refuses a request of another schema (an
-orchestrator from another Tandem build) with an INVALID_ARGUMENT saying so. A reply travels as
+orchestrator from another Tandem build) with a PROTOCOL_ERROR saying so. A reply travels as
 `{"status": S, "message": "...", "type": T, "body": {...}}`, where a non-OK status has no body and
 `message` says what went wrong (see tandem/status.py for what each status means). `parse` rejects
-unknown or missing keys and wrong types, so a malformed message from a peer is an INVALID_ARGUMENT
-naming the field, never a crash deeper in.
+unknown or missing keys and wrong types, so a malformed message from a peer is a PROTOCOL_ERROR
+naming the field, never a crash deeper in (the orchestrator's client sees a server fault, 500).
 
 Decode and co-located workers (a request's life there: engine/workers/decode_worker.py):
   Open     -> Reserved (pages leased; remote prefill), then Token... after Start; or Token... at once
@@ -53,7 +53,7 @@ from tandem.logprobs import Logprob
 from tandem.pool import Destination, PullSource
 from tandem.roles import Role
 from tandem.sampling_params import SamplingParams
-from tandem.status import Status
+from tandem.status import InvalidArgument, Status
 from tandem.trtllm_wire import TrtllmDecode, TrtllmPrefilled
 from tandem.wire_parse import WireError, fingerprint, json_object, parse, to_base64  # noqa: F401 (WireError, parse: re-exported)
 
@@ -257,8 +257,8 @@ def encode_request(msg) -> bytes:
 
 
 def decode_request(raw: bytes | str):
-    """The typed request in `raw`; raises WireError naming what is wrong, first of all a sender whose
-    messages differ from ours (another Tandem build: its `wire` fingerprint is not WIRE)."""
+    """The typed request in `raw`; raises WireError (a ProtocolError) naming what is wrong, first of all a
+    sender whose messages differ from ours (another Tandem build: its `wire` fingerprint is not WIRE)."""
     env = json_object(raw, "request")
     if env.get("wire") != WIRE:
         raise WireError(f"the caller's messages are wire schema {env.get('wire')!r}, this worker's {WIRE!r} "
@@ -268,7 +268,10 @@ def decode_request(raw: bytes | str):
     if cls is None or set(env) != {"wire", "type", "body"}:
         raise WireError(f"request must be {{'wire': {WIRE!r}, 'type': one of {sorted(REQUESTS)}, 'body': {{...}}}}, "
                         f"got type {env.get('type')!r} and keys {sorted(env)}")
-    return parse(cls, env["body"])
+    try:
+        return parse(cls, env["body"])
+    except InvalidArgument as e:  # a message's own checks (SamplingParams' ranges): the sender's, too
+        raise WireError(f"{cls.__name__}: {e}") from None
 
 
 def encode_reply(body=None, status: Status = Status.OK, message: str = "") -> bytes:

@@ -1,5 +1,5 @@
 """Typed parsing of control messages (tandem/wire.py): JSON objects into frozen dataclasses, checking keys
-and value types, so a malformed message is an InvalidArgument naming the field, never a crash deeper in.
+and value types, so a malformed message is a ProtocolError naming the field, never a crash deeper in.
 Wire types: int, float, str, bool, enums, lists/tuples (fixed ones like tuple[int, float] too), dicts,
 nested message dataclasses, Optional of these, and bytes (base64 text on the wire).
 """
@@ -16,10 +16,10 @@ import types
 import typing
 from dataclasses import MISSING, fields, is_dataclass
 
-from tandem.status import InvalidArgument
+from tandem.status import ProtocolError
 
 
-class WireError(InvalidArgument):
+class WireError(ProtocolError):
     """A control message is malformed. The message names the field and what was expected."""
 
 
@@ -44,7 +44,8 @@ def parse(cls, data):
     """Build dataclass `cls` from a JSON object (dict, bytes or str), checking keys and value types.
 
     Constructing the dataclass runs its own checks (e.g. SamplingParams' ranges), so what comes out
-    is a valid message or an InvalidArgument naming the field.
+    is a valid message, a WireError (a ProtocolError) naming the field, or the InvalidArgument of those
+    checks.
     """
     if isinstance(data, (bytes, str)):
         data = json_object(data, cls.__name__)

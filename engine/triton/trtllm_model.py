@@ -26,7 +26,7 @@ from engine.trtllm.adapter import TrtllmRole
 from engine.trtllm.mapping import error_for_exception, remaining
 from tandem.pool import host_identity
 from tandem.roles import Role
-from tandem.status import InvalidArgument
+from tandem.status import ProtocolError
 from tandem.trtllm_wire import TrtllmDecode
 from tandem.wire import Abort, Ack, Prefill, Stats, Watch, WorkerStats
 
@@ -63,8 +63,8 @@ class TritonPythonModel:
 
     def _prefill(self, msg: Prefill, sink):
         if msg.destination is not None:
-            raise InvalidArgument("a TensorRT-LLM prefill worker takes Prefill without a destination: the "
-                                  "decode engine pulls the K/V itself", "destination")
+            raise ProtocolError("a TensorRT-LLM prefill worker takes Prefill without a destination: the "
+                                "decode engine pulls the K/V itself", "destination")
         sampling = remaining(msg.sampling, len(msg.output_ids))
         ids = list(msg.prompt_ids) + list(msg.output_ids)
         self._spawn(self._run_prefill(msg.request_id, ids, sampling, sink))

@@ -28,7 +28,6 @@ from collections import deque
 from collections.abc import Callable
 
 from engine.engine import Engine
-from engine.errors import InvalidRequest
 from engine.scheduler import Scheduler
 from engine.transports.host import PoolHost
 from engine.workers.cache_feed import CacheFeed
@@ -40,7 +39,7 @@ from engine.workers.sink import Responder
 from engine.workers.watchers import Watchers
 from tandem.pool import host_identity
 from tandem.roles import Role
-from tandem.status import Cancelled, LeaseLost, OutOfPages
+from tandem.status import Cancelled, LeaseLost, OutOfPages, ProtocolError
 from tandem.tracing import NOOP, Tracer
 from tandem.wire import Ack, Open, Release, Reserved, Start, WorkerStats
 
@@ -85,14 +84,14 @@ class DecodeWorker(DecodeLoop):
         """Lease pages for a request (OutOfPages at once when they are not there). A remote prefill gets
         a Reserved reply naming them; a local one is queued for the loop."""
         if self.pool is None and not msg.local_prefill:
-            raise InvalidRequest("this co-located worker prefills every request itself: send local_prefill=true")
+            raise ProtocolError("this co-located worker prefills every request itself: send local_prefill=true")
         seq = self.engine.new_sequence(msg.request_id, msg.prompt_ids, msg.sampling, msg.output_ids)
         if msg.source is not None and (msg.local_prefill or msg.source.tokens != seq.num_tokens):
-            raise InvalidRequest(f"request {msg.request_id!r}: a pull source must cover the prompt and the tokens "
-                                 f"already sent ({seq.num_tokens}), got {msg.source.tokens}, without local_prefill")
+            raise ProtocolError(f"request {msg.request_id!r}: a pull source must cover the prompt and the tokens "
+                                f"already sent ({seq.num_tokens}), got {msg.source.tokens}, without local_prefill")
         with self.lock:
             if msg.request_id in self.leases:
-                raise InvalidRequest(f"request {msg.request_id!r} is already open here")
+                raise ProtocolError(f"request {msg.request_id!r} is already open here")
             try:
                 cached = self.engine.prefix.reserve(seq, self.engine.cache.layout.pages_for(seq.budget))
             except OutOfPages:
@@ -128,7 +127,7 @@ class DecodeWorker(DecodeLoop):
         with self.lock:
             lease = self._owned(msg.request_id, msg.lease)
             if lease.state is not LeaseState.RESERVED:
-                raise InvalidRequest(f"request {msg.request_id!r} is {lease.state.value}, not reserved")
+                raise ProtocolError(f"request {msg.request_id!r} is {lease.state.value}, not reserved")
             lease.seq.append(msg.token, msg.logprob)
             lease.writer_done = True  # the prefill replied only after its last write landed
             lease.pages_ready = lease.transport not in self.pool.notifies or msg.request_id in self.arrived
@@ -169,7 +168,7 @@ class DecodeWorker(DecodeLoop):
         if lease is None:
             raise LeaseLost(f"request {request_id!r} holds no pages here (it ended, or this worker restarted)")
         if lease.handed_out and not secrets.compare_digest(lease.token, token):
-            raise InvalidRequest(f"request {request_id!r}: its pages are leased to someone else (lease mismatch)")
+            raise ProtocolError(f"request {request_id!r}: its pages are leased to someone else (lease mismatch)")
         return lease
 
     def stats(self) -> WorkerStats:

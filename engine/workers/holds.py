@@ -37,9 +37,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from engine.errors import InvalidRequest
 from engine.transports.host import PoolHost
 from tandem.pool import PullSource
+from tandem.status import ProtocolError
 from tandem.wire import Ack
 
 SWEEP_S = 1.0  # while holds exist: how often their callers are checked (a vanished orchestrator)
@@ -112,7 +112,7 @@ class Holds:
             if h is None:
                 return False
             if hold is not None and not secrets.compare_digest(h.token, hold):
-                raise InvalidRequest(f"request {request_id!r}: that hold id is not this request's")
+                raise ProtocolError(f"request {request_id!r}: that hold id is not this request's")
             del self.held[request_id]
             h.state = HoldState.REVOKING
             h.read_over = h.read_over or reader_closed or self.pool.strict(h.transport)

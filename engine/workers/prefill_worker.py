@@ -38,7 +38,6 @@ from collections.abc import Callable
 from engine.engine import Engine
 from engine.errors import OutOfPages
 from engine.transports import KVSender, sender
-from engine.errors import InvalidRequest
 from engine.transports.base import DiscardWriter
 from engine.transports.host import PoolHost
 from engine.workers.cache_feed import CacheFeed
@@ -51,7 +50,7 @@ from engine.workers.watchers import Watchers
 from policies.prefill_passes import PassTurn, chunk_tokens, in_turn, pack
 from tandem.pool import host_identity
 from tandem.roles import Role
-from tandem.status import Cancelled
+from tandem.status import Cancelled, ProtocolError
 from tandem.tracing import NOOP, Tracer
 from tandem.wire import Ack, Prefill, WorkerStats
 
@@ -95,16 +94,16 @@ class PrefillWorker(PrefillRuns):
     # -- calls (any thread) -------------------------------------------------------------------------
 
     def submit(self, msg: Prefill, sink: Responder) -> None:
-        """Queue a request; raises (InvalidRequest, TransferFailed) at once for one that cannot run. A refused
-        request's writer is opened and closed at once, so that its destination hears that no write will come
-        (NIXL's `closed` notice: the decode lease need not wait for the fence timeout if the orchestrator
-        cannot say `writer_closed`, its client having left before this answer)."""
+        """Queue a request; raises (InvalidRequest, ProtocolError, TransferFailed) at once for one that cannot
+        run. A refused request's writer is opened and closed at once, so that its destination hears that no
+        write will come (NIXL's `closed` notice: the decode lease need not wait for the fence timeout if the
+        orchestrator cannot say `writer_closed`, its client having left before this answer)."""
         writer = self._writer(msg) if msg.destination is not None else DiscardWriter()
         try:
             if msg.pull and (self.holds is None or msg.destination is not None):
-                raise InvalidRequest("a pull prefill needs a worker that exports its pool (handoff mode pull) and "
-                                     "takes no destination" if self.holds is None else
-                                     "a pull prefill takes no destination")
+                raise ProtocolError("a pull prefill needs a worker that exports its pool (handoff mode pull) and "
+                                    "takes no destination" if self.holds is None else
+                                    "a pull prefill takes no destination")
             seq = self.engine.new_sequence(msg.request_id, msg.prompt_ids, msg.sampling, msg.output_ids)
         except BaseException:
             writer.abort()

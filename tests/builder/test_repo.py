@@ -163,7 +163,7 @@ def raw_reply(url: str, model: str, envelope: dict) -> dict:
         c.close()
 
 
-def test_a_malformed_message_is_a_typed_invalid_argument(triton_all_models):
+def test_a_malformed_message_is_a_typed_protocol_error(triton_all_models):
     url = triton_all_models.grpc_url
     cases = [({"type": "open", "body": {"request_id": "b", "prompt_ids": [1], "sampling": {"max_tokens": 0},
                                         "local_prefill": True}}, "max_tokens must be an integer >= 1"),
@@ -174,7 +174,7 @@ def test_a_malformed_message_is_a_typed_invalid_argument(triton_all_models):
              ({"wire": "0123456789ab", "type": "stats", "body": {}}, "different Tandem builds")]
     for envelope, message in cases:
         reply = raw_reply(url, "generate", envelope)
-        assert reply["status"] == "INVALID_ARGUMENT" and message in reply["message"], (envelope, reply)
+        assert reply["status"] == "PROTOCOL_ERROR" and message in reply["message"], (envelope, reply)
 
 
 def test_a_worker_the_fleet_cannot_use_is_kept_out_and_the_log_says_why_once(triton_all_models, monkeypatch, caplog):

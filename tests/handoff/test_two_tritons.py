@@ -16,9 +16,11 @@ from control.fleet import WorkerState
 from control.handoff import Handoff, Timings
 from control.pull_attempt import PullAttempt
 from control.worker_client import DecodeClient, PrefillClient
+from frontdoor.http_app import error_parts
+from frontdoor.protocol_status import grpc_code
 from ops.local_workers import WorkerSet
 from tandem.sampling_params import SamplingParams
-from tandem.status import InvalidArgument, LeaseLost, TandemError, TransferFailed
+from tandem.status import InvalidArgument, LeaseLost, ProtocolError, TandemError, TransferFailed, status_of
 from tandem.wire import Ack, Open, Prefill, Prefilled, Release, Reserved, Start
 from tests.conftest import leak_check, leak_snapshot
 
@@ -191,6 +193,9 @@ def test_bad_input_gets_a_typed_error_and_changes_no_other_request(workers, defa
                                                                   destination=dataclasses.replace(dest, pool=ghost_pool))))
             await expect("empty prompt", p.client.prefill(Prefill("empty", [], params)))
             await expect("start without a lease", d.client.start(Start("nobody", "x", 1)))
+            await expect("start with another's lease", d.client.start(Start("good", "0" * 16, 1)))
+            await expect("open twice", d.client.open(Open("good", ids, params, writer=p.name,
+                                                          writer_host=p.host)).__anext__())
             after = await d.client.stats()
             first = await p.client.prefill(Prefill("good", ids, params, destination=dest))
             await d.client.start(Start("good", reserved.lease, first.token))
@@ -203,6 +208,10 @@ def test_bad_input_gets_a_typed_error_and_changes_no_other_request(workers, defa
     assert isinstance(errors["no such pool"], TransferFailed)
     assert isinstance(errors["empty prompt"], InvalidArgument) and "prompt is empty" in str(errors["empty prompt"])
     assert isinstance(errors["start without a lease"], LeaseLost)
+    for name, why in (("start with another's lease", "leased to someone else"), ("open twice", "already open")):
+        # a message the orchestrator built, refused: its client is told of a server fault, never a 400
+        assert isinstance(errors[name], ProtocolError) and why in str(errors[name]), errors[name]
+        assert error_parts(errors[name])[0] == 500 and grpc_code(status_of(errors[name])).name == "INTERNAL"
     assert before.pages_used == after.pages_used
     assert tokens == run_generation(default_engine, ids, params).token_ids
     assert final.reserved == 0 and final.pages_used == final.pages_fenced  # (NIXL: an earlier test's quarantine)

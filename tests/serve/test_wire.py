@@ -1,5 +1,6 @@
-"""The control messages parse back to what was sent, and a wrong key or value type is a WireError that
-names the field (the checks are cached per class and hint: the second message must be checked as the first)."""
+"""The control messages parse back to what was sent, and a wrong key or value type is a WireError (status
+PROTOCOL_ERROR: the sender's fault, which the orchestrator's client sees as the server's) that names the
+field (the checks are cached per class and hint: the second message must be checked as the first)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 from tandem.guides import Guide, GuideKind
 from tandem.logprobs import Logprob
 from tandem.sampling_params import SamplingParams
-from tandem.status import InvalidArgument, Status, status_of
+from tandem.status import Status, status_of
 from tandem.wire import WIRE, Open, Start, Token, WireError, decode_reply, decode_request, encode_reply, encode_request
 from tandem.wire_parse import fingerprint
 
@@ -36,8 +37,9 @@ def test_logprob_reports_round_trip():
     for bad, why in [([[3, 1.0, 2]], "2 items"), ([[3.5, 1.0]], "expected int"), ([[3, "x"]], "expected float"),
                      ([[9, 1.0], [3, 1.0]], "distinct")]:
         raw["body"]["sampling"]["logit_bias"] = bad
-        with pytest.raises(InvalidArgument, match=why):
+        with pytest.raises(WireError, match=why) as e:
             decode_request(json.dumps(raw))
+        assert status_of(e.value) is Status.PROTOCOL_ERROR
     raw = json.loads(encode_reply(Token(3, -0.5, None, top=report)))
     raw["body"]["top"]["top_ids"] = ["x"]
     with pytest.raises(WireError, match="top_ids"):
@@ -52,8 +54,9 @@ def test_a_guide_travels_with_its_params_and_a_bad_one_is_refused():
     for bad, why in [({"kind": "xml", "text": "x"}, "not one of"), ({"kind": "json_schema", "text": "[1]"}, "object"),
                      ({"kind": "regex"}, "needs its text")]:
         raw["body"]["sampling"]["guide"] = bad
-        with pytest.raises(InvalidArgument, match=why):
+        with pytest.raises(WireError, match=why) as e:
             decode_request(json.dumps(raw))
+        assert status_of(e.value) is Status.PROTOCOL_ERROR
 
 
 def _start(**body) -> bytes:
@@ -69,7 +72,7 @@ def test_an_integer_is_a_float_but_nothing_else_passes_for_another_type():
         for _ in range(2):  # once to fill the per-hint cache, once through it
             with pytest.raises(WireError, match=field) as e:
                 decode_request(_start(**bad))
-            assert status_of(e.value) is Status.INVALID_ARGUMENT
+            assert status_of(e.value) is Status.PROTOCOL_ERROR
 
 
 def test_unknown_missing_and_nested_fields_are_named():
@@ -91,7 +94,7 @@ def test_a_request_of_another_schema_is_refused_naming_both_schemas():
     for other in ({**raw, "wire": "0123456789ab"}, {k: v for k, v in raw.items() if k != "wire"}):
         with pytest.raises(WireError, match=f"wire schema .*this worker's '{WIRE}'.*different Tandem builds") as e:
             decode_request(json.dumps(other))
-        assert status_of(e.value) is Status.INVALID_ARGUMENT
+        assert status_of(e.value) is Status.PROTOCOL_ERROR
     with pytest.raises(WireError, match="request must be"):
         decode_request(json.dumps({**raw, "extra": 1}))
 

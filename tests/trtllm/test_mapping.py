@@ -95,7 +95,7 @@ def test_fields_an_older_release_lacks_are_left_unset():
                                              opaque_state=b"s")
 
 
-def test_malformed_descriptors_are_client_errors_naming_the_field():
+def test_malformed_descriptors_are_protocol_errors_naming_the_field():
     good = encode_request(TrtllmDecode("r", [1], GREEDY, wire_params(disagg())))
     with pytest.raises(WireError, match="opaque_state: expected base64"):
         decode_request(good.replace(b'"opaque_state":"', b'"opaque_state":"!!'))

@@ -19,7 +19,7 @@ from engine.workers.decode_worker import DecodeWorker
 from engine.workers.prefill_worker import PrefillWorker
 from tandem.pool import host_identity
 from tandem.sampling_params import SamplingParams
-from tandem.status import Cancelled, LeaseLost, Status, TransferFailed, status_of
+from tandem.status import Cancelled, LeaseLost, ProtocolError, Status, TransferFailed, status_of
 from tandem.wire import Open, Prefill, Prefilled, Release, Reserved, Start, Token
 from tests.conftest import complete
 
@@ -184,11 +184,11 @@ def test_bad_calls_are_refused_and_change_nothing_else(default_engine, pair):
     before = decode.stats()
     with pytest.raises(LeaseLost, match="holds no pages here"):
         decode.start(Start("nobody", "x", 2))
-    with pytest.raises(InvalidRequest, match="leased to someone else"):
+    with pytest.raises(ProtocolError, match="leased to someone else"):
         decode.start(Start("good", "stolen", 2))
-    with pytest.raises(InvalidRequest, match="leased to someone else"):
+    with pytest.raises(ProtocolError, match="leased to someone else"):
         decode.release(Release("good", "stolen"))
-    with pytest.raises(InvalidRequest, match="already open"):
+    with pytest.raises(ProtocolError, match="already open"):
         decode.open(Open("good", [1], SamplingParams(max_tokens=1)), ListSink())
     with pytest.raises(InvalidRequest, match="prompt is empty"):
         decode.open(Open("empty", [], SamplingParams(max_tokens=1)), ListSink())
@@ -360,7 +360,7 @@ def test_a_colocated_worker_prefills_locally_and_refuses_remote_writers(default_
     try:
         ids = default_engine.tokenizer.encode("The capital of France is")
         params = SamplingParams(max_tokens=8)
-        with pytest.raises(InvalidRequest, match="prefills every request itself"):
+        with pytest.raises(ProtocolError, match="prefills every request itself"):
             worker.open(Open("r", ids, params), ListSink())
         sink = ListSink()
         worker.open(Open("r", ids, params, local_prefill=True), sink)

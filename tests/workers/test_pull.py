@@ -9,7 +9,6 @@ import time
 import pytest
 
 from engine.engine import Engine
-from engine.errors import InvalidRequest
 from engine.kv_pool import KVCache
 from engine.tokenizer import ChatMessage
 from engine.transports.fence import FenceGuard
@@ -18,7 +17,7 @@ from engine.transports.pull import reader
 from engine.workers.decode_worker import DecodeWorker
 from engine.workers.prefill_worker import PrefillWorker
 from tandem.sampling_params import SamplingParams
-from tandem.status import LeaseLost, Status, status_of
+from tandem.status import LeaseLost, ProtocolError, Status, status_of
 from tandem.wire import Ack, Open, Prefill, Prefilled, Pulled, Release, Token
 from tests.conftest import complete
 from tests.workers.test_handoff import PROMPTS, ListSink, wait_until
@@ -123,16 +122,16 @@ def test_a_hold_whose_caller_went_away_ends(default_engine, pull_pair):
 def test_only_the_holder_can_end_a_hold_and_bad_pull_calls_are_refused(default_engine, pull_pair):
     ids = default_engine.tokenizer.encode("Count from one to five.")
     first, psink = pull_pair.prefill_held(ids, "mine")
-    with pytest.raises(InvalidRequest, match="hold id"):
+    with pytest.raises(ProtocolError, match="hold id"):
         pull_pair.prefill.unhold("mine", "0" * 16)
     assert pull_pair.prefill.stats().pages_held == len(first.source.page_ids)
     assert not pull_pair.prefill.unhold("nobody", first.source.hold).found
     bad = ListSink()
-    with pytest.raises(InvalidRequest, match="must cover the prompt"):
+    with pytest.raises(ProtocolError, match="must cover the prompt"):
         pull_pair.decode.open(Open("mine", ids[:-1], PARAMS, source=first.source), bad)
     assert pull_pair.prefill.unhold("mine", first.source.hold).found
     plain = PrefillWorker(pull_pair.p_engine, pool=None)  # a worker that exports no pool refuses pull
-    with pytest.raises(InvalidRequest, match="exports its pool"):
+    with pytest.raises(ProtocolError, match="exports its pool"):
         plain.submit(Prefill("x", ids, PARAMS, pull=True), ListSink())
 
 

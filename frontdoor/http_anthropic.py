@@ -42,6 +42,7 @@ def error_type(status) -> str:
 
 _ERRORS = {"INVALID_ARGUMENT": "invalid_request_error", "TOO_LARGE": "request_too_large",
            "METHOD_NOT_ALLOWED": "invalid_request_error", "NOT_FOUND": "not_found_error",
+           "REQUEST_TIMEOUT": "invalid_request_error",
            "UNAUTHENTICATED": "authentication_error", "RESOURCE_EXHAUSTED": "rate_limit_error",
            "OUT_OF_PAGES": "rate_limit_error", "UNAVAILABLE": "overloaded_error"}
 

@@ -35,7 +35,7 @@ from frontdoor.cors import Cors, CorsPolicy
 from frontdoor.http_admin import add_admin_routes
 from frontdoor.http_anthropic import add_anthropic_routes, error_type
 from frontdoor.http_generate import add_generate_routes
-from frontdoor.http_gate import Gate, Turnstile, arrived, generation_line, raw_response
+from frontdoor.http_gate import RECEIVE_S, Gate, Turnstile, answered, arrived, generation_line, raw_response
 from frontdoor.http_kserve import add_kserve_routes
 from frontdoor.http_lora import LoraRoutes
 from frontdoor.http_openai import add_openai_routes
@@ -45,8 +45,8 @@ from frontdoor.http_tokens import add_token_routes
 from frontdoor.protocol_status import http_headers, http_status
 from frontdoor.core import FrontDoor
 from frontdoor.request_ids import add_request_ids, http_request_ids
-from tandem.status import (Internal, InvalidArgument, MethodNotAllowed, NotFound, Status, TandemError, TooLarge,
-                           status_of)
+from tandem.status import (Internal, InvalidArgument, MethodNotAllowed, NotFound, RequestTimeout, Status, TandemError,
+                           TooLarge, status_of)
 
 log = logging.getLogger("tandem.http")
 MAX_BODY_BYTES = 16 << 20
@@ -54,6 +54,7 @@ SHUTDOWN_S = 1.0  # at stop, how long a request still streaming may take to end 
 
 _KIND = {Status.INVALID_ARGUMENT: "invalid_request_error", Status.NOT_FOUND: "invalid_request_error",
          Status.METHOD_NOT_ALLOWED: "invalid_request_error", Status.TOO_LARGE: "invalid_request_error",
+         Status.REQUEST_TIMEOUT: "invalid_request_error",
          Status.UNAUTHENTICATED: "authentication_error", Status.OUT_OF_PAGES: "rate_limit_error",
          Status.RESOURCE_EXHAUSTED: "rate_limit_error", Status.CANCELLED: "cancelled"}
 # aiohttp's own refusals (raised before or instead of a handler), answered through the status table
@@ -130,11 +131,20 @@ class HttpFrontend:
     @web.middleware
     async def _errors(self, request, handler):
         arrived(request)  # admission counts it from here on (see http_gate.Turnstile)
+        try:
+            return await self._answer(request, handler)
+        finally:
+            answered(request)  # the next request on this connection has limits.receive_timeout_s to arrive
+
+    async def _answer(self, request, handler):
         path = request.path
         try:
             return await handler(request)
         except TandemError as e:
-            return error_response(e, path)
+            resp = error_response(e, path)
+            if status_of(e) is Status.REQUEST_TIMEOUT:
+                resp.force_close()  # the rest of its body may still be on its way: nothing more on this connection
+            return resp
         except web.HTTPException as e:  # aiohttp's 404, 405, 413 ...: JSON through the status table too
             if e.status not in _AIOHTTP:
                 raise
@@ -175,8 +185,10 @@ class HttpServer:
         await self.runner.cleanup()
 
 
-async def start_http(frontend: HttpFrontend, host: str, port: int, ssl_context: ssl.SSLContext | None = None) -> HttpServer:
-    """Serve on host:port (TLS with `ssl_context`). OSError naming the address when it cannot listen."""
+async def start_http(frontend: HttpFrontend, host: str, port: int, ssl_context: ssl.SSLContext | None = None,
+                     receive_s: float = RECEIVE_S) -> HttpServer:
+    """Serve on host:port (TLS with `ssl_context`), each request given `receive_s` to arrive whole
+    (http_gate.py). OSError naming the address when it cannot listen."""
     # handler_cancellation: a client that disconnects cancels its handler, and with it the request;
     # shutdown_timeout: at stop (after the drain's grace) a request still streaming is cancelled within
     # 2 x SHUTDOWN_S (aiohttp's default, 60 s, let one stuck on a stopped worker hold the stop for 2 minutes)
@@ -184,9 +196,12 @@ async def start_http(frontend: HttpFrontend, host: str, port: int, ssl_context: 
     await runner.setup()
     line, turnstile = generation_line(frontend.served.triton_name), Turnstile()
     refusal = functools.partial(raw_refusal, frontend.service.refuse_if_closed)
+    late = raw_response(*error_parts(RequestTimeout(f"the request head did not arrive within {receive_s:g} s of "
+                                                    f"the connection's start or its previous answer (the "
+                                                    f"deployment's limits.receive_timeout_s)")))
     try:
         listener = await asyncio.get_running_loop().create_server(
-            lambda: Gate(runner.server(), line, turnstile, refusal), host, port, ssl=ssl_context)
+            lambda: Gate(runner.server(), line, turnstile, refusal, receive_s, late), host, port, ssl=ssl_context)
     except OSError as e:
         await runner.cleanup()
         raise OSError(e.errno, f"the HTTP front door cannot listen on {host}:{port}: {e.strerror}") from None

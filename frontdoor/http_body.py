@@ -1,11 +1,14 @@
-"""Reading a JSON request body safely: bad JSON, deep nesting and lone surrogates are a 400 that says so,
-never a 500 (a RecursionError or a UnicodeEncodeError deep inside)."""
+"""Reading a request body safely: by the time its connection's gate gives the request to arrive (a 408
+after), and as JSON: bad JSON, deep nesting and lone surrogates are a 400 that says so, never a 500 (a
+RecursionError or a UnicodeEncodeError deep inside)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
-from tandem.status import InvalidArgument
+from frontdoor.http_gate import gate_of
+from tandem.status import InvalidArgument, RequestTimeout
 
 MAX_DEPTH = 64
 
@@ -39,8 +42,21 @@ def _check(value, depth: int, what: str) -> None:
             _check(v, depth + 1, what)
 
 
+async def read_body(request) -> bytes:
+    """The whole body, read by the gate's `receive_by` (RequestTimeout when it does not arrive by then)."""
+    gate = gate_of(request)
+    if gate is None:
+        return await request.read()
+    try:
+        async with asyncio.timeout_at(gate.receive_by):
+            return await request.read()
+    except TimeoutError:
+        raise RequestTimeout(f"the request did not arrive whole within {gate.receive_s:g} s of the connection's "
+                             f"start or its previous answer (the deployment's limits.receive_timeout_s)") from None
+
+
 async def read_object(request, what: str = "request body") -> dict:
-    data = parse_json(await request.read(), what)
+    data = parse_json(await read_body(request), what)
     if not isinstance(data, dict):
         raise InvalidArgument(f"{what} must be a JSON object")
     return data

@@ -1,4 +1,12 @@
-"""The HTTP front door's gate: under overload, a generation request is refused from its bytes.
+"""The HTTP front door's gate: a request must arrive in time, and under overload a generation request is
+refused from its bytes.
+
+A request must arrive whole, its head and its body, within `receive_s` (limits.receive_timeout_s) of its
+connection's start or of the previous answer on it: a client that sends a request slowly, or part of one,
+or nothing, would otherwise hold its connection, and with enough of them every file descriptor, forever
+(the "slowloris" attack). The gate closes a connection whose head is late (with a 408 if any of it came);
+the handlers read a body by the same time (`frontdoor/http_body.py` read_body: a 408, then the
+connection closes). An idle keep-alive connection is closed by the same clock.
 
 aiohttp spends about a quarter of a millisecond of this process's one event-loop thread on each
 request it answers, refusals included (parse, request object, middleware, handler, response). In an
@@ -21,8 +29,12 @@ from __future__ import annotations
 import asyncio
 import http
 import json
+import logging
 import re
 from collections.abc import Callable
+
+log = logging.getLogger(__name__)
+RECEIVE_S = 30.0  # limits.receive_timeout_s: how long one request may take to arrive whole
 
 _CONTENT_LENGTH = re.compile(rb"\r\ncontent-length:[ \t]*(\d{1,12})[ \t]*(?=\r\n|$)")
 
@@ -81,17 +93,47 @@ class Gate(asyncio.Protocol):
     only ever shows it `connection_lost`."""
 
     def __init__(self, inner: asyncio.Protocol, line: re.Pattern, turnstile: Turnstile,
-                 refusal: Callable[[int, str], bytes | None]):
+                 refusal: Callable[[int, str], bytes | None], receive_s: float = RECEIVE_S, late: bytes = b""):
+        """`late`: the whole answer to a request whose head did not arrive in `receive_s`."""
         self.inner, self.line, self.turnstile, self.refusal = inner, line, turnstile, refusal
+        self.receive_s, self.late = receive_s, late
         self.transport: asyncio.Transport | None = None
         self.first = True
         self.ahead = False  # its request was let through and counts in the turnstile
+        self.receive_by = 0.0  # loop time by which the request being sent must be whole (head and body)
+        self._clock: asyncio.TimerHandle | None = None  # set while a head is awaited
+        self._partial = False  # some of the awaited head came
 
     def connection_made(self, transport) -> None:
         self.transport = transport
         self.inner.connection_made(transport)
+        self.answered()
+
+    def answered(self) -> None:
+        """A request was answered (or the connection opened): the next one's clock starts now."""
+        self._stop_clock()
+        if self.transport is None or self.transport.is_closing():
+            return
+        loop = asyncio.get_running_loop()
+        self.receive_by, self._partial = loop.time() + self.receive_s, False
+        self._clock = loop.call_at(self.receive_by, self._head_late)
+
+    def _head_late(self) -> None:
+        self._clock = None
+        if self.transport is None or self.transport.is_closing():
+            return
+        log.debug("closing a connection whose request head did not arrive in %.1f s", self.receive_s)
+        if self._partial:
+            self.transport.write(self.late)
+        self.transport.close()
+
+    def _stop_clock(self) -> None:
+        if self._clock is not None:
+            self._clock.cancel()
+            self._clock = None
 
     def data_received(self, data: bytes) -> None:
+        self._partial = True
         if self.first:
             self.first = False
             if self.line.match(data) and is_whole(data) and not from_page(data):
@@ -105,7 +147,9 @@ class Gate(asyncio.Protocol):
         self.inner.data_received(data)
 
     def arrived(self) -> None:
-        """The request let through reached its handler: admission counts it from here."""
+        """A request's head arrived and its handler started (the body is read by `receive_by`); one let
+        through by the gate counts in admission from here."""
+        self._stop_clock()
         if self.ahead:
             self.ahead = False
             self.turnstile.ahead -= 1
@@ -124,8 +168,19 @@ class Gate(asyncio.Protocol):
         self.inner.resume_writing()
 
 
+def gate_of(request) -> Gate | None:
+    """The gate of `request`'s connection (None without one, or once the connection is gone)."""
+    gate = request.transport.get_protocol() if request.transport is not None else None
+    return gate if isinstance(gate, Gate) else None
+
+
 def arrived(request) -> None:
     """Tell the gate of `request`'s connection that its handler started (a no-op without a gate)."""
-    gate = request.transport.get_protocol() if request.transport is not None else None
-    if isinstance(gate, Gate):
+    if (gate := gate_of(request)) is not None:
         gate.arrived()
+
+
+def answered(request) -> None:
+    """Tell the gate of `request`'s connection that it was answered: the next request's clock starts."""
+    if (gate := gate_of(request)) is not None:
+        gate.answered()

@@ -12,7 +12,7 @@ from google.protobuf import json_format
 
 from frontdoor.core import FrontDoor
 from frontdoor.grpc_door import EXTENSIONS
-from frontdoor.http_body import parse_json, request_timeout
+from frontdoor.http_body import parse_json, read_body, request_timeout
 from frontdoor.kserve_codec import (decode_call, http_inputs, output_tensors, refuse_model_control, repository_index,
                                     to_raw)
 from tandem import __version__
@@ -78,7 +78,7 @@ class KServeRoutes:
 
     async def repository_index(self, request):
         """Triton's repository index; the body may be empty or {"ready": bool}."""
-        body = parse_json(await request.read() or b"{}")
+        body = parse_json(await read_body(request) or b"{}")
         ready = body.get("ready", False) if isinstance(body, dict) else None
         if not isinstance(ready, bool):
             raise InvalidArgument("the repository index request is an object with an optional boolean 'ready'")
@@ -107,7 +107,7 @@ class KServeRoutes:
         return self._infer_response(header, call.request_id, tensors)
 
     async def _infer_body(self, request) -> tuple[dict, bytes]:
-        raw = await request.read()
+        raw = await read_body(request)
         n = request.headers.get("Inference-Header-Content-Length")
         try:
             split = int(n) if n is not None else len(raw)

@@ -54,7 +54,8 @@
     worker_tls: null               # {ca, server_name, cert, key}: TLS to the workers (control/worker_tls.py);
                                    # cert/key: what the local workers serve with
     limits: {max_in_flight: 64, max_queued_tokens: 32768, request_timeout_s: 600, max_model_len: null,
-             max_in_flight_per_key: null}   # the most one API key holder may have in flight (null: no own limit)
+             max_in_flight_per_key: null,   # the most one API key holder may have in flight (null: no own limit)
+             receive_timeout_s: 30}   # HTTP: a request arrives whole (head, body) in this, or 408 and closed
     health: {heartbeat_s: 2.0, stall_s: 4.0, stall_restart_s: 10, drain_grace_s: 30}
     handoff: {mode: push, transfer_timeout_s: 30, fence_timeout_s: 60}   # the only timers left on the data path
                                    # mode push: prefill writes into pages decode reserved; pull: prefill

@@ -11,6 +11,8 @@ the reply carries `status_of(exc)`; the receiving side turns it back into the sa
     NOT_FOUND           NOT_FOUND            404   no         client
     METHOD_NOT_ALLOWED  UNIMPLEMENTED        405   no         client (HTTP: a route without that method)
     TOO_LARGE           RESOURCE_EXHAUSTED   413   no         client (a body over the size limit)
+    REQUEST_TIMEOUT     DEADLINE_EXCEEDED    408   no         client (HTTP: its request did not arrive whole
+                                                                 in time, frontdoor/http_gate.py)
     UNAUTHENTICATED     UNAUTHENTICATED      401   no         client
     OUT_OF_PAGES        RESOURCE_EXHAUSTED   429   yes        capacity (KV pool full past the deadline)
     RESOURCE_EXHAUSTED  RESOURCE_EXHAUSTED   429   yes        capacity (admission limits)
@@ -43,6 +45,7 @@ class Status(str, enum.Enum):
     NOT_FOUND = "NOT_FOUND"
     METHOD_NOT_ALLOWED = "METHOD_NOT_ALLOWED"
     TOO_LARGE = "TOO_LARGE"
+    REQUEST_TIMEOUT = "REQUEST_TIMEOUT"
     UNAUTHENTICATED = "UNAUTHENTICATED"
     OUT_OF_PAGES = "OUT_OF_PAGES"
     RESOURCE_EXHAUSTED = "RESOURCE_EXHAUSTED"
@@ -68,6 +71,7 @@ STATUS_TABLE: dict[Status, StatusInfo] = {
     Status.NOT_FOUND: StatusInfo("NOT_FOUND", 404, False),
     Status.METHOD_NOT_ALLOWED: StatusInfo("UNIMPLEMENTED", 405, False),
     Status.TOO_LARGE: StatusInfo("RESOURCE_EXHAUSTED", 413, False),
+    Status.REQUEST_TIMEOUT: StatusInfo("DEADLINE_EXCEEDED", 408, False),
     Status.UNAUTHENTICATED: StatusInfo("UNAUTHENTICATED", 401, False),
     Status.OUT_OF_PAGES: StatusInfo("RESOURCE_EXHAUSTED", 429, True),
     Status.RESOURCE_EXHAUSTED: StatusInfo("RESOURCE_EXHAUSTED", 429, True),
@@ -109,6 +113,12 @@ class TooLarge(TandemError):
     """The request is over a size limit (its body, say); the message says the limit."""
 
     status = Status.TOO_LARGE
+
+
+class RequestTimeout(TandemError):
+    """The client did not send its whole request (head and body) in the time the front door gives it."""
+
+    status = Status.REQUEST_TIMEOUT
 
 
 class Unauthenticated(TandemError):
@@ -167,9 +177,9 @@ class Internal(TandemError):
 
 
 _CLASSES: dict[Status, type[TandemError]] = {
-    c.status: c for c in (InvalidArgument, NotFound, MethodNotAllowed, TooLarge, Unauthenticated, OutOfPages,
-                          ResourceExhausted, LeaseLost, TransferFailed, Unavailable, Cancelled, DeadlineExceeded,
-                          ProtocolError, Internal)
+    c.status: c for c in (InvalidArgument, NotFound, MethodNotAllowed, TooLarge, RequestTimeout, Unauthenticated,
+                          OutOfPages, ResourceExhausted, LeaseLost, TransferFailed, Unavailable, Cancelled,
+                          DeadlineExceeded, ProtocolError, Internal)
 }
 
 

@@ -24,7 +24,7 @@ from tandem.status import STATUS_TABLE, Status, error_for, status_of
 from tests.conftest import start_serve, stop_serve
 from tests.serve.clients import ensemble_inputs, pages_used, post
 
-CLIENT_FAULTS = {Status.INVALID_ARGUMENT, Status.NOT_FOUND, Status.METHOD_NOT_ALLOWED, Status.TOO_LARGE,
+CLIENT_FAULTS = {Status.INVALID_ARGUMENT, Status.NOT_FOUND, Status.METHOD_NOT_ALLOWED, Status.TOO_LARGE, Status.REQUEST_TIMEOUT,
                  Status.UNAUTHENTICATED}
 
 

@@ -142,7 +142,8 @@ class HttpFrontend:
             return await handler(request)
         except TandemError as e:
             resp = error_response(e, path)
-            if status_of(e) is Status.REQUEST_TIMEOUT:
+            if status_of(e) is Status.REQUEST_TIMEOUT:  # refused before it was served: counted as such
+                self.service.metrics.refused(Status.REQUEST_TIMEOUT)
                 resp.force_close()  # the rest of its body may still be on its way: nothing more on this connection
             return resp
         except web.HTTPException as e:  # aiohttp's 404, 405, 413 ...: JSON through the status table too
@@ -196,12 +197,14 @@ async def start_http(frontend: HttpFrontend, host: str, port: int, ssl_context: 
     await runner.setup()
     line, turnstile = generation_line(frontend.served.triton_name), Turnstile()
     refusal = functools.partial(raw_refusal, frontend.service.refuse_if_closed)
+    on_late = functools.partial(frontend.service.metrics.refused, Status.REQUEST_TIMEOUT)
     late = raw_response(*error_parts(RequestTimeout(f"the request head did not arrive within {receive_s:g} s of "
                                                     f"the connection's start or its previous answer (the "
                                                     f"deployment's limits.receive_timeout_s)")))
     try:
         listener = await asyncio.get_running_loop().create_server(
-            lambda: Gate(runner.server(), line, turnstile, refusal, receive_s, late), host, port, ssl=ssl_context)
+            lambda: Gate(runner.server(), line, turnstile, refusal, receive_s, late, on_late), host, port,
+            ssl=ssl_context)
     except OSError as e:
         await runner.cleanup()
         raise OSError(e.errno, f"the HTTP front door cannot listen on {host}:{port}: {e.strerror}") from None

@@ -93,10 +93,12 @@ class Gate(asyncio.Protocol):
     only ever shows it `connection_lost`."""
 
     def __init__(self, inner: asyncio.Protocol, line: re.Pattern, turnstile: Turnstile,
-                 refusal: Callable[[int, str], bytes | None], receive_s: float = RECEIVE_S, late: bytes = b""):
-        """`late`: the whole answer to a request whose head did not arrive in `receive_s`."""
+                 refusal: Callable[[int, str], bytes | None], receive_s: float = RECEIVE_S, late: bytes = b"",
+                 on_late: Callable[[], None] = lambda: None):
+        """`late`: the whole answer to a request whose head did not arrive in `receive_s`; `on_late()` is
+        called as it is sent (not for a connection that sent nothing: it made no request)."""
         self.inner, self.line, self.turnstile, self.refusal = inner, line, turnstile, refusal
-        self.receive_s, self.late = receive_s, late
+        self.receive_s, self.late, self.on_late = receive_s, late, on_late
         self.transport: asyncio.Transport | None = None
         self.first = True
         self.ahead = False  # its request was let through and counts in the turnstile
@@ -124,6 +126,7 @@ class Gate(asyncio.Protocol):
             return
         log.debug("closing a connection whose request head did not arrive in %.1f s", self.receive_s)
         if self._partial:
+            self.on_late()
             self.transport.write(self.late)
         self.transport.close()
 

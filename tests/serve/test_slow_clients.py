@@ -10,13 +10,14 @@ from __future__ import annotations
 import json
 import socket
 import time
+import urllib.request
 from urllib.parse import urlsplit
 
 import pytest
 import yaml
 
 from tests.conftest import start_serve, stop_serve
-from tests.serve.clients import pages_used, post
+from tests.serve.clients import post
 
 RECEIVE_S = 1.5
 BODY = json.dumps({"prompt": "Name a color.", "max_tokens": 4, "temperature": 0}).encode()
@@ -55,24 +56,37 @@ def parsed(raw: bytes) -> tuple[int, dict]:
     return int(top.split(b" ", 2)[1]), json.loads(body)
 
 
+def late_requests(s) -> float:
+    """The requests refused as late so far (tandem_request_failures_total, status REQUEST_TIMEOUT)."""
+    with urllib.request.urlopen(s.http + "/metrics") as r:
+        lines = r.read().decode().splitlines()
+    return sum(float(line.split()[-1]) for line in lines
+               if line.startswith("tandem_request_failures_total{") and 'status="REQUEST_TIMEOUT"' in line)
+
+
 def test_a_connection_that_sends_nothing_is_closed_without_an_answer(door):
+    before = late_requests(door)
     with connect(door) as sock:
         data, took = until_closed(sock)
     assert data == b"" and RECEIVE_S - 0.2 < took < RECEIVE_S + 10, took
+    assert late_requests(door) == before  # no request was made
 
 
 def test_a_late_head_is_answered_408_and_closed(door):
+    before = late_requests(door)
     with connect(door) as sock:
         sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")  # and never the rest
         data, took = until_closed(sock)
     status, body = parsed(data)
     assert status == 408 and body["error"]["code"] == "REQUEST_TIMEOUT", data
     assert "receive_timeout_s" in body["error"]["message"] and took < RECEIVE_S + 10
+    assert late_requests(door) == before + 1  # counted as a request refused
 
 
 @pytest.mark.parametrize("path, shape", [("/v1/completions", "openai"), ("/v2/models/ensemble/infer", "kserve"),
                                          ("/v1/messages", "anthropic")])
 def test_a_late_body_is_answered_408_in_the_routes_shape_and_closed(door, path, shape):
+    before = late_requests(door)
     with connect(door) as sock:
         sock.sendall(head(path) + BODY[:5])  # the head whole, the body never
         data, took = until_closed(sock)
@@ -81,7 +95,7 @@ def test_a_late_body_is_answered_408_in_the_routes_shape_and_closed(door, path, 
     message = {"openai": lambda: body["error"]["message"], "kserve": lambda: body["error"],
                "anthropic": lambda: body["error"]["message"]}[shape]()
     assert "did not arrive whole" in message and "receive_timeout_s" in message, body
-    assert took < RECEIVE_S + 10
+    assert took < RECEIVE_S + 10 and late_requests(door) == before + 1
 
 
 def test_a_request_sent_in_pieces_in_time_is_served_and_an_idle_connection_is_closed_after(door):
@@ -104,4 +118,3 @@ def test_an_answer_that_takes_longer_than_the_limit_is_not_cut(door):
     assert code == 200 and answer[-1]["choices"][0]["finish_reason"] == "length", answer[-1]
     assert sum(1 for e in answer if e["choices"] and e["choices"][0]["text"]) >= 190
     assert took > RECEIVE_S, f"the answer took {took:.2f} s: make it longer than the limit"
-    assert sum(pages_used(door.http).values()) == 0

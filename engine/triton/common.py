@@ -180,7 +180,7 @@ def dispatch(requests, handlers: dict, auth: Auth, batched: bool = False) -> Non
             handler = handlers.get(type(msg))
             if handler is None:
                 raise ProtocolError(f"this model does not take {msg.TYPE!r}; it takes "
-                                      f"{sorted(c.TYPE for c in handlers)}")
+                                    f"{sorted(c.TYPE for c in handlers)}")
             reply = handler(msg, sink)
             if reply is not None:
                 sink.send(reply, final=True)

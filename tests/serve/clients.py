@@ -98,8 +98,10 @@ def pages_used(http: str) -> dict[str, float]:
     return {line.split()[0]: float(line.split()[1]) for line in lines if line.startswith("tandem_kv_pages_used")}
 
 
-def metric_total(http: str, name: str) -> float:
-    """The sum of a metric's series (every label set) on the front door's /metrics; 0 without any."""
+def metric_total(http: str, name: str, label: str = "") -> float:
+    """The sum of a metric's series (every label set, or those holding `label`, e.g. 'status="OK"') on the
+    front door's /metrics; 0 without any."""
     with urllib.request.urlopen(http + "/metrics") as r:
         lines = r.read().decode().splitlines()
-    return sum(float(line.split()[-1]) for line in lines if line.split("{")[0].split(" ")[0] == name)
+    return sum(float(line.split()[-1]) for line in lines
+               if line.split("{")[0].split(" ")[0] == name and label in line.split(" ")[0])

@@ -10,14 +10,13 @@ from __future__ import annotations
 import json
 import socket
 import time
-import urllib.request
 from urllib.parse import urlsplit
 
 import pytest
 import yaml
 
 from tests.conftest import start_serve, stop_serve
-from tests.serve.clients import post
+from tests.serve.clients import metric_total, post
 
 RECEIVE_S = 1.5
 BODY = json.dumps({"prompt": "Name a color.", "max_tokens": 4, "temperature": 0}).encode()
@@ -57,11 +56,8 @@ def parsed(raw: bytes) -> tuple[int, dict]:
 
 
 def late_requests(s) -> float:
-    """The requests refused as late so far (tandem_request_failures_total, status REQUEST_TIMEOUT)."""
-    with urllib.request.urlopen(s.http + "/metrics") as r:
-        lines = r.read().decode().splitlines()
-    return sum(float(line.split()[-1]) for line in lines
-               if line.startswith("tandem_request_failures_total{") and 'status="REQUEST_TIMEOUT"' in line)
+    """The requests refused as late so far."""
+    return metric_total(s.http, "tandem_request_failures_total", 'status="REQUEST_TIMEOUT"')
 
 
 def test_a_connection_that_sends_nothing_is_closed_without_an_answer(door):

@@ -8,7 +8,9 @@ ModelStreamInfer (one response per piece of new text); RepositoryModelLoad/Unloa
 (UNIMPLEMENTED, naming why: the server serves the model it started with). Other RPCs answer
 UNIMPLEMENTED, and only what is implemented is advertised.
 A failure's gRPC code comes from its status (tandem/status.py); on a stream it is an error response
-whose message starts with the code's name, as Triton's own streams do.
+whose message starts with the code's name, as Triton's own streams do. A stream whose client reads none
+of its responses for `send_s` (limits.send_timeout_s: a write waits that long on HTTP/2 flow control) is
+ended, every request on it cancelled, as a client that went away.
 """
 
 from __future__ import annotations
@@ -41,8 +43,9 @@ DEADLINE_MARGIN_S = 0.1  # answer this long before a client's gRPC deadline, so 
 
 
 class TritonProtocolServicer(pb_grpc.GRPCInferenceServiceServicer):
-    def __init__(self, door: FrontDoor):
-        self.door, self.served = door, door.served
+    def __init__(self, door: FrontDoor, send_s: float = 30.0):
+        """`send_s`: how long a stream's response may wait for its client to read (then the stream ends)."""
+        self.door, self.served, self.send_s = door, door.served, send_s
         self.service = door.service
         self.model = door.served.triton_name
         self.stats = door.served.stats
@@ -135,13 +138,24 @@ class TritonProtocolServicer(pb_grpc.GRPCInferenceServiceServicer):
 
     async def ModelStreamInfer(self, request_iterator, context):
         """Requests on one stream are served concurrently (a task each, writing its own responses);
-        responses interleave, tagged with their request's id."""
+        responses interleave, tagged with their request's id. A response its client does not take within
+        `send_s` ends the call: every request on the stream is cancelled, the call ends CANCELLED."""
         lock = asyncio.Lock()  # one write at a time on the call
         tasks: set[asyncio.Task] = set()
+        call, unread = asyncio.current_task(), ""
 
         async def write(resp: pb.ModelStreamInferResponse) -> None:
-            async with lock:
-                await context.write(resp)
+            nonlocal unread
+            try:
+                async with asyncio.timeout(self.send_s), lock:
+                    await context.write(resp)
+            except TimeoutError:
+                if not unread:
+                    unread = (f"the client read none of the stream's responses for {self.send_s:g} s "
+                              f"(limits.send_timeout_s): its requests were cancelled")
+                    log.warning("ending a stream: %s", unread)
+                    call.cancel()
+                raise asyncio.CancelledError from None  # this request ends as a cancelled one
 
         async def serve(request) -> None:
             try:
@@ -160,9 +174,15 @@ class TritonProtocolServicer(pb_grpc.GRPCInferenceServiceServicer):
                 task.add_done_callback(tasks.discard)
             while tasks:
                 await asyncio.gather(*list(tasks), return_exceptions=True)
+        except asyncio.CancelledError:
+            if not unread:
+                raise  # the client cancelled the call, or the server stops
+            call.uncancel()  # cancelled by write(): the call ends with a status, after what it holds is read
         finally:
             for t in list(tasks):
                 t.cancel()
+        if unread:
+            await context.abort(grpc.StatusCode.CANCELLED, unread)
 
     async def _stream_one(self, request, write) -> None:
         self.service.refuse_if_closed()

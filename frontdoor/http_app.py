@@ -35,7 +35,7 @@ from frontdoor.cors import Cors, CorsPolicy
 from frontdoor.http_admin import add_admin_routes
 from frontdoor.http_anthropic import add_anthropic_routes, error_type
 from frontdoor.http_generate import add_generate_routes
-from frontdoor.http_gate import RECEIVE_S, Gate, Turnstile, answered, arrived, generation_line, raw_response
+from frontdoor.http_gate import RECEIVE_S, SEND_S, Gate, Turnstile, answered, arrived, generation_line, raw_response
 from frontdoor.http_kserve import add_kserve_routes
 from frontdoor.http_lora import LoraRoutes
 from frontdoor.http_openai import add_openai_routes
@@ -187,9 +187,10 @@ class HttpServer:
 
 
 async def start_http(frontend: HttpFrontend, host: str, port: int, ssl_context: ssl.SSLContext | None = None,
-                     receive_s: float = RECEIVE_S) -> HttpServer:
-    """Serve on host:port (TLS with `ssl_context`), each request given `receive_s` to arrive whole
-    (http_gate.py). OSError naming the address when it cannot listen."""
+                     receive_s: float = RECEIVE_S, send_s: float = SEND_S) -> HttpServer:
+    """Serve on host:port (TLS with `ssl_context`), each request given `receive_s` to arrive whole and
+    each client `send_s` to read some of an answer held up (http_gate.py). OSError naming the address
+    when it cannot listen."""
     # handler_cancellation: a client that disconnects cancels its handler, and with it the request;
     # shutdown_timeout: at stop (after the drain's grace) a request still streaming is cancelled within
     # 2 x SHUTDOWN_S (aiohttp's default, 60 s, let one stuck on a stopped worker hold the stop for 2 minutes)
@@ -203,7 +204,7 @@ async def start_http(frontend: HttpFrontend, host: str, port: int, ssl_context: 
                                                     f"deployment's limits.receive_timeout_s)")))
     try:
         listener = await asyncio.get_running_loop().create_server(
-            lambda: Gate(runner.server(), line, turnstile, refusal, receive_s, late, on_late), host, port,
+            lambda: Gate(runner.server(), line, turnstile, refusal, receive_s, late, on_late, send_s), host, port,
             ssl=ssl_context)
     except OSError as e:
         await runner.cleanup()

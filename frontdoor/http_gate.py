@@ -35,6 +35,7 @@ from collections.abc import Callable
 
 log = logging.getLogger(__name__)
 RECEIVE_S = 30.0  # limits.receive_timeout_s: how long one request may take to arrive whole
+SEND_S = 30.0  # limits.send_timeout_s: how long a client may read nothing of an answer being written
 
 _CONTENT_LENGTH = re.compile(rb"\r\ncontent-length:[ \t]*(\d{1,12})[ \t]*(?=\r\n|$)")
 
@@ -94,17 +95,19 @@ class Gate(asyncio.Protocol):
 
     def __init__(self, inner: asyncio.Protocol, line: re.Pattern, turnstile: Turnstile,
                  refusal: Callable[[int, str], bytes | None], receive_s: float = RECEIVE_S, late: bytes = b"",
-                 on_late: Callable[[], None] = lambda: None):
+                 on_late: Callable[[], None] = lambda: None, send_s: float = SEND_S):
         """`late`: the whole answer to a request whose head did not arrive in `receive_s`; `on_late()` is
-        called as it is sent (not for a connection that sent nothing: it made no request)."""
+        called as it is sent (not for a connection that sent nothing: it made no request). `send_s`: how
+        long the connection's writes may stay paused before it is aborted."""
         self.inner, self.line, self.turnstile, self.refusal = inner, line, turnstile, refusal
-        self.receive_s, self.late, self.on_late = receive_s, late, on_late
+        self.receive_s, self.late, self.on_late, self.send_s = receive_s, late, on_late, send_s
         self.transport: asyncio.Transport | None = None
         self.first = True
         self.ahead = False  # its request was let through and counts in the turnstile
         self.receive_by = 0.0  # loop time by which the request being sent must be whole (head and body)
         self._clock: asyncio.TimerHandle | None = None  # set while a head is awaited
         self._partial = False  # some of the awaited head came
+        self._stalled: asyncio.TimerHandle | None = None  # set while writes are paused
 
     def connection_made(self, transport) -> None:
         self.transport = transport
@@ -162,13 +165,36 @@ class Gate(asyncio.Protocol):
 
     def connection_lost(self, exc) -> None:
         self.arrived()  # its handler never started, or has started: it leaves the turnstile either way
+        self._resumed()
         self.inner.connection_lost(exc)
 
     def pause_writing(self) -> None:
+        """The transport's buffer is full: the send clock starts, and runs while the client reads none of it."""
+        if self._stalled is None:
+            self._send_clock(self.transport.get_write_buffer_size())
         self.inner.pause_writing()
 
     def resume_writing(self) -> None:
+        self._resumed()
         self.inner.resume_writing()
+
+    def _send_clock(self, unread: int) -> None:
+        self._stalled = asyncio.get_running_loop().call_later(self.send_s, self._send_late, unread)
+
+    def _resumed(self) -> None:
+        if self._stalled is not None:
+            self._stalled.cancel()
+            self._stalled = None
+
+    def _send_late(self, unread: int) -> None:
+        """`send_s` after the clock started with `unread` bytes buffered (connection_lost cancels it)."""
+        if (now := self.transport.get_write_buffer_size()) < unread:  # the client read some: a slow one
+            self._send_clock(now)
+            return
+        self._stalled = None
+        log.warning("aborting a connection whose client read nothing of its answer for %g s "
+                    "(limits.send_timeout_s); a request it was answering is cancelled", self.send_s)
+        self.transport.abort()  # not close(): that would wait for the buffer the client does not read
 
 
 def gate_of(request) -> Gate | None:

@@ -55,7 +55,9 @@
                                    # cert/key: what the local workers serve with
     limits: {max_in_flight: 64, max_queued_tokens: 32768, request_timeout_s: 600, max_model_len: null,
              max_in_flight_per_key: null,   # the most one API key holder may have in flight (null: no own limit)
-             receive_timeout_s: 30}   # HTTP: a request arrives whole (head, body) in this, or 408 and closed
+             receive_timeout_s: 30,   # HTTP: a request arrives whole (head, body) in this, or 408 and closed
+             send_timeout_s: 30}      # a client that reads none of its answer this long is cut off, its request
+                                      # cancelled (HTTP: the connection aborted; gRPC: the call ends)
     health: {heartbeat_s: 2.0, stall_s: 4.0, stall_restart_s: 10, drain_grace_s: 30}
     handoff: {mode: push, transfer_timeout_s: 30, fence_timeout_s: 60}   # the only timers left on the data path
                                    # mode push: prefill writes into pages decode reserved; pull: prefill

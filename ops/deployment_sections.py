@@ -64,6 +64,7 @@ class Limits(Strict):
     request_timeout_s: float = Field(600.0, gt=0)  # default deadline of a request (every wait is bounded by it)
     max_body_bytes: int = Field(16 << 20, ge=1024)  # HTTP bodies over this are refused before being read whole
     receive_timeout_s: float = Field(30.0, gt=0)  # HTTP: one request's head and body arrive within this (slowloris)
+    send_timeout_s: float = Field(30.0, gt=0)  # a client reading nothing of its answer this long is cut off
     max_prompt_chars: int = Field(1 << 20, ge=1)  # refused before tokenizing
     max_model_len: int | None = Field(None, ge=2)  # prompt + answer tokens; null: the model's context
 

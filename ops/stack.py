@@ -209,12 +209,13 @@ class Stack:
                              model.sampling_defaults, aliases=tuple(names[1:]), adapters=adapters, levels=dep.levels)
         door = FrontDoor(served)
         try:
-            self.grpc = await start_grpc(TritonProtocolServicer(door), fd.host, fd.grpc_port,
+            self.grpc = await start_grpc(TritonProtocolServicer(door, lim.send_timeout_s), fd.host, fd.grpc_port,
                                          security.grpc_credentials, security.keys)
             kept = ResponseStore(fd.responses_kept, fd.responses_kept_bytes)
             lora = None if trtllm else LoraRoutes(adapters, dep.lora_loading.root, cfg, (*names, fd.model_name))
             self.http = await start_http(HttpFrontend(door, lim.max_body_bytes, security.keys, kept, fd.cors, lora),
-                                         fd.host, fd.http_port, security.ssl_context, lim.receive_timeout_s)
+                                         fd.host, fd.http_port, security.ssl_context, lim.receive_timeout_s,
+                                         lim.send_timeout_s)
         except OSError as e:  # taken since the check at the start
             raise DeploymentError(e.strerror or str(e)) from None
         self.served = served

@@ -3,22 +3,32 @@
 its body is answered 408 where anything came (in each route's error shape) and closed, so that slow
 clients cannot hold connections (and file descriptors) forever; an idle keep-alive connection is closed
 by the same clock. A client that sends its request in pieces in time, and an answer that takes longer
-than the limit to produce, are served as usual: the clock runs only while a request is awaited."""
+than the limit to produce, are served as usual: the clock runs only while a request is awaited.
+
+An answer must be read (`limits.send_timeout_s`, 1.5 s here): a client that stops reading its stream, over
+HTTP or a gRPC stream, is cut off and its request cancelled, its place in admission and its pages given
+back (before, such a client held its request forever, and `max_in_flight` of them locked every other
+client out with 429s); a client that reads slowly, but reads, keeps its connection to the end."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import socket
 import time
 from urllib.parse import urlsplit
 
+import grpc
 import pytest
 import yaml
+from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
 from tests.conftest import start_serve, stop_serve
-from tests.serve.clients import metric_total, post
+from tests.serve.clients import metric_total, pages_used, post
+from tests.serve.test_door_conformance import grpc_request
 
-RECEIVE_S = 1.5
+RECEIVE_S = SEND_S = 1.5
 BODY = json.dumps({"prompt": "Name a color.", "max_tokens": 4, "temperature": 0}).encode()
 
 
@@ -26,7 +36,7 @@ BODY = json.dumps({"prompt": "Name a color.", "max_tokens": 4, "temperature": 0}
 def door(built_engines, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("slow")
     cfg = tmp / "dep.yaml"
-    cfg.write_text(yaml.safe_dump({"limits": {"receive_timeout_s": RECEIVE_S}}))
+    cfg.write_text(yaml.safe_dump({"limits": {"receive_timeout_s": RECEIVE_S, "send_timeout_s": SEND_S}}))
     s = start_serve(built_engines, tmp, "--config", str(cfg))
     yield s
     stop_serve(s)
@@ -114,3 +124,139 @@ def test_an_answer_that_takes_longer_than_the_limit_is_not_cut(door):
     assert code == 200 and answer[-1]["choices"][0]["finish_reason"] == "length", answer[-1]
     assert sum(1 for e in answer if e["choices"] and e["choices"][0]["text"]) >= 190
     assert took > RECEIVE_S, f"the answer took {took:.2f} s: make it longer than the limit"
+
+
+# -- answers that are not read ------------------------------------------------------------------------
+
+# ~850 bytes per token (20 alternatives); 8 choices of them fill the ~3 MB that loopback's buffers hold
+LONG = {"prompt": "Tell a long story.", "n": 8, "max_tokens": 1500, "ignore_eos": True, "stream": True, "logprobs": 20}
+CHAT_LONG = {"messages": [{"role": "user", "content": "Tell a long story."}], "n": 8, "max_tokens": 1500,
+             "ignore_eos": True, "stream": True, "logprobs": True, "top_logprobs": 20}  # ~2.5 kB per token
+
+
+def small_window(door) -> socket.socket:
+    """A connection whose receive buffer is small, so that what the client does not read holds up the server."""
+    u = urlsplit(door.http)
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.settimeout(60)
+    sock.connect((u.hostname, u.port))
+    return sock
+
+
+def cancelled(door) -> float:
+    return metric_total(door.http, "tandem_request_failures_total", 'status="CANCELLED"')
+
+
+def until_busy(door) -> None:
+    """Wait until a request is in flight."""
+    start = time.monotonic()
+    while not metric_total(door.http, "tandem_requests_in_flight"):
+        assert time.monotonic() - start < 30, "the request was not admitted"
+        time.sleep(0.05)
+
+
+def until_idle(door, limit_s: float = 90) -> None:
+    """Wait until no request is in flight and no KV page is held (fails after `limit_s`)."""
+    start = time.monotonic()
+    while metric_total(door.http, "tandem_requests_in_flight") or sum(pages_used(door.http).values()):
+        assert time.monotonic() - start < limit_s, "the request still holds its place and pages"
+        time.sleep(0.25)
+
+
+def test_a_client_that_stops_reading_its_stream_is_cut_off_and_its_request_cancelled(door):
+    before = cancelled(door)
+    body = json.dumps(CHAT_LONG).encode()
+    with small_window(door) as sock:
+        sock.sendall(head("/v1/chat/completions", len(body)) + body)
+        assert sock.recv(4096).startswith(b"HTTP/1.1 200"), "the stream did not start"
+        until_busy(door)
+        until_idle(door)  # the client reads nothing more
+        data = b""
+        with contextlib.suppress(ConnectionResetError):  # what the buffers held, then the end (or a reset)
+            while chunk := sock.recv(65536):
+                data += chunk
+    assert b"data: [DONE]" not in data and b'"finish_reason": "length"' not in data, "the answer was not cut"
+    assert cancelled(door) == before + CHAT_LONG["n"]  # each choice is a request of its own
+    code, answer = post(door.http, "/v1/completions", {"prompt": "Hi", "max_tokens": 3})
+    assert code == 200 and answer["choices"][0]["finish_reason"] == "length", answer
+
+
+def dechunked(body: bytes) -> bytes:
+    """An HTTP/1.1 chunked body's content."""
+    out = b""
+    while (size := int(body[:body.index(b"\r\n")], 16)) > 0:
+        start = body.index(b"\r\n") + 2
+        out, body = out + body[start:start + size], body[start + size + 2:]
+    return out
+
+
+def test_a_client_that_reads_slowly_keeps_its_connection_to_the_end(door):
+    """~210 kB read at ~16 kB/s: each time the server's buffer fills, it takes longer than SEND_S to drain."""
+    body = json.dumps(LONG | {"n": 1, "max_tokens": 250}).encode()
+    with small_window(door) as sock:
+        sock.sendall(head(length=len(body)) + body)
+        start, data = time.monotonic(), b""
+        while chunk := sock.recv(4096):
+            data += chunk
+            if data.endswith(b"data: [DONE]\n\n"):
+                break
+            time.sleep(0.25)
+        took = time.monotonic() - start
+    events = [json.loads(e[6:]) for e in dechunked(data.split(b"\r\n\r\n", 1)[1]).split(b"\n\n")
+              if e.startswith(b"data: {")]
+    assert events[-1]["choices"][0]["finish_reason"] == "length", events[-1]
+    assert took > 4 * SEND_S, f"read in {took:.1f} s: too fast to have held the server up"
+
+
+SMALL_WINDOW = [("grpc.http2.bdp_probe", 0), ("grpc.http2.lookahead_bytes", 1024)]  # ~10 responses
+
+
+def story(tokens: int):
+    return grpc_request({"text_input": (["Tell a long story."], "BYTES"), "max_tokens": ([tokens], "INT32"),
+                         "min_tokens": ([tokens], "INT32"), "stream": ([True], "BOOL")})
+
+
+async def _unread_stream(door) -> grpc.aio.AioRpcError:
+    """A gRPC stream whose client reads none of its responses (a 1 kB window) until the server gave back
+    the request's place and pages; then the error the client reads at the stream's end."""
+    async with grpc.aio.insecure_channel(door.grpc, options=SMALL_WINDOW) as channel:
+        call = pb_grpc.GRPCInferenceServiceStub(channel).ModelStreamInfer()
+        await call.write(story(2000))
+        await call.done_writing()
+        await asyncio.to_thread(until_busy, door)
+        await asyncio.to_thread(until_idle, door)
+        with pytest.raises(grpc.aio.AioRpcError) as ended:
+            async with asyncio.timeout(60):
+                async for _ in call:
+                    pass
+        return ended.value
+
+
+def test_a_grpc_stream_whose_client_reads_nothing_is_ended_and_its_request_cancelled(door):
+    before = cancelled(door)
+    ended = asyncio.run(_unread_stream(door))
+    assert ended.code() == grpc.StatusCode.CANCELLED and "send_timeout_s" in ended.details(), ended
+    assert cancelled(door) == before + 1
+    code, answer = post(door.http, "/v1/completions", {"prompt": "Hi", "max_tokens": 3})
+    assert code == 200, answer
+
+
+async def _slowly_read_stream(door, tokens: int, every_s: float) -> tuple[int, float]:
+    """(responses, seconds) of a gRPC stream read one response per `every_s` through a small window."""
+    async with grpc.aio.insecure_channel(door.grpc, options=SMALL_WINDOW) as channel:
+        call = pb_grpc.GRPCInferenceServiceStub(channel).ModelStreamInfer()
+        await call.write(story(tokens))
+        await call.done_writing()
+        start, responses = time.monotonic(), 0
+        async for response in call:
+            assert not response.error_message, response.error_message
+            responses += 1
+            await asyncio.sleep(every_s)
+        return responses, time.monotonic() - start
+
+
+def test_a_grpc_stream_read_slowly_is_served_to_the_end(door):
+    responses, took = asyncio.run(_slowly_read_stream(door, 120, 0.05))
+    assert responses >= 100  # one per piece of new text
+    assert took > 4 * SEND_S, f"read in {took:.1f} s: too fast to have held the server up"

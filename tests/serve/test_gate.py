@@ -1,13 +1,17 @@
 """The HTTP gate (frontdoor/http_gate.py) over real sockets, in front of a real aiohttp server and a
 real Admission: a burst beyond the limit is refused from its bytes with the answer aiohttp would have
 sent; everything the gate must not judge reaches aiohttp. (The whole stack's overload burst, through
-the same gate, is tests/faults/test_chaos.py.)"""
+the same gate, is tests/faults/test_chaos.py.) An answer its client reads none of for SEND_S is aborted and
+its handler cancelled; a client that reads slowly keeps it however long the server's writes stay paused.
+(The whole stack's, a real stream left unread, is tests/serve/test_slow_clients.py.)"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
+import socket
 
 from aiohttp import web
 
@@ -17,6 +21,7 @@ from frontdoor.http_gate import Gate, Turnstile, arrived, generation_line, is_wh
 from tandem.status import ResourceExhausted, TandemError
 
 LIMIT = 4
+SEND_S = 0.5
 BODY = json.dumps({"prompt": "Name a color.", "max_tokens": 4}).encode()
 
 
@@ -35,6 +40,7 @@ class Door:
         self.turnstile = Turnstile()
         self.release = asyncio.Event()
         self.handled: list[str] = []
+        self.written, self.streaming = 0, None  # GET /stream: bytes written; True while its handler runs
 
     @web.middleware
     async def middleware(self, request, handler):
@@ -57,17 +63,31 @@ class Door:
     async def small(self, request):
         return web.json_response({"path": request.path})
 
+    async def stream(self, request):
+        """64 kB pieces, as fast as the client takes them, up to 64 MB."""
+        resp = web.StreamResponse()
+        await resp.prepare(request)
+        self.streaming = True
+        try:
+            for _ in range(1024):
+                await resp.write(b"x" * 65536)
+                self.written += 65536
+        finally:
+            self.streaming = False
+        return resp
+
     async def start(self) -> int:
         app = web.Application(middlewares=[self.middleware])
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_get("/health", self.small)
         app.router.add_post("/admin/flush", self.small)
+        app.router.add_get("/stream", self.stream)
         self.runner = web.AppRunner(app, access_log=None, handler_cancellation=True)
         await self.runner.setup()
         line = generation_line("ensemble")
         refusal = functools.partial(raw_refusal, self.admission.check)  # as start_http's, on our admission
         self.listener = await asyncio.get_running_loop().create_server(
-            lambda: Gate(self.runner.server(), line, self.turnstile, refusal), "127.0.0.1", 0)
+            lambda: Gate(self.runner.server(), line, self.turnstile, refusal, send_s=SEND_S), "127.0.0.1", 0)
         return self.listener.sockets[0].getsockname()[1]
 
     async def stop(self) -> None:
@@ -217,3 +237,41 @@ def test_only_one_whole_request_is_judged_from_its_bytes():
                b"POST /v2/models/ensemble/versions/2/infer HTTP/1.1\r\n", b"POST /admin/flush HTTP/1.1\r\n",
                b"POST /v2/models/ensemblex/infer HTTP/1.1\r\n"):
         assert not line.match(no), no
+
+
+async def held_up(door, port: int, read_every_s: float) -> socket.socket:
+    """A connection streaming GET /stream into a small receive buffer, read 16 kB per `read_every_s`
+    (never, for None) until the server has written nothing for 6 x SEND_S."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.setblocking(False)
+    loop = asyncio.get_running_loop()
+    await loop.sock_connect(sock, ("127.0.0.1", port))
+    await loop.sock_sendall(sock, b"GET /stream HTTP/1.1\r\nHost: x\r\n\r\n")
+    written, since = -1, loop.time()
+    while loop.time() - since < 6 * SEND_S:
+        if read_every_s is not None:
+            assert await loop.sock_recv(sock, 16384), "the server closed the connection of a client that reads"
+        await asyncio.sleep(read_every_s or 0.05)
+        if door.written != written:
+            written, since = door.written, loop.time()
+        elif read_every_s is None and not door.streaming:
+            break  # cut off
+    return sock
+
+
+def test_a_client_that_reads_none_of_its_answer_is_cut_off_and_one_that_reads_slowly_is_not():
+    async def test(door, port):
+        slow = await held_up(door, port, 0.1)  # ~160 kB/s: the socket takes more only once ~1 MB is read
+        assert door.streaming, "a slow reader was cut off"
+        slow.close()
+        while door.streaming:  # it left: its handler is cancelled
+            await asyncio.sleep(0.01)
+        door.written = 0
+        stalled = await held_up(door, port, None)
+        assert door.streaming is False and 0 < door.written < 64 << 20, "an unread answer was not cut off"
+        with contextlib.suppress(ConnectionResetError):  # what the buffers held, then the end (or a reset)
+            while await asyncio.get_running_loop().sock_recv(stalled, 65536):
+                pass
+        stalled.close()
+    at_the_door(test)

@@ -102,7 +102,7 @@ class Gate(asyncio.Protocol):
                  on_late: Callable[[], None] = lambda: None, send_s: float = SEND_S):
         """`late`: the whole answer to a request whose head did not arrive in `receive_s`; `on_late()` is
         called as it is sent (not for a connection that sent nothing: it made no request). `send_s`: how
-        long the connection's writes may stay paused before it is aborted."""
+        long the connection's writes may stay paused with none of them read before it is aborted."""
         self.inner, self.line, self.turnstile, self.refusal = inner, line, turnstile, refusal
         self.receive_s, self.late, self.on_late, self.send_s = receive_s, late, on_late, send_s
         self.transport: asyncio.Transport | None = None

@@ -1,8 +1,9 @@
 """The workers the orchestrator routes to: their clients, health and load, and a change signal.
 
 Each worker is watched through one long-lived Watch call: the worker pushes its stats on every change
-and as a heartbeat. Nothing for `stall_s` (a stopped or wedged process) or a broken stream (a dead
-one) takes it out of routing at once; the watch reconnects with back-off, and the worker rejoins when
+and as a heartbeat (ending the call every WATCH_RENEW_AFTER pushes with a `renew` reply, upon which the
+watch begins again at once). Nothing for `stall_s` (a stopped or wedged process) or a broken stream (a
+dead one) takes it out of routing at once; the watch reconnects with back-off, and the worker rejoins when
 it answers again. Workers can be added and removed while serving (a supervisor restarting one on new
 ports, DNS discovery, a reloaded deployment): a removed worker gets no new requests, and its client
 closes once the requests it still serves are done.
@@ -24,7 +25,7 @@ from dataclasses import dataclass, field
 from control.worker_client import CLIENTS
 from tandem.roles import Role
 from tandem.status import TandemError
-from tandem.wire import WorkerStats
+from tandem.wire import WATCH_RENEW_AFTER, WorkerStats
 
 log = logging.getLogger("tandem.fleet")
 
@@ -91,6 +92,7 @@ class Fleet:
         self.on_stats = on_stats  # callback(worker) after every stats push (metrics)
         self.on_join = None  # async callback(worker) before a worker is routed to; its TandemError keeps it out
         self.owner = secrets.token_hex(8)  # this orchestrator, to its workers (Watch, Adapters)
+        self.renew_after = WATCH_RENEW_AFTER  # replies per Watch call (tandem/wire.py)
 
     def role(self, role: Role) -> list[WorkerState]:
         return [w for w in self.workers.values() if w.role == role]
@@ -156,8 +158,9 @@ class Fleet:
     async def _watch(self, w: WorkerState) -> None:
         backoff = 0.25
         while True:
+            stats = None
             try:
-                async for stats in w.client.watch(self.heartbeat_s, self.stall_s, self.owner):
+                async for stats in w.client.watch(self.heartbeat_s, self.stall_s, self.owner, self.renew_after):
                     w.stats, w.last_seen, w.failures, w.why_not, backoff = stats, time.monotonic(), 0, "", 0.25
                     if self.on_stats is not None:
                         self.on_stats(w)
@@ -171,6 +174,8 @@ class Fleet:
             except TandemError as e:
                 why = str(e)
             else:
+                if stats is not None and stats.renew:
+                    continue  # the worker ended this call to free what Triton kept of it: watch again
                 why = "it ended its watch (shutting down?)"
             w.failures += 1
             w.client.reset(why)  # calls waiting on a stalled worker fail now and resume elsewhere

@@ -13,6 +13,7 @@ before the layout step). Extra arguments after `--` go to `tandem serve`.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -71,13 +72,32 @@ def cpu_seconds(pids: set[int]) -> dict[int, float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seconds", type=float, default=60.0)
+    add_serve_args(ap)
+    args = ap.parse_args()
+    with served(args) as (proc, _):
+        pids = tree(proc.pid)
+        start, t0 = cpu_seconds(pids), time.monotonic()
+        time.sleep(args.seconds)
+        end, elapsed = cpu_seconds(pids | tree(proc.pid)), time.monotonic() - t0
+        used = sum(end[p] - start.get(p, 0.0) for p in end)
+        print(json.dumps({"processes": len(end), "seconds": round(elapsed, 1), "cpu_seconds": round(used, 2),
+                          "percent_of_one_core": round(100 * used / elapsed, 2), "load": os.getloadavg()}))
+
+
+def add_serve_args(ap: argparse.ArgumentParser) -> None:
+    """The options `served` reads: which checkout to serve, how, and how long it may take to start."""
     ap.add_argument("--python", default=sys.executable, help="the interpreter of the checkout to serve")
     ap.add_argument("--cwd", default=".", help="the checkout to serve from")
     ap.add_argument("--module", default="cli.main", help="the module of its tandem command")
     ap.add_argument("--timeout", type=float, default=600.0, help="how long the stack may take to become healthy")
     ap.add_argument("serve_args", nargs="*", help="after --: arguments for tandem serve")
-    args = ap.parse_args()
-    workdir = tempfile.mkdtemp(prefix="tandem-idle-cpu-")
+
+
+@contextlib.contextmanager
+def served(args: argparse.Namespace):
+    """`tandem serve` of args.cwd on free ports, healthy and settled: yields (its process, its HTTP port);
+    stopped (with every process it started) on leaving."""
+    workdir = tempfile.mkdtemp(prefix="tandem-bench-")
     http = free_port()
     cmd = [args.python, "-m", args.module, "serve", "--grpc-port", str(free_port()), "--http-port", str(http),
            "--workdir", workdir, *args.serve_args]
@@ -95,13 +115,7 @@ def main() -> None:
             except OSError:
                 time.sleep(0.5)
         time.sleep(5.0)  # let start-up work (first stats, watches connecting) finish
-        pids = tree(proc.pid)
-        start, t0 = cpu_seconds(pids), time.monotonic()
-        time.sleep(args.seconds)
-        end, elapsed = cpu_seconds(pids | tree(proc.pid)), time.monotonic() - t0
-        used = sum(end[p] - start.get(p, 0.0) for p in end)
-        print(json.dumps({"processes": len(end), "seconds": round(elapsed, 1), "cpu_seconds": round(used, 2),
-                          "percent_of_one_core": round(100 * used / elapsed, 2), "load": os.getloadavg()}))
+        yield proc, http
     finally:
         stop(proc)
         log.close()

@@ -58,6 +58,19 @@ from tandem.trtllm_wire import TrtllmDecode, TrtllmPrefilled
 from tandem.wire_parse import WireError, fingerprint, json_object, parse, to_base64  # noqa: F401 (WireError, parse: re-exported)
 
 
+# Triton keeps every response of a request until the request ends (about a kilobyte each, in the
+# tritonserver process), so a Watch call that lasted as long as its orchestrator would grow its worker's
+# server for good. A worker ends a Watch call after this many pushes, the last one marked `renew`, and
+# the orchestrator watches again at once.
+WATCH_RENEW_AFTER = 200
+
+
+def watch_pushes(asked: int) -> int:
+    """The pushes a Watch call gets before it ends: `asked` (Watch.renew_after) if in 1..WATCH_RENEW_AFTER,
+    else the most."""
+    return asked if 0 < asked <= WATCH_RENEW_AFTER else WATCH_RENEW_AFTER
+
+
 # -- requests ---------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -137,6 +150,7 @@ class Watch:
     TYPE: ClassVar[str] = "watch"
     heartbeat_ms: int = 1000
     owner: str = ""  # the watching orchestrator (Fleet.owner): its Adapters set leaves with its last watch
+    renew_after: int = WATCH_RENEW_AFTER  # pushes after which the worker ends the call (at most that constant)
 
 
 @dataclass(frozen=True)
@@ -232,6 +246,7 @@ class WorkerStats:
     resync: bool = False  # stored/removed overflowed: `stored` is the whole cache
     engine_salt: str = ""  # hex of the pool's tandem.prefix.engine_salt; "" when its prefix cache is off
     lora_adapters: int = 0  # LoRA adapters the engine holds (engine/workers/adapter_set.py)
+    renew: bool = False  # the last reply of its Watch call (Watch.renew_after): the watcher watches again
 
 
 REQUESTS = {c.TYPE: c for c in (Open, Start, Release, WriterGone, Prefill, Abort, Unhold, ReaderGone, Watch, Stats,

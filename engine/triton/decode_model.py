@@ -20,12 +20,13 @@ def handlers(worker: DecodeWorker, configured: dict[str, str]) -> dict:
     """`configured`: the worker's own LoRA adapters (folder by name)."""
     adapters = AdapterSet(worker.engine, configured, lambda: worker.watchers.push(force=True))
     worker.watchers.on_owner_gone = adapters.owner_gone
+    worker.watchers.on_owner_back = adapters.owner_back
     return {
         Open: worker.open,
         Start: lambda msg, sink: worker.start(msg),
         Release: lambda msg, sink: worker.release(msg),
         WriterGone: lambda msg, sink: worker.writer_gone(msg.writer),
-        Watch: lambda msg, sink: worker.watch(sink, msg.heartbeat_ms / 1000, msg.owner),
+        Watch: lambda msg, sink: worker.watch(sink, msg.heartbeat_ms / 1000, msg.owner, msg.renew_after),
         Stats: lambda msg, sink: worker.stats(),
         Flush: lambda msg, sink: worker.flush(),
         Adapters: adapters.apply,

@@ -41,12 +41,13 @@ class TritonPythonModel:
                                         fence_timeout_s=p.float("fence_timeout_s")).launch(end_server)
         adapters = AdapterSet(engine, p.lora_modules(), lambda: w.watchers.push(force=True))
         w.watchers.on_owner_gone = adapters.owner_gone
+        w.watchers.on_owner_back = adapters.owner_back
         self.handlers = {
             Prefill: w.submit,
             Abort: lambda msg, sink: w.abort(msg.request_id),
             Unhold: lambda msg, sink: w.unhold(msg.request_id, msg.hold, msg.reader_closed),
             ReaderGone: lambda msg, sink: w.reader_gone(msg.reader),
-            Watch: lambda msg, sink: w.watch(sink, msg.heartbeat_ms / 1000, msg.owner),
+            Watch: lambda msg, sink: w.watch(sink, msg.heartbeat_ms / 1000, msg.owner, msg.renew_after),
             Stats: lambda msg, sink: w.stats(),
             Flush: lambda msg, sink: w.flush(),
             Adapters: adapters.apply,

@@ -18,6 +18,7 @@ tensorrt_llm (tests/trtllm/fake_trtllm/, not TensorRT-LLM) in Triton instances o
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import threading
 
@@ -28,7 +29,7 @@ from tandem.pool import host_identity
 from tandem.roles import Role
 from tandem.status import ProtocolError
 from tandem.trtllm_wire import TrtllmDecode
-from tandem.wire import Abort, Ack, Prefill, Stats, Watch, WorkerStats
+from tandem.wire import Abort, Ack, Prefill, Stats, Watch, WorkerStats, watch_pushes
 
 
 class TritonPythonModel:
@@ -48,7 +49,7 @@ class TritonPythonModel:
         self._spawn(self._reap())
         work = {Prefill: self._prefill} if self.role is Role.PREFILL else {TrtllmDecode: self._decode}
         self.handlers = {**work, Abort: self._abort, Stats: lambda msg, sink: self.stats(),
-                         Watch: lambda msg, sink: self._spawn(self._watch(sink, msg.heartbeat_ms / 1000))}
+                         Watch: lambda msg, sink: self._spawn(self._watch(sink, msg))}
 
     def execute(self, requests):
         dispatch(requests, self.handlers, self.auth)
@@ -105,11 +106,16 @@ class TritonPythonModel:
         finally:
             self.inflight.pop(msg.request_id, None)
 
-    async def _watch(self, sink, heartbeat_s: float) -> None:
-        while not sink.cancelled():
+    async def _watch(self, sink, msg: Watch) -> None:
+        """Stats every heartbeat until the caller goes, or for the call's pushes, the last marked `renew`
+        (tandem/wire.py: WATCH_RENEW_AFTER)."""
+        for _ in range(watch_pushes(msg.renew_after) - 1):
+            if sink.cancelled():
+                sink.send(self.stats(), final=True)
+                return
             sink.send(self.stats())
-            await asyncio.sleep(heartbeat_s)
-        sink.send(self.stats(), final=True)
+            await asyncio.sleep(msg.heartbeat_ms / 1000)
+        sink.send(dataclasses.replace(self.stats(), renew=True), final=True)
 
     async def _reap(self) -> None:
         """Abort in TensorRT-LLM every request whose caller went away (Triton cancelled it)."""

@@ -5,7 +5,8 @@ orchestrators sharing workers never take each other's adapters away. New ones ar
 their own, so a load never holds up the messages Triton hands the worker meanwhile.
 
 An orchestrator that stops sends an empty set. One killed cannot: its set is dropped OWNER_GRACE_S after
-its last Watch went (Watchers.on_owner_gone), unless it sent a set again meanwhile. An orchestrator that
+its last Watch went (Watchers.on_owner_gone), unless it watched or sent a set again meanwhile (a Watch call
+ends every so often and is begun again at once: tandem/wire.py WATCH_RENEW_AFTER). An orchestrator that
 was alive after all (its watch broke) took the worker out of routing when it broke, and sends its set
 before routing to it again (control/adapters.py join), so the drop never refuses one of its requests.
 
@@ -39,7 +40,8 @@ class AdapterSet:
         after a change (the worker pushes its stats, which count the adapters)."""
         self.engine, self.on_change = engine, on_change
         self.sets: dict[str, dict[str, str]] = {"": dict(configured)}  # by owner ("": the worker's own)
-        self.sent: Counter[str] = Counter()  # sets received, by owner (one sent since its watch went: alive)
+        self.signs: Counter[str] = Counter()  # sets received and watches begun, by owner (one since its
+        # last watch went: it is alive)
         self._lock = threading.Lock()  # one change at a time
 
     def apply(self, msg: Adapters, sink: Responder) -> None:
@@ -50,19 +52,24 @@ class AdapterSet:
         if bad or not msg.owner:
             raise InvalidArgument(f"adapters: an owner, and each key 1-{MAX_LORA_NAME} characters naming a folder; "
                                   f"got {(bad or [''])[0]!r:.80} of owner {msg.owner!r:.40}", "modules")
-        self.sent[msg.owner] += 1
+        self.signs[msg.owner] += 1
         threading.Thread(target=self._apply, args=(msg.owner, dict(modules), sink), name="adapters",
                          daemon=True).start()
 
     def owner_gone(self, owner: str) -> None:
-        """Orchestrator `owner`'s last watch went: drop its set in OWNER_GRACE_S unless it sends one first."""
+        """Orchestrator `owner`'s last watch went: drop its set in OWNER_GRACE_S unless it watches or sends
+        one first."""
         if owner in self.sets:
-            timer = threading.Timer(OWNER_GRACE_S, self._expire, (owner, self.sent[owner]))
+            timer = threading.Timer(OWNER_GRACE_S, self._expire, (owner, self.signs[owner]))
             timer.daemon = True
             timer.start()
 
-    def _expire(self, owner: str, sent: int) -> None:
-        if self.sent[owner] == sent and owner in self.sets:
+    def owner_back(self, owner: str) -> None:
+        """Orchestrator `owner` began a watch: it is alive, its set stays."""
+        self.signs[owner] += 1
+
+    def _expire(self, owner: str, signs: int) -> None:
+        if self.signs[owner] == signs and owner in self.sets:
             log.warning("orchestrator %s went away without stopping: dropping its LoRA adapters %s", owner,
                         sorted(self.sets[owner]))
             self._change(owner, {})

@@ -41,7 +41,7 @@ from tandem.pool import host_identity
 from tandem.roles import Role
 from tandem.status import Cancelled, LeaseLost, OutOfPages, ProtocolError
 from tandem.tracing import NOOP, Tracer
-from tandem.wire import Ack, Open, Release, Reserved, Start, WorkerStats
+from tandem.wire import WATCH_RENEW_AFTER, Ack, Open, Release, Reserved, Start, WorkerStats
 
 
 class DecodeWorker(DecodeLoop):
@@ -159,8 +159,9 @@ class DecodeWorker(DecodeLoop):
         self.loop.wake()
         return Ack()
 
-    def watch(self, sink: Responder, heartbeat_s: float, owner: str = "") -> None:
-        self.watchers.add(sink, heartbeat_s, owner)
+    def watch(self, sink: Responder, heartbeat_s: float, owner: str = "",
+              renew_after: int = WATCH_RENEW_AFTER) -> None:
+        self.watchers.add(sink, heartbeat_s, owner, renew_after)
         self.loop.wake()
 
     def _owned(self, request_id: str, token: str) -> Lease:

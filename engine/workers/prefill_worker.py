@@ -52,7 +52,7 @@ from tandem.pool import host_identity
 from tandem.roles import Role
 from tandem.status import Cancelled, ProtocolError
 from tandem.tracing import NOOP, Tracer
-from tandem.wire import Ack, Prefill, WorkerStats
+from tandem.wire import WATCH_RENEW_AFTER, Ack, Prefill, WorkerStats
 
 
 class PrefillWorker(PrefillRuns):
@@ -144,8 +144,9 @@ class PrefillWorker(PrefillRuns):
         self.loop.wake()
         return Ack()
 
-    def watch(self, sink: Responder, heartbeat_s: float, owner: str = "") -> None:
-        self.watchers.add(sink, heartbeat_s, owner)
+    def watch(self, sink: Responder, heartbeat_s: float, owner: str = "",
+              renew_after: int = WATCH_RENEW_AFTER) -> None:
+        self.watchers.add(sink, heartbeat_s, owner, renew_after)
         self.loop.wake()
 
     def stats(self) -> WorkerStats:

@@ -1,7 +1,15 @@
 """Subscribers to a worker's state (the orchestrator's Watch): each gets the worker's stats whenever
 something changed, and at least every `heartbeat_s` as a sign of life. A worker that stops sending
 is stalled or gone: that is how the orchestrator notices a stopped process (SIGSTOP) in seconds.
-A watch names its orchestrator (`owner`); when the last watch of one goes, `on_owner_gone(owner)`.
+A watch names its orchestrator (`owner`); when the last watch of one goes, `on_owner_gone(owner)`, and
+when one begins, `on_owner_back(owner)`.
+
+A Watch call ends after `renew_after` pushes (tandem/wire.py: WATCH_RENEW_AFTER): its last reply is
+marked `renew`, and the orchestrator watches again at once. Triton keeps every response of a request
+until the request ends, so one call lasting as long as its orchestrator would grow the worker's server
+by about a kilobyte per push, for good (measured: ~3 KB per request served). A renewed watch leaves as
+any other (its owner's last watch going starts the LoRA set's grace, its return ends it) and the next
+begins with the whole prefix cache.
 
 Heartbeats come from a thread of their own, not from the worker's loop: a long model pass (a 4k-token
 prompt on a CPU takes many seconds) must not look like a stall. Changes are pushed by the loop.
@@ -22,6 +30,7 @@ from engine.workers.cache_feed import CacheFeed
 from engine.workers.loop import run_or_report
 from engine.workers.sink import Responder
 from tandem.status import Cancelled, Unavailable
+from tandem.wire import WATCH_RENEW_AFTER, watch_pushes
 
 
 @dataclass
@@ -30,6 +39,8 @@ class _Watcher:
     heartbeat_s: float
     due: float
     owner: str = ""  # the watching orchestrator ("": it did not say)
+    renew_after: int = WATCH_RENEW_AFTER  # pushes before its call ends with a `renew` reply
+    pushes: int = 0
 
 
 class Watchers:
@@ -42,19 +53,24 @@ class Watchers:
         self._closed = False
         self.on_crash: Callable[[BaseException], None] | None = None  # set by the worker's launch (see _beat)
         self.on_owner_gone: Callable[[str], None] | None = None  # the LoRA set's expiry (adapter_set.py)
+        self.on_owner_back: Callable[[str], None] | None = None  # ... and its end
         self._thread = threading.Thread(target=self._beat, name="heartbeat", daemon=True)
         self._thread.start()
 
-    def add(self, sink: Responder, heartbeat_s: float, owner: str = "") -> None:
-        w = _Watcher(sink, max(0.05, heartbeat_s), 0.0, owner)  # the first push goes at once
+    def add(self, sink: Responder, heartbeat_s: float, owner: str = "", renew_after: int = WATCH_RENEW_AFTER) -> None:
+        """A new watch; its call ends after `renew_after` pushes (tandem/wire.py: watch_pushes)."""
+        w = _Watcher(sink, max(0.05, heartbeat_s), 0.0, owner, watch_pushes(renew_after))  # the first push: at once
         if self.feed is not None:
             self.feed.subscribe(id(w))  # its first report is the whole cache
+        if owner and self.on_owner_back is not None:
+            self.on_owner_back(owner)
         with self._cond:
             self._all.append(w)
             self._cond.notify()
 
     def push(self, force: bool = False) -> None:
-        """Send stats to every watcher due for a heartbeat (all of them when `force`); drop the gone."""
+        """Send stats to every watcher due for a heartbeat (all of them when `force`): the last of a call's
+        `renew_after` ends it; drop the gone."""
         with self._sending:
             now = self.clock()
             with self._cond:
@@ -62,19 +78,29 @@ class Watchers:
             if not due:
                 return
             stats = self.stats()  # outside our lock: it takes the worker's
+            renewed = []  # (watcher, its last report)
             for w in due:
-                w.sink.send(self._report(stats, w))
+                w.pushes += 1
+                if w.pushes >= w.renew_after:
+                    renewed.append((w, replace(self._report(stats, w), renew=True)))
+                else:
+                    w.sink.send(self._report(stats, w))
                 w.due = now + w.heartbeat_s
             with self._cond:
                 gone = [w for w in self._all if w.sink.cancelled()]
-                self._all = [w for w in self._all if w not in gone]
-                left = {w.owner for w in gone} - {w.owner for w in self._all} - {""}  # their last watch went
-        for owner in left:
+                ended = gone + [w for w, _ in renewed if w not in gone]
+                self._all = [w for w in self._all if w not in ended]
+                left = {w.owner for w in ended} - {w.owner for w in self._all} - {""}  # their last watch went
+        for owner in left:  # before a renewed call ends: its owner's next watch (back) comes after
             if self.on_owner_gone is not None:
                 self.on_owner_gone(owner)
-        for w in gone:
+        for w in ended:
             if self.feed is not None:
                 self.feed.unsubscribe(id(w))
+        for w, last in renewed:
+            if w not in gone:
+                w.sink.send(last, final=True)
+        for w in gone:
             w.sink.fail(Cancelled("the watcher went away"))  # the final reply retires the request
 
     def _report(self, stats, w: _Watcher):

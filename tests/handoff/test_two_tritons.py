@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 
 import pytest
 
@@ -12,7 +13,7 @@ from builder.repo import RepoOptions
 from engine.generate import run_generation
 from engine.tokenizer import ChatMessage
 from engine.transports.nixl import available as nixl_available
-from control.fleet import WorkerState
+from control.fleet import Fleet, WorkerState
 from control.handoff import Handoff, Timings
 from control.pull_attempt import PullAttempt
 from control.worker_client import DecodeClient, PrefillClient
@@ -394,3 +395,31 @@ def test_a_pull_attempt_whose_prefill_client_closes_ends_cleanly(workers, defaul
     assert holding == 1 and holds == 0 and exits == [0]
     assert error is not None or len([t for t in tokens if t is not None]) == 12, (error, tokens)
     assert ps.pages_held == ps.pages_used == 0 and ds.pages_used == ds.reserved == 0
+
+
+def test_a_watch_call_ends_after_its_pushes_and_the_fleet_watches_again(workers):
+    """Triton keeps every response of a request until the request ends, so a worker ends a Watch call
+    after `renew_after` pushes, the last marked `renew`; the fleet watches again at once and the worker
+    never leaves routing. Real workers in Triton, a real fleet (renewing every 3 pushes of 50 ms)."""
+    push_only(workers)  # one pair of workers shows it
+
+    async def go():
+        url = workers.urls("prefill")[0]
+        client = PrefillClient(url)
+        replies = [s async for s in client.watch(0.05, 5.0, "test-owner", renew_after=3)]
+        assert [r.renew for r in replies] == [False, False, True]  # the call ended: Triton's final response
+        await client.close()
+
+        renewals, health = [], []
+        fleet = Fleet(heartbeat_s=0.05, stall_s=3.0, on_stats=lambda w: renewals.append(w.stats.renew),
+                      on_change=lambda w: health.append(w.healthy))
+        fleet.renew_after = 3
+        w = fleet.add("prefill-0", "prefill", url)
+        try:
+            while renewals.count(True) < 6:
+                await fleet.wait_change(fleet.version, time.monotonic() + 10)
+            assert w.healthy and health == [True]  # it joined once and never left
+        finally:
+            await fleet.close()
+
+    asyncio.run(asyncio.wait_for(go(), 60))

@@ -8,6 +8,7 @@ unless it sends a set again first."""
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -19,7 +20,8 @@ from engine.workers.adapter_set import AdapterSet
 from engine.workers.watchers import Watchers
 from tandem.sampling_params import SamplingParams
 from tandem.status import InvalidArgument, Status, status_of
-from tandem.wire import Ack, Adapters
+from tandem.roles import Role
+from tandem.wire import Ack, Adapters, WorkerStats
 from tests.engine.test_lora import TARGETS, make_adapter
 from tests.workers.test_handoff import ListSink
 
@@ -127,5 +129,31 @@ def test_a_set_leaves_a_while_after_its_orchestrators_last_watch(engine, folders
         watchers.push(force=True)  # o1's last watch went
         assert dropped.wait(10) and sorted(engine.model.loras) == ["every"]
         assert adapters.sets == {"": {}, "o2": {"every": folders["every"]}}
+    finally:
+        watchers.close()
+
+
+def test_a_set_stays_when_its_orchestrators_watch_ends_to_be_renewed(engine, folders, monkeypatch):
+    """A Watch call ends every so often (tandem/wire.py WATCH_RENEW_AFTER) and its orchestrator watches
+    again at once, sending no set (it never left routing): the watch coming back keeps the set, as a set
+    would. Without the watch (the same renewal, nobody back) the set goes after the grace."""
+    monkeypatch.setattr(adapter_set, "OWNER_GRACE_S", 0.2)
+    adapters = AdapterSet(engine, {}, lambda: None)
+    watchers = Watchers(lambda: WorkerStats(role=Role.DECODE))
+    watchers.on_owner_gone, watchers.on_owner_back = adapters.owner_gone, adapters.owner_back
+    try:
+        apply(adapters, {"qv": folders["qv"]}, "o1")
+        apply(adapters, {"every": folders["every"]}, "o2")
+        first = [ListSink(), ListSink()]
+        for sink, owner in zip(first, ("o1", "o2")):
+            watchers.add(sink, 60.0, owner, renew_after=1)  # the first push (at once) is its call's last
+        assert all(s.finished.wait(10) and s.replies[-1].renew for s in first)
+        watchers.add(ListSink(), 60.0, "o1")  # o1 watches again; o2 does not
+        deadline = time.monotonic() + 10
+        while "o2" in adapters.sets and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.4)  # o1's grace (0.2 s) is over too
+        assert adapters.sets == {"": {}, "o1": {"qv": folders["qv"]}}
+        assert sorted(engine.model.loras) == ["qv"]  # o2's `every` left with o2's set
     finally:
         watchers.close()

@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 from control.worker_client import CLIENTS
 from tandem.roles import Role
 from tandem.status import TandemError
-from tandem.wire import WATCH_RENEW_AFTER, WorkerStats
+from tandem.watch_calls import WATCH_RENEW_AFTER
+from tandem.wire import WorkerStats
 
 log = logging.getLogger("tandem.fleet")
 
@@ -92,7 +93,7 @@ class Fleet:
         self.on_stats = on_stats  # callback(worker) after every stats push (metrics)
         self.on_join = None  # async callback(worker) before a worker is routed to; its TandemError keeps it out
         self.owner = secrets.token_hex(8)  # this orchestrator, to its workers (Watch, Adapters)
-        self.renew_after = WATCH_RENEW_AFTER  # replies per Watch call (tandem/wire.py)
+        self.renew_after = WATCH_RENEW_AFTER  # replies per Watch call (tandem/watch_calls.py)
 
     def role(self, role: Role) -> list[WorkerState]:
         return [w for w in self.workers.values() if w.role == role]

@@ -12,8 +12,9 @@ from control.channel import WorkerChannel
 from control.worker_tls import WorkerTls
 from tandem.trtllm_wire import TrtllmDecode, TrtllmPrefilled
 from tandem.roles import Role
-from tandem.wire import (WATCH_RENEW_AFTER, Abort, Ack, Adapters, Flush, Open, Prefill, Prefilled, Pulled, ReaderGone,
-                         Release, Reserved, Start, Stats, Token, Unhold, Watch, WorkerStats, WriterGone)
+from tandem.watch_calls import WATCH_RENEW_AFTER
+from tandem.wire import (Abort, Ack, Adapters, Flush, Open, Prefill, Prefilled, Pulled, ReaderGone, Release, Reserved,
+                         Start, Stats, Token, Unhold, Watch, WorkerStats, WriterGone)
 
 CONTROL_TIMEOUT_S = 10.0  # a control call (start, release, stats) answered by no reply in this long: worker stalled
 ADAPTERS_TIMEOUT_S = 120.0  # loading LoRA adapters reads their files: an adapter of a large model may take a while
@@ -34,7 +35,7 @@ class WorkerClient:
               renew_after: int = WATCH_RENEW_AFTER) -> AsyncIterator[WorkerStats]:
         """Stats on every change and every `heartbeat_s`; Unavailable when nothing came for `stall_s`.
         `owner`: the orchestrator watching (its LoRA set leaves the worker a while after its last watch).
-        The call ends after `renew_after` replies, the last marked `renew` (tandem/wire.py)."""
+        The call ends after `renew_after` replies, the last marked `renew` (tandem/watch_calls.py)."""
         return self.channel.stream(Watch(int(heartbeat_s * 1000), owner, renew_after), stall_s)
 
     async def flush(self) -> Ack:

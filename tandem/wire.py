@@ -55,20 +55,8 @@ from tandem.roles import Role
 from tandem.sampling_params import SamplingParams
 from tandem.status import InvalidArgument, Status
 from tandem.trtllm_wire import TrtllmDecode, TrtllmPrefilled
+from tandem.watch_calls import WATCH_RENEW_AFTER
 from tandem.wire_parse import WireError, fingerprint, json_object, parse, to_base64  # noqa: F401 (WireError, parse: re-exported)
-
-
-# Triton keeps every response of a request until the request ends (about a kilobyte each, in the
-# tritonserver process), so a Watch call that lasted as long as its orchestrator would grow its worker's
-# server for good. A worker ends a Watch call after this many pushes, the last one marked `renew`, and
-# the orchestrator watches again at once.
-WATCH_RENEW_AFTER = 200
-
-
-def watch_pushes(asked: int) -> int:
-    """The pushes a Watch call gets before it ends: `asked` (Watch.renew_after) if in 1..WATCH_RENEW_AFTER,
-    else the most."""
-    return asked if 0 < asked <= WATCH_RENEW_AFTER else WATCH_RENEW_AFTER
 
 
 # -- requests ---------------------------------------------------------------------------------------

@@ -29,7 +29,8 @@ from tandem.pool import host_identity
 from tandem.roles import Role
 from tandem.status import ProtocolError
 from tandem.trtllm_wire import TrtllmDecode
-from tandem.wire import Abort, Ack, Prefill, Stats, Watch, WorkerStats, watch_pushes
+from tandem.watch_calls import watch_pushes
+from tandem.wire import Abort, Ack, Prefill, Stats, Watch, WorkerStats
 
 
 class TritonPythonModel:
@@ -108,7 +109,7 @@ class TritonPythonModel:
 
     async def _watch(self, sink, msg: Watch) -> None:
         """Stats every heartbeat until the caller goes, or for the call's pushes, the last marked `renew`
-        (tandem/wire.py: WATCH_RENEW_AFTER)."""
+        (tandem/watch_calls.py)."""
         for _ in range(watch_pushes(msg.renew_after) - 1):
             if sink.cancelled():
                 sink.send(self.stats(), final=True)

@@ -41,7 +41,8 @@ from tandem.pool import host_identity
 from tandem.roles import Role
 from tandem.status import Cancelled, LeaseLost, OutOfPages, ProtocolError
 from tandem.tracing import NOOP, Tracer
-from tandem.wire import WATCH_RENEW_AFTER, Ack, Open, Release, Reserved, Start, WorkerStats
+from tandem.watch_calls import WATCH_RENEW_AFTER
+from tandem.wire import Ack, Open, Release, Reserved, Start, WorkerStats
 
 
 class DecodeWorker(DecodeLoop):

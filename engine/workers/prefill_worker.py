@@ -52,7 +52,8 @@ from tandem.pool import host_identity
 from tandem.roles import Role
 from tandem.status import Cancelled, ProtocolError
 from tandem.tracing import NOOP, Tracer
-from tandem.wire import WATCH_RENEW_AFTER, Ack, Prefill, WorkerStats
+from tandem.watch_calls import WATCH_RENEW_AFTER
+from tandem.wire import Ack, Prefill, WorkerStats
 
 
 class PrefillWorker(PrefillRuns):

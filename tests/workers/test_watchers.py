@@ -7,7 +7,8 @@ import pytest
 
 from engine.workers.watchers import Watchers
 from tandem.roles import Role
-from tandem.wire import WATCH_RENEW_AFTER, WorkerStats, watch_pushes
+from tandem.watch_calls import WATCH_RENEW_AFTER, watch_pushes
+from tandem.wire import WorkerStats
 from tests.workers.test_handoff import ListSink
 
 

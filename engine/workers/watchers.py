@@ -7,7 +7,8 @@ when one begins, `on_owner_back(owner)`.
 A Watch call ends after `renew_after` pushes (tandem/watch_calls.py): its last reply is
 marked `renew`, and the orchestrator watches again at once. Triton keeps every response of a request
 until the request ends, so one call lasting as long as its orchestrator would grow the worker's server
-by about a kilobyte per push, for good (measured: ~3 KB per request served). A renewed watch leaves as
+by about a kilobyte per push, for good (measured before renewals: 3.0 KB per request in a prefill
+worker's server, 6.3 KB in a decode worker's; scripts/worker_memory.py). A renewed watch leaves as
 any other (its owner's last watch going starts the LoRA set's grace, its return ends it) and the next
 begins with the whole prefix cache.
 

@@ -8,8 +8,13 @@ import torch.nn.functional as F
 from engine.cpu_kernels import gemv as cpu_gemv
 
 
-def _onednn_available() -> bool:
-    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+def _onednn_available(dtype: torch.dtype) -> bool:
+    """Whether oneDNN's linear takes this dtype here: fp32 wherever PyTorch has oneDNN; bf16 only on CPUs
+    with its bf16 instructions (AVX512-BW/VL/DQ or AVX-NE-CONVERT: not an AVX2-only CPU, where its
+    weight reorder raises)."""
+    if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
+        return False
+    return dtype != torch.bfloat16 or torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
 class Dense:
@@ -22,7 +27,7 @@ class Dense:
     its memory traffic.
     The reordered tensor is opaque (only oneDNN's linear can read it; its strides mean nothing), so
     `weight` is never read elsewhere (None where the packed copy is the only one).
-    Elsewhere (CUDA, fp16) it is plain `F.linear`.
+    Elsewhere (CUDA, fp16, bf16 on a CPU without oneDNN's bf16 instructions) it is plain `F.linear`.
 
     Tandem's own kernel (engine/cpu_kernels/gemv.py) takes a product where it applies, on the weight
     packed for it: every fp32 product, and bf16 products of up to 16 rows (a decode step of a few
@@ -43,7 +48,7 @@ class Dense:
         self._packed = cpu_gemv.pack(weight) if cpu and cpu_gemv.supports(weight) else None
         self._few_rows = cpu_gemv.ROWS_FASTER.get(weight.dtype, 0)  # up to this many rows go to the kernel
         every_row = self._packed is not None and self._few_rows == cpu_gemv.EVERY_ROW_COUNT
-        self._onednn = cpu and not every_row and _onednn_available()
+        self._onednn = cpu and not every_row and _onednn_available(weight.dtype)
         if self._onednn:
             self.weight = torch.ops.mkldnn._reorder_linear_weight(weight, self.PACK_BATCH)
         else:

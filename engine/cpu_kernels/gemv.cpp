@@ -1,11 +1,12 @@
-// Matrix products of a few rows on AVX-512 CPUs: y[m, o] = sum_i W[o, i] * x[m, i], against a weight
-// packed once at load into panels of 16 output rows (engine/cpu_kernels/gemv.py: pack):
+// Matrix products of a few rows on AVX-512 or AVX2 CPUs (simd16.h): y[m, o] = sum_i W[o, i] * x[m, i],
+// against a weight packed once at load into panels of 16 output rows (engine/cpu_kernels/gemv.py: pack):
 //   fp32: P [out/16, in, 16]         P[p, i, l]    = W[16p + l, i]
 //   bf16: P [out/16, in/2, 16, 2]    P[p, j, l, t] = W[16p + l, 2j + t]   (the pairs AVX512_BF16 adds)
 // Each step of `in` loads one 64-byte line per panel and adds it, times one value of x broadcast, into
 // 16 output lanes, so no sum ever needs a horizontal add and each panel is one sequential stream. A
-// block of up to 4 panels (64 outputs) meets up to 6 rows of x at a time: 24 accumulators, 4 loads of W
-// and 6 broadcasts per 24 multiply-adds. One row (a decode step of one sequence) reads the weight at
+// block of up to kMaxPanels panels meets up to kMaxRows rows of x at a time: with AVX-512 4 panels (64
+// outputs) and 6 rows, 24 accumulators, 4 loads of W and 6 broadcasts per 24 multiply-adds; with AVX2's
+// 16 half-width registers, 2 panels and 3 rows (12 registers of sums). One row (a decode step of one sequence) reads the weight at
 // about a plain read's bandwidth; 16 to 128 rows in fp32 run near the CPU's multiply-add peak.
 // From 7 to 48 rows (a decode batch, a short prompt) the block is taken in chunks of 64 lines per panel
 // (16 KB, kept in L1 while every group of rows meets it), and the passes after a chunk's first prefetch
@@ -16,30 +17,32 @@
 // past 48 rows the chunks' sums and x's rows outgrow L1 and chunking lost 4-20%).
 // Every output's sum runs over `in` in order, one lane of one accumulator (kept in fp32 between
 // chunks), whatever the row count, so a row's result is the same bits whatever rows are beside it.
-// Called through engine/cpu_kernels/gemv.py, which checks the CPU flags and the shapes first.
+// The measurements above are AVX-512's (Intel, 2 cores). Called through engine/cpu_kernels/gemv.py, which
+// checks the CPU flags and the shapes first.
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 #include <torch/extension.h>
 
 #include <algorithm>
+#include <array>
 #include <cstring>
+#include <type_traits>
+#include <utility>
 
 #include "kernels.h"
+#include "simd16.h"
 
 namespace {
 
-constexpr int kLanes = 16;   // outputs per panel: one 512-bit register of fp32 sums
-constexpr int kMaxPanels = 4;  // panels per block
-constexpr int kMaxRows = 6;    // rows of x per pass over a block (4 x 6 accumulators + 4 of W + 1 of x)
+constexpr int kLanes = 16;                // outputs per panel: one V16 of fp32 sums (simd16.h)
+constexpr int kMaxPanels = kGemvPanels;  // panels per block
+constexpr int kMaxRows = kGemvRows;      // rows of x per pass over a block
 constexpr int64_t kLineBytes = 64;      // one step of a panel's stream, either dtype
 constexpr int64_t kChunkLines = 64;     // steps per chunk: 4 panels x 64 lines = 16 KB, with x's rows in L1
 constexpr int64_t kMaxChunkedRows = 48;  // past this the chunks' partial sums and x's rows outgrow L1
 // Software prefetch distance within each panel's stream: measured best of 0-4096 on the default
 // model's products (fp32 and bf16, 1-16 rows); the hardware streamer alone lags by ~10-25%.
 constexpr int64_t kAhead = 512;
-
-// The row loops carry their own target attribute and the rest of the file is built for any x86-64,
-// so loading this module never executes an AVX-512 instruction on a CPU without it.
 
 // One pass of up to kMaxRows rows over steps [i0, i1) of `in` of a block, taken in chunks. The sums
 // start at zero on the first chunk and from `part` after it, and go to `part` (fp32, row stride
@@ -55,10 +58,10 @@ struct Pass {
 };
 
 template <bool Chunked, int MR, int NB>
-__attribute__((target("avx512f"), always_inline)) inline void start(__m512 (&acc)[MR][NB], const Pass& s) {
+SIMD_INLINE void start(V16 (&acc)[MR][NB], const Pass& s) {
   for (int m = 0; m < MR; ++m)
     for (int n = 0; n < NB; ++n)
-      acc[m][n] = !Chunked || s.first ? _mm512_setzero_ps() : _mm512_loadu_ps(s.part + (m * kMaxPanels + n) * kLanes);
+      acc[m][n] = !Chunked || s.first ? zero16() : load16(s.part + (m * kMaxPanels + n) * kLanes);
 }
 
 // One step's line of the next chunk in each stream this pass carries; `at` walks from s.next.
@@ -70,82 +73,88 @@ __attribute__((always_inline)) inline void prefetch_next(const Pass& s, const ch
 
 // Partial sums of a chunk that is not the last, kept for the next.
 template <int MR, int NB>
-__attribute__((target("avx512f"), always_inline)) inline void keep(const __m512 (&acc)[MR][NB], const Pass& s) {
+SIMD_INLINE void keep(const V16 (&acc)[MR][NB], const Pass& s) {
   for (int m = 0; m < MR; ++m)
-    for (int n = 0; n < NB; ++n) _mm512_storeu_ps(s.part + (m * kMaxPanels + n) * kLanes, acc[m][n]);
+    for (int n = 0; n < NB; ++n) store16(s.part + (m * kMaxPanels + n) * kLanes, acc[m][n]);
 }
 
 // fp32: outputs [16*p0, 16*(p0 + NB)) of MR rows; P as above, x [MR, in] and y [MR, out] row-major.
 template <bool Chunked, int MR, int NB>
-__attribute__((target("avx512f"), noinline))
+SIMD __attribute__((noinline))
 void block_f32(const float* P, const float* x, float* y, int64_t in, int64_t out, int64_t p0, const Pass& s) {
-  __m512 acc[MR][NB];
+  V16 acc[MR][NB];
   start<Chunked>(acc, s);
   const float* w = P + p0 * in * kLanes;  // panel p0 + n starts n * in * kLanes further
   const char* ahead = s.next;
   for (int64_t i = Chunked ? s.i0 : 0, end = Chunked ? s.i1 : in; i < end; ++i) {
     if (Chunked) prefetch_next(s, ahead);
-    __m512 wv[NB];
+    V16 wv[NB];
     for (int n = 0; n < NB; ++n) {
       const float* line = w + (n * in + i) * kLanes;
       _mm_prefetch(reinterpret_cast<const char*>(line) + kAhead, _MM_HINT_T0);
-      wv[n] = _mm512_loadu_ps(line);
+      wv[n] = load16(line);
     }
     for (int m = 0; m < MR; ++m) {
-      const __m512 xb = _mm512_set1_ps(x[m * in + i]);
-      for (int n = 0; n < NB; ++n) acc[m][n] = _mm512_fmadd_ps(wv[n], xb, acc[m][n]);
+      const V16 xb = set16(x[m * in + i]);
+      for (int n = 0; n < NB; ++n) acc[m][n] = fma16(wv[n], xb, acc[m][n]);
     }
   }
   if (Chunked && !s.last) return keep(acc, s);
   for (int m = 0; m < MR; ++m)
-    for (int n = 0; n < NB; ++n) _mm512_storeu_ps(y + m * out + (p0 + n) * kLanes, acc[m][n]);
+    for (int n = 0; n < NB; ++n) store16(y + m * out + (p0 + n) * kLanes, acc[m][n]);
 }
 
-// bf16: as block_f32, two values of `in` per step (dpbf16 adds both products to each fp32 lane); the
-// fp32 sums are rounded to nearest even once at the end, as oneDNN's bf16 inner product does.
+// bf16: as block_f32, two values of `in` per step (each fp32 lane gains both products, simd16.h:
+// dot_pairs16); the fp32 sums are rounded to nearest even once at the end, as oneDNN's bf16 inner
+// product does.
 template <bool Chunked, int MR, int NB>
-__attribute__((target("avx512f,avx512bf16"), noinline))
+SIMD_BF16 __attribute__((noinline))
 void block_bf16(const at::BFloat16* P, const at::BFloat16* x, at::BFloat16* y, int64_t in, int64_t out, int64_t p0,
                 const Pass& s) {
-  __m512 acc[MR][NB];
+  V16 acc[MR][NB];
   start<Chunked>(acc, s);
   const at::BFloat16* w = P + p0 * in * kLanes;
   const char* ahead = s.next;
   for (int64_t i = Chunked ? s.i0 : 0, end = Chunked ? s.i1 : in; i < end; i += 2) {
     if (Chunked) prefetch_next(s, ahead);
-    __m512bh wv[NB];
+    Pairs16 wv[NB];
     for (int n = 0; n < NB; ++n) {
       const at::BFloat16* line = w + (n * in + i) * kLanes;
       _mm_prefetch(reinterpret_cast<const char*>(line) + kAhead, _MM_HINT_T0);
-      wv[n] = (__m512bh)_mm512_loadu_si512(line);
+      wv[n] = load_pairs16(line);
     }
-    for (int m = 0; m < MR; ++m) {
-      int32_t pair;  // x[m, i] and x[m, i + 1], broadcast as one 32-bit value
-      std::memcpy(&pair, x + m * in + i, sizeof(pair));
-      const __m512bh xb = (__m512bh)_mm512_set1_epi32(pair);
-      for (int n = 0; n < NB; ++n) acc[m][n] = _mm512_dpbf16_ps(acc[m][n], wv[n], xb);
-    }
+    for (int m = 0; m < MR; ++m)
+      for (int n = 0; n < NB; ++n) acc[m][n] = dot_pairs16(acc[m][n], wv[n], x + m * in + i);
   }
   if (Chunked && !s.last) return keep(acc, s);
   for (int m = 0; m < MR; ++m)
-    for (int n = 0; n < NB; ++n)
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(y + m * out + (p0 + n) * kLanes),
-                          (__m256i)_mm512_cvtneps_pbh(acc[m][n]));
+    for (int n = 0; n < NB; ++n) store_bf16x16(y + m * out + (p0 + n) * kLanes, acc[m][n]);
 }
 
 template <typename T>
 using Block = void (*)(const T*, const T*, T*, int64_t, int64_t, int64_t, const Pass&);
 template <typename T>
-using Blocks = Block<T>[2][kMaxRows][kMaxPanels];  // [chunked][rows - 1][panels - 1]
+using Blocks = std::array<std::array<std::array<Block<T>, kMaxPanels>, kMaxRows>, 2>;  // [chunked][rows - 1][panels - 1]
 
-#define TANDEM_ROWS(f, c, m) {f<c, m, 1>, f<c, m, 2>, f<c, m, 3>, f<c, m, 4>}
-#define TANDEM_BLOCKS(f, c) \
-  {TANDEM_ROWS(f, c, 1), TANDEM_ROWS(f, c, 2), TANDEM_ROWS(f, c, 3), TANDEM_ROWS(f, c, 4), TANDEM_ROWS(f, c, 5), \
-   TANDEM_ROWS(f, c, 6)}
-constexpr Blocks<float> kBlocksF32 = {TANDEM_BLOCKS(block_f32, false), TANDEM_BLOCKS(block_f32, true)};
-constexpr Blocks<at::BFloat16> kBlocksBF16 = {TANDEM_BLOCKS(block_bf16, false), TANDEM_BLOCKS(block_bf16, true)};
-#undef TANDEM_BLOCKS
-#undef TANDEM_ROWS
+template <typename T, bool C, int MR, int NB>
+constexpr Block<T> block_of() {
+  if constexpr (std::is_same_v<T, float>) {
+    return block_f32<C, MR, NB>;
+  } else {
+    return block_bf16<C, MR, NB>;
+  }
+}
+template <typename T, bool C, int MR, size_t... N>
+constexpr std::array<Block<T>, kMaxPanels> panels_of(std::index_sequence<N...>) {
+  return {block_of<T, C, MR, static_cast<int>(N) + 1>()...};
+}
+template <typename T, bool C, size_t... M>
+constexpr std::array<std::array<Block<T>, kMaxPanels>, kMaxRows> rows_of(std::index_sequence<M...>) {
+  return {panels_of<T, C, static_cast<int>(M) + 1>(std::make_index_sequence<kMaxPanels>())...};
+}
+template <typename T>
+constexpr Blocks<T> kBlocks = {rows_of<T, false>(std::make_index_sequence<kMaxRows>()),
+                               rows_of<T, true>(std::make_index_sequence<kMaxRows>())};
 
 // y [M, out] = x [M, in] @ W.T. The panels are split evenly between threads; each thread walks its own
 // in blocks of up to kMaxPanels, and every group of kMaxRows rows of x meets a block (then in cache)
@@ -201,9 +210,9 @@ torch::Tensor gemv(const torch::Tensor& x, const torch::Tensor& P) {
               "contiguous, of one dtype");
   auto y = torch::empty({x.size(0), P.size(0) * kLanes}, x.options());
   if (f32) {
-    product<float>(x, P, y, kBlocksF32);
+    product<float>(x, P, y, kBlocks<float>);
   } else {
-    product<at::BFloat16>(x, P, y, kBlocksBF16);
+    product<at::BFloat16>(x, P, y, kBlocks<at::BFloat16>);
   }
   return y;
 }

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.cpu_kernels.build import cpu_flags, load
+from engine.cpu_kernels.build import cpu_flags, isa, load
 
 LANES = 16  # output rows per panel (gemv.cpp: kLanes)
 # Up to how many rows `gemv` takes a product (engine/linear.py: Dense). fp32: every row count: on the
@@ -35,7 +35,6 @@ LANES = 16  # output rows per panel (gemv.cpp: kLanes)
 EVERY_ROW_COUNT = 1 << 62
 ROWS_FASTER = {torch.float32: EVERY_ROW_COUNT, torch.bfloat16: 16}
 _PAIR = {torch.float32: 1, torch.bfloat16: 2}  # values of `in` per step of the kernel
-_CPU_FLAG = {torch.float32: "avx512f", torch.bfloat16: "avx512_bf16"}
 
 
 def supports(weight: torch.Tensor) -> bool:
@@ -43,7 +42,15 @@ def supports(weight: torch.Tensor) -> bool:
     16 (bf16: in even), the CPU has the instructions and the kernels load (built on first use)."""
     dt = weight.dtype
     return (weight.device.type == "cpu" and weight.dim() == 2 and dt in _PAIR and weight.shape[0] % LANES == 0
-            and weight.shape[1] % _PAIR[dt] == 0 and _CPU_FLAG[dt] in cpu_flags() and load() is not None)
+            and weight.shape[1] % _PAIR[dt] == 0 and takes(dt) and load() is not None)
+
+
+def takes(dtype: torch.dtype) -> bool:
+    """Whether this CPU's build multiplies this dtype: fp32 in either; bf16 with AVX2 (as fp32 multiply-adds)
+    or with AVX512_BF16's dot products (an AVX-512 CPU without them leaves bf16 to oneDNN)."""
+    if dtype == torch.bfloat16:
+        return isa() == "avx2" or (isa() == "avx512" and "avx512_bf16" in cpu_flags())
+    return dtype == torch.float32 and isa() is not None
 
 
 def pack(weight: torch.Tensor) -> torch.Tensor:
@@ -62,5 +69,5 @@ def gemv(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
 
 
 def describe() -> str:
-    dtypes = [str(dt).removeprefix("torch.") for dt, flag in _CPU_FLAG.items() if flag in cpu_flags()]
+    dtypes = [str(dt).removeprefix("torch.") for dt in _PAIR if takes(dt)]
     return f"products of few rows in {', '.join(dtypes)}" if dtypes and load() else "few-row products: not in use"

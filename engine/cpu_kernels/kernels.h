@@ -1,12 +1,14 @@
 // Tandem's CPU kernels (engine/cpu_kernels): the contracts the Python wrappers check before calling.
-// Every loop that uses AVX-512 carries its own target attribute and the rest is built for any x86-64,
-// so loading the module never executes an instruction the CPU lacks; the wrappers check the CPU flags.
+// The module is built for one instruction set, AVX-512 or AVX2 with FMA (simd16.h; engine/cpu_kernels/
+// build.py picks the CPU's). Every loop that uses it carries its own target attribute and the rest is
+// built for any x86-64, so loading the module never executes an instruction the CPU lacks; the wrappers
+// check the CPU flags.
 #pragma once
 #include <torch/extension.h>
 
 // x: [M, in] contiguous, M >= 1; P: a weight W [out, in] packed by engine/cpu_kernels/gemv.py's `pack`
 // (fp32 [out/16, in, 16]; bf16 [out/16, in/2, 16, 2]) of x's dtype -> [M, out] = x @ W.T of that dtype;
-// each output's sum in an order independent of M. bf16 needs AVX512_BF16; both need AVX-512F.
+// each output's sum in an order independent of M. bf16 in the AVX-512 build needs AVX512_BF16.
 torch::Tensor gemv(const torch::Tensor& x, const torch::Tensor& P);
 
 // One query row per sequence over its paged context:

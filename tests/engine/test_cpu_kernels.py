@@ -18,22 +18,22 @@ from engine.linear import Dense
 from engine.model import rms_norm
 from engine.rope import apply_rotary
 
-HAS_AVX512 = "avx512f" in build.cpu_flags()
-needs_kernel = pytest.mark.skipif(not (HAS_AVX512 and build.load() is not None),
-                                  reason="the kernels need a CPU with AVX-512 and a C++ compiler (or a built cache)")
+HAS_ISA = build.isa() is not None
+needs_kernel = pytest.mark.skipif(not (HAS_ISA and build.load() is not None),
+                                  reason="the kernels need a CPU with AVX-512 or AVX2 and a C++ compiler (or a built cache)")
 SHAPES = [(16, 2), (48, 40), (960, 576), (576, 1536), (3072, 576), (96, 200)]  # the smallest, a partial block, the
 # default model's, and an `in` that is not a whole number of the kernel's chunks (64 steps; bf16 128 values)
 
 
-@pytest.mark.skipif(not (HAS_AVX512 and shutil.which("c++")), reason="needs AVX-512 and a C++ compiler")
+@pytest.mark.skipif(not (HAS_ISA and shutil.which("c++")), reason="needs AVX-512 or AVX2 and a C++ compiler")
 def test_the_kernel_builds_where_the_cpu_and_a_compiler_allow_it():
     assert build.load() is not None
 
 
 # one row, part of a group of x rows, a full group, a group and one, several, the most taken in chunks, one more
 ROWS = [1, 3, 6, 7, 16, 40, 48, 49]
-needs_bf16 = pytest.mark.skipif(not ("avx512_bf16" in build.cpu_flags() and build.load() is not None),
-                                reason="needs AVX512_BF16 and the kernels")
+needs_bf16 = pytest.mark.skipif(not (cpu_gemv.takes(torch.bfloat16) and build.load() is not None),
+                                reason="needs the kernels' bf16 products (AVX2, or AVX-512 with AVX512_BF16)")
 
 
 @needs_kernel
@@ -65,8 +65,8 @@ def test_bf16_equals_a_float64_product_of_the_same_values(shape, rows):
 def test_a_rows_product_is_the_same_bits_whatever_rows_are_beside_it(dtype):
     """Each row's sums run in one order for any row count: a sequence's logits do not depend on the
     batch it decodes in, nor on the row group of the kernel it lands in."""
-    if dtype == torch.bfloat16 and "avx512_bf16" not in build.cpu_flags():
-        pytest.skip("needs AVX512_BF16")
+    if not cpu_gemv.takes(dtype):
+        pytest.skip("needs the kernels' bf16 products")
     torch.manual_seed(2)
     for out, inner in [(3072, 576), (112, 200)]:  # 200: chunks of 64, 64, 64, 8 steps (bf16: 128, 72 values)
         w, x = cpu_gemv.pack(torch.randn(out, inner).to(dtype)), torch.randn(52, inner).to(dtype)
@@ -104,8 +104,8 @@ def test_weights_it_cannot_multiply_are_refused(w):
 @needs_kernel
 def test_a_bf16_dense_layer_gives_few_rows_what_the_batched_kernel_gives_them():
     """In bf16 a few rows go to this kernel, more to oneDNN's: the same product within rounding."""
-    if "avx512_bf16" not in build.cpu_flags():
-        pytest.skip("needs AVX512_BF16")
+    if not cpu_gemv.takes(torch.bfloat16):
+        pytest.skip("needs the kernels' bf16 products")
     torch.manual_seed(1)
     rows = cpu_gemv.ROWS_FASTER[torch.bfloat16] + 8  # more than the kernel is given
     w, b, x = (torch.randn(960, 576).bfloat16(), torch.randn(960).bfloat16(), torch.randn(rows, 576).bfloat16())
@@ -135,8 +135,8 @@ def test_an_fp32_dense_layer_holds_one_copy_and_gives_a_row_the_same_bits_in_any
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_a_dense_layer_reads_its_rows_back_from_the_packed_weight(dtype):
     """A tied head's embedding lookups read the packed copy (engine/model.py keeps no plain embedding)."""
-    if dtype == torch.bfloat16 and "avx512_bf16" not in build.cpu_flags():
-        pytest.skip("needs AVX512_BF16")
+    if not cpu_gemv.takes(dtype):
+        pytest.skip("needs the kernels' bf16 products")
     w = torch.randn(96, 64).to(dtype)
     layer = Dense(w)
     ids = torch.tensor([0, 17, 95, 17, 40])

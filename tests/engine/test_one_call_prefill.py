@@ -20,8 +20,8 @@ from engine.kv_pool import KVCache
 from engine.load import load_engine
 from tandem.sampling_params import SamplingParams
 
-pytestmark = pytest.mark.skipif(not ("avx512f" in build.cpu_flags() and build.load() is not None),
-                                reason="the one-call pass needs AVX-512 and the built kernels")
+pytestmark = pytest.mark.skipif(build.load() is None,
+                                reason="the one-call pass needs the built kernels (AVX-512 or AVX2)")
 TEXTS = ["Name three rivers of Europe.", "What is a prime number? Answer briefly."]  # 15 rows: bf16 takes 16
 # bf16: one rounding step of 2^-8 apart per layer, compounded over 30 layers (seen: K/V 1 ulp apart on
 # average, 0.15 at most where values reach 18; log-probs 0.06 at most)

@@ -24,7 +24,7 @@ import time
 import torch
 
 from bench_llamacpp import LlamaCpp, load_llama_cpp, same_gguf
-from engine.cpu_kernels.build import cpu_flags, load as load_cpu_kernels
+from engine.cpu_kernels.build import cpu_flags, isa, load as load_cpu_kernels
 from engine.checkpoint import KNOWN_MODELS
 from engine.load import load_engine
 from tandem.sampling_params import SamplingParams
@@ -168,7 +168,7 @@ def cpu_name() -> str:
     depend on them: PyTorch's fp32 GEMM is at the CPU's peak on Intel, on a generic path elsewhere)."""
     flags = cpu_flags()
     model = next((ln.partition(":")[2].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "?")
-    shown = " ".join(f for f in ("avx512f", "avx512_bf16", "amx_bf16") if f in flags)
+    shown = " ".join(f for f in ("avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16") if f in flags)
     return f"{model}, {os.cpu_count()} logical, {shown}"
 
 
@@ -241,7 +241,7 @@ def main() -> None:
     llama_cpp = None if args.no_llama_cpp else load_llama_cpp()
     res = {"threads": args.threads, "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
            "load_start": [round(x, 1) for x in os.getloadavg()], "dtypes": {},
-           "kernel": "Tandem's (engine/cpu_kernels)" if load_cpu_kernels() else "PyTorch's", "cpu": cpu_name()}
+           "kernel": f"Tandem's (engine/cpu_kernels, {isa()})" if load_cpu_kernels() else "PyTorch's", "cpu": cpu_name()}
     # transformers in fp32: its GGUF loader keeps the weights packed and computes in fp32, and says fp32
     # is its fastest CPU setting (asked for bf16, it casts around every matmul)
     hf = transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=filename, dtype=torch.float32).eval()

@@ -92,7 +92,7 @@ def load():
     """The compiled module (functions of kernels.h) for this CPU's `isa`, or None where it is off,
     unbuildable or the CPU has no instruction set it is built for.
 
-    Compiles on first use if the cache lacks this version (~40 s on 2 cores). Never raises: a failed
+    Compiles on first use if the cache lacks this version (~40 s to 2 min on 2 cores). Never raises: a failed
     build is logged once and the engine goes on with PyTorch's kernels.
     """
     if not _LOADED:
@@ -117,9 +117,21 @@ def _load():
         return None
 
 
+def build_all() -> None:
+    """Build the module for every instruction set not yet in the cache, whatever this CPU runs: an image
+    built on one CPU then runs the kernels on another (deploy/Dockerfile.cpu). Raises if a build fails."""
+    for target in ISAS:
+        final = _build_dir(target)
+        if not (final / f"{NAME}_{target}.so").exists():
+            _build(final, target)  # imports it too: safe on any x86-64 CPU (simd16.h)
+
+
 def main() -> None:
-    """Build the kernels (if needed) and say whether the engine will use them."""
+    """Build the kernels (if needed; with --all, for every instruction set) and say whether the engine
+    will use them."""
     from engine.cpu_kernels import attention, gemv, layers, norm
+    if "--all" in sys.argv[1:]:
+        build_all()
     print(f"CPU kernels ({isa()}): {'; '.join(m.describe() for m in (gemv, attention, norm, layers))}" if load()
           else "CPU kernels: not in use (CPU without AVX-512 or AVX2, no C++ compiler, or TANDEM_CPU_KERNELS=off)")
 

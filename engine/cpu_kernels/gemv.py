@@ -1,4 +1,4 @@
-"""Matrix products of a few rows on AVX-512 CPUs (gemv.cpp): y [M, out] = x [M, in] @ W.T, W packed once.
+"""Matrix products of a few rows on AVX-512 or AVX2 CPUs (gemv.cpp): y [M, out] = x [M, in] @ W.T, W packed once.
 
 A decode step of one sequence is one such product per weight, bound by memory bandwidth; a small decode
 batch and a short prompt are still near that bound, and up to ~64 rows the products are short enough
@@ -11,8 +11,9 @@ fp32 rows beat oneDNN's blocked-weight linear by 1.1-1.5x (and match it up to 20
 host); in bf16 oneDNN's AMX kernel is ~10% faster at 16 rows and far ahead past that. From 7 to 48
 rows each block is taken in chunks that stay in L1 while the next is prefetched (gemv.cpp): the
 weight's arrival overlaps the arithmetic, 10-15% off 16- and 32-row products.
-A row's result is the same bits whatever the number of rows beside it. It applies to fp32 (AVX-512F)
-and bf16 (AVX512_BF16) weights whose row count is a multiple of 16 (bf16: inner size even).
+A row's result is the same bits whatever the number of rows beside it (and the same on either instruction
+set: simd16.h). It applies to fp32 weights and bf16 ones (`takes`) whose row count is a multiple of 16
+(bf16: inner size even).
 """
 
 from __future__ import annotations
@@ -32,8 +33,12 @@ LANES = 16  # output rows per panel (gemv.cpp: kLanes)
 # layer in one call (engine/cpu_kernels/layers.py), which saves more than the products lose (measured side
 # by side: a 16-token bf16 prompt pass 69 -> 53 ms, a batch-12 decode step 67 -> 52 ms;
 # scripts/bench_products.py: 16 rows 37.4 ms packed, 34.6 oneDNN).
+# On an AVX2 CPU (no AVX-512) bf16 goes to the kernel at every row count too: PyTorch has no fast bf16
+# product there (oneDNN's needs AVX512-BW or AVX-NE-CONVERT, engine/linear.py); measured on a 2-core AMD
+# EPYC (docs/benchmarks/engine, round 13) with bf16 past 16 rows left to PyTorch, a 512-token prompt ran
+# at 84 tokens/s against 588 in fp32.
 EVERY_ROW_COUNT = 1 << 62
-ROWS_FASTER = {torch.float32: EVERY_ROW_COUNT, torch.bfloat16: 16}
+ROWS_FASTER = {torch.float32: EVERY_ROW_COUNT, torch.bfloat16: 16 if isa() == "avx512" else EVERY_ROW_COUNT}
 _PAIR = {torch.float32: 1, torch.bfloat16: 2}  # values of `in` per step of the kernel
 
 

@@ -156,8 +156,9 @@ def test_a_pass_mixing_a_decode_row_and_a_prompt_chunk_gives_each_its_own_bits(e
 
 
 def test_a_prompt_as_long_as_the_limit_runs_in_one_call_and_chunks_give_the_same_bits(engine, monkeypatch):
-    """fp32 takes a few hundred rows in one call: the whole prompt against the layer loop (within rounding,
-    same greedy token), and the prompt in two chunks against it in one pass (bit for bit)."""
+    """A prompt as long as the one-call limit (fp32 1024 rows; bf16 16 with AVX-512, 1024 with AVX2): the
+    whole prompt against the layer loop (within rounding, same greedy token), and the prompt in two chunks
+    against it in one pass (bit for bit)."""
     rows = engine.model.one_call_rows
     ids = (engine.tokenizer.encode(" ".join(TEXTS)) * rows)[:rows]
     calls, real = [], cpu_layers.run_pass
@@ -176,7 +177,13 @@ def test_a_prompt_as_long_as_the_limit_runs_in_one_call_and_chunks_give_the_same
     (loop,), (loop_kv,) = _prefill(engine, [ids], together=True)
     assert len(calls) == 3 and loop.output_ids == whole.output_ids
     dtype = str(engine.model.dtype).removeprefix("torch.")
-    torch.testing.assert_close(whole_kv.float(), loop_kv.float(), **TOL[dtype])
+    if rows <= 16 or engine.model.dtype == torch.float32:
+        torch.testing.assert_close(whole_kv.float(), loop_kv.float(), **TOL[dtype])
+    else:  # a bf16 prompt of 1024 rows (AVX2): the two arithmetics' bf16 roundings compound over 30 layers
+        a, b = whole_kv.float(), loop_kv.float()  # [layers, 2, rows, kv heads, head dim]
+        outside = ~torch.isclose(a, b, **TOL[dtype])
+        assert outside.float().mean() < 1e-4, f"{int(outside.sum())} of {a.numel()} K/V values differ"
+        assert (a - b).abs().mean() <= 0.02 * a.abs().mean()
     torch.testing.assert_close(torch.tensor([r.logprob for r in whole.prompt_logprobs]),
                                torch.tensor([r.logprob for r in loop.prompt_logprobs]), **TOL[dtype])
 

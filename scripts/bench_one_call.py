@@ -46,7 +46,7 @@ def main() -> None:
     engine = load_engine("smollm2-135m", dtype=args.dtype, kv_bytes=256 << 20)
     one_call = engine.model._one_call
     if one_call is None:
-        raise SystemExit("the one-call step does not apply here (needs AVX-512 and the built kernels)")
+        raise SystemExit("the one-call step does not apply here (needs AVX-512 or AVX2 and the built kernels)")
     text_ids = engine.tokenizer.encode(TEXT)
     ids = text_ids[:16]
     print(f"{args.dtype}: one call takes passes of up to {engine.model.one_call_rows} rows; decode batch {args.batch}")

@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.cpu_kernels import gemv
+from engine.linear import onednn_takes
 
 SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)]  # qkv, o, gate_up, down: [out, in]
 
@@ -44,9 +45,11 @@ def main() -> None:
     dtype = getattr(torch, args.dtype)
     plain = [[torch.randn(s).to(dtype) for s in SHAPES] for _ in range(args.layers)]
     if not all(gemv.supports(w) for w in plain[0]):
-        raise SystemExit("Tandem's kernel does not apply here (needs AVX-512, for bf16 AVX512_BF16, and the built kernels)")
+        raise SystemExit("Tandem's kernel does not apply here (needs AVX-512 or AVX2, with AVX-512 for bf16 "
+                         "AVX512_BF16, and the built kernels)")
     packed = [[gemv.pack(w) for w in ws] for ws in plain]
-    blocked = [[torch.ops.mkldnn._reorder_linear_weight(w, 32) for w in ws] for ws in plain]
+    onednn = onednn_takes(dtype)  # not bf16 on an AVX2 CPU
+    blocked = [[torch.ops.mkldnn._reorder_linear_weight(w, 32) for w in ws] for ws in plain] if onednn else []
     print(f"{args.dtype}, {args.layers} layers x {len(SHAPES)} products, {args.threads} threads; ms (GFLOP/s)")
     print("| rows | Tandem (packed) | oneDNN (blocked) | PyTorch default |\n|---|---|---|---|")
     for rows in (int(r) for r in args.rows.split(",")):
@@ -57,8 +60,12 @@ def main() -> None:
                                 for ws in blocked for x, w in zip(xs, ws)],
             "default": lambda: [F.linear(x, w) for ws in plain for x, w in zip(xs, ws)],
         }
+        if not onednn:
+            del runs["blocked"]
         gflop = 2 * rows * sum(o * i for o, i in SHAPES) * args.layers / 1e9
         cells = [f"{ms:.1f} ({gflop / ms * 1e3:.0f})" for ms in (best_ms(f, args.repeats) for f in runs.values())]
+        if not onednn:
+            cells.insert(1, "-")
         print(f"| {rows} | {' | '.join(cells)} |")
 
 

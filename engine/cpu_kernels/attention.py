@@ -2,8 +2,8 @@
 
 The gathered path (engine/attention.py) copies each sequence's context out of the pool every layer and
 builds a mask for SDPA; for one row per sequence that costs more than the attention. This kernel reads
-each key and value where its page table puts it. It applies to fp32 and bf16 pools on AVX-512F CPUs with
-a head size that is a multiple of 16 and at most 256.
+each key and value where its page table puts it. It applies to fp32 and bf16 pools on AVX-512F or AVX2
+CPUs with a head size that is a multiple of 16 and at most 256.
 """
 
 from __future__ import annotations

@@ -35,3 +35,21 @@ def test_bfloat16_perplexity_stays_near_float32():
         ppl[dtype] = perplexity(engine.model, engine.tokenizer.encode(text))
     assert ppl["float32"] < 100  # the reference itself reads the text as English
     assert abs(ppl["bfloat16"] / ppl["float32"] - 1) < 0.03, ppl
+
+
+@pytest.mark.parametrize("kernels", [True, False], ids=["kernels-where-they-apply", "without-kernels"])
+def test_a_bf16_layer_loads_and_multiplies_on_any_cpu(kernels, monkeypatch):
+    """Without Tandem's kernels a bf16 layer goes to oneDNN only where oneDNN has bf16 instructions (an
+    AVX2-only CPU has none: its weight reorder raised there, and no bf16 engine loaded), else PyTorch's."""
+    import torch
+
+    from engine.cpu_kernels import gemv as cpu_gemv
+    from engine.linear import Dense, onednn_takes
+
+    if not kernels:
+        monkeypatch.setattr(cpu_gemv, "supports", lambda w: False)
+    torch.manual_seed(0)
+    w, x = torch.randn(64, 48).bfloat16(), torch.randn(5, 48).bfloat16()
+    layer = Dense(w)
+    assert kernels or layer._onednn == onednn_takes(torch.bfloat16)
+    torch.testing.assert_close(layer(x).float(), (x.double() @ w.double().T).float(), rtol=2 ** -6, atol=0.05)

@@ -241,7 +241,8 @@ def main() -> None:
     llama_cpp = None if args.no_llama_cpp else load_llama_cpp()
     res = {"threads": args.threads, "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
            "load_start": [round(x, 1) for x in os.getloadavg()], "dtypes": {},
-           "kernel": f"Tandem's (engine/cpu_kernels, {isa()})" if load_cpu_kernels() else "PyTorch's", "cpu": cpu_name()}
+           "kernel": f"Tandem's (engine/cpu_kernels, {isa()})" if load_cpu_kernels() else "PyTorch's",
+           "cpu": cpu_name()}
     # transformers in fp32: its GGUF loader keeps the weights packed and computes in fp32, and says fp32
     # is its fastest CPU setting (asked for bf16, it casts around every matmul)
     hf = transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=filename, dtype=torch.float32).eval()

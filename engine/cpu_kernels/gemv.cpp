@@ -6,8 +6,9 @@
 // 16 output lanes, so no sum ever needs a horizontal add and each panel is one sequential stream. A
 // block of up to kMaxPanels panels meets up to kMaxRows rows of x at a time: with AVX-512 4 panels (64
 // outputs) and 6 rows, 24 accumulators, 4 loads of W and 6 broadcasts per 24 multiply-adds; with AVX2's
-// 16 half-width registers, 2 panels and 3 rows (12 registers of sums). One row (a decode step of one sequence) reads the weight at
-// about a plain read's bandwidth; 16 to 128 rows in fp32 run near the CPU's multiply-add peak.
+// 16 half-width registers, 2 panels and 3 rows (12 registers of sums). One row (a decode step of one
+// sequence) reads the weight at about a plain read's bandwidth; 16 to 128 rows in fp32 run near the CPU's
+// multiply-add peak.
 // From 7 to 48 rows (a decode batch, a short prompt) the block is taken in chunks of 64 lines per panel
 // (16 KB, kept in L1 while every group of rows meets it), and the passes after a chunk's first prefetch
 // the next chunk into L2, so the weight's arrival from memory overlaps the multiply-adds instead of
@@ -134,7 +135,7 @@ void block_bf16(const at::BFloat16* P, const at::BFloat16* x, at::BFloat16* y, i
 template <typename T>
 using Block = void (*)(const T*, const T*, T*, int64_t, int64_t, int64_t, const Pass&);
 template <typename T>
-using Blocks = std::array<std::array<std::array<Block<T>, kMaxPanels>, kMaxRows>, 2>;  // [chunked][rows - 1][panels - 1]
+using Blocks = std::array<std::array<std::array<Block<T>, kMaxPanels>, kMaxRows>, 2>;  // [chunked][rows-1][panels-1]
 
 template <typename T, bool C, int MR, int NB>
 constexpr Block<T> block_of() {

@@ -209,7 +209,8 @@ SIMD_INLINE V16 sum16(const V16 (&a)[16]) {
   for (int n = 0; n < 4; ++n)  // q[n]: quarter j holds w of key 4n + j: w_i = u_{i+4} + u_i
     q[n] = _mm512_add_ps(_mm512_shuffle_f32x4(p[2 * n], p[2 * n + 1], _MM_SHUFFLE(3, 1, 3, 1)),
                          _mm512_shuffle_f32x4(p[2 * n], p[2 * n + 1], _MM_SHUFFLE(2, 0, 2, 0)));
-  for (int m = 0; m < 2; ++m)  // s[m]: quarter j holds (x0, x1) of keys 8m + j and 8m + 4 + j: x0 = w0 + w2, x1 = w1 + w3
+  // s[m]: quarter j holds (x0, x1) of keys 8m + j and 8m + 4 + j: x0 = w0 + w2, x1 = w1 + w3
+  for (int m = 0; m < 2; ++m)
     s[m] = _mm512_add_ps(_mm512_shuffle_ps(q[2 * m], q[2 * m + 1], _MM_SHUFFLE(1, 0, 1, 0)),
                          _mm512_shuffle_ps(q[2 * m], q[2 * m + 1], _MM_SHUFFLE(3, 2, 3, 2)));
   // x0 + x1: lane 4j + i holds key 4i + j; put the keys in order

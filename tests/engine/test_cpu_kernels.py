@@ -20,7 +20,7 @@ from engine.rope import apply_rotary
 
 HAS_ISA = build.isa() is not None
 needs_kernel = pytest.mark.skipif(not (HAS_ISA and build.load() is not None),
-                                  reason="the kernels need a CPU with AVX-512 or AVX2 and a C++ compiler (or a built cache)")
+                                  reason="the kernels need a CPU with AVX-512 or AVX2 and a C++ compiler (or a cache)")
 SHAPES = [(16, 2), (48, 40), (960, 576), (576, 1536), (3072, 576), (96, 200)]  # the smallest, a partial block, the
 # default model's, and an `in` that is not a whole number of the kernel's chunks (64 steps; bf16 128 values)
 
@@ -28,6 +28,35 @@ SHAPES = [(16, 2), (48, 40), (960, 576), (576, 1536), (3072, 576), (96, 200)]  #
 @pytest.mark.skipif(not (HAS_ISA and shutil.which("c++")), reason="needs AVX-512 or AVX2 and a C++ compiler")
 def test_the_kernel_builds_where_the_cpu_and_a_compiler_allow_it():
     assert build.load() is not None
+
+
+@pytest.mark.skipif(not shutil.which("c++"), reason="needs a C++ compiler")
+def test_the_image_build_compiles_the_kernels_for_every_instruction_set_on_any_cpu():
+    """`build --all` (deploy/Dockerfile.cpu) compiles the AVX-512 and the AVX2 module whatever this CPU
+    runs, and each imports here: its vector code sits only in functions the loader picks by CPU flags."""
+    build.build_all()
+    for target in build.ISAS:
+        module = build._import(build._build_dir(target) / f"{build.NAME}_{target}.so")
+        assert callable(module.gemv) and callable(module.decode_layers)
+
+
+@pytest.mark.skipif(not ({"avx512f", "avx2", "fma"} <= build.cpu_flags() and shutil.which("c++")),
+                    reason="needs a CPU with both AVX-512 and AVX2 (and a compiler)")
+def test_fp32_kernels_give_the_same_bits_with_avx512_and_avx2():
+    """simd16.h: both builds do the same fp32 arithmetic in the same order (fused multiply-adds, lane sums
+    as one tree, e^x with one rounding of its scaling), so a model's fp32 answers do not depend on the
+    CPU's instruction set. Products of 1 to 49 rows (whole, chunked, whole again) and paged attention."""
+    build.build_all()
+    avx512, avx2 = (build._import(build._build_dir(t) / f"{build.NAME}_{t}.so") for t in ("avx512", "avx2"))
+    torch.manual_seed(3)
+    w = cpu_gemv.pack(torch.randn(3072, 576))  # [192, 576, 16]
+    for rows in (1, 5, 7, 48, 49):
+        x = torch.randn(rows, 576)
+        assert torch.equal(avx512.gemv(x, w), avx2.gemv(x, w)), rows
+    kv = torch.randn(2, 64, 16, 3, 64)  # one pool layer: [2, pages, tpp, Hkv, hd]
+    q, tab = torch.randn(6, 9, 64), torch.randperm(64)[:60].view(6, 10)
+    lens = torch.tensor([1, 15, 16, 33, 100, 160])
+    assert torch.equal(avx512.decode_attention(q, kv, tab, lens), avx2.decode_attention(q, kv, tab, lens))
 
 
 # one row, part of a group of x rows, a full group, a group and one, several, the most taken in chunks, one more

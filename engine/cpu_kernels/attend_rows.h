@@ -28,18 +28,6 @@ inline void key_rows(const T* base, const int64_t* table, int64_t t0, int64_t n,
   }
 }
 
-// One query's scores against sixteen fp32 key rows: [16] = (q . k_i for each i), the dot product's lanes in
-// order over hd's chunks, then sum16. qs: the query, already scaled, 64-byte aligned.
-SIMD_INLINE V16 scores16(const float* const (&rows)[16], const float* qs, int64_t chunks) {
-  V16 acc[16];
-  for (int i = 0; i < 16; ++i) acc[i] = zero16();
-  for (int64_t j = 0; j < chunks; ++j) {
-    const V16 qj = load16(qs + 16 * j);
-    for (int i = 0; i < 16; ++i) acc[i] = fma16(load16(rows[i] + 16 * j), qj, acc[i]);
-  }
-  return sum16(acc);
-}
-
 constexpr int kMaxRows = 16;        // query rows of one sequence in one call of attend_rows (a tile)
 constexpr int kMaxHeadsAtOnce = 4;  // query heads sharing one kv head in one call
 constexpr int64_t kKeyBlock = 128;  // keys whose values stay in L1 while every (row, head) of a tile uses them

@@ -106,23 +106,35 @@ SIMD_INLINE __m256 exp8(__m256 x) {
 }
 SIMD_INLINE V16 exp16(V16 x) { return {exp8(x.lo), exp8(x.hi)}; }
 
-// Sixteen 16-lane sums at once: [16] each a[i]'s lanes summed as reduce_add16 sums them, in key order.
-SIMD_INLINE V16 sum16(const V16 (&a)[16]) {
-  __m256 p[8], q[4];
-  for (int m = 0; m < 8; ++m) {  // p[m]: w of key 2m (lanes 0-3), of key 2m + 1 (4-7): w_i = u_{i+4} + u_i, u = lo + hi
-    const __m256 u0 = _mm256_add_ps(a[2 * m].hi, a[2 * m].lo), u1 = _mm256_add_ps(a[2 * m + 1].hi, a[2 * m + 1].lo);
-    p[m] = _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x31), _mm256_permute2f128_ps(u0, u1, 0x20));
+// The sums of four 16-lane vectors, [4] in order, each as reduce_add16 sums it (the AVX-512 build's sum16
+// tree): u = lo + hi, w_i = u_{i+4} + u_i, x0 = w0 + w2, x1 = w1 + w3, x0 + x1; two vectors per shuffle.
+SIMD_INLINE __m128 sum4(const V16 (&a)[4]) {
+  __m256 u[4];
+  for (int k = 0; k < 4; ++k) u[k] = _mm256_add_ps(a[k].hi, a[k].lo);
+  const __m256 p0 = _mm256_add_ps(_mm256_permute2f128_ps(u[0], u[1], 0x31), _mm256_permute2f128_ps(u[0], u[1], 0x20));
+  const __m256 p1 = _mm256_add_ps(_mm256_permute2f128_ps(u[2], u[3], 0x31), _mm256_permute2f128_ps(u[2], u[3], 0x20));
+  // p0: w of vectors 0 | 1, p1: of 2 | 3; q: (x0, x1) of vectors 0, 2 | 1, 3
+  const __m256 q = _mm256_add_ps(_mm256_shuffle_ps(p0, p1, _MM_SHUFFLE(3, 2, 3, 2)),
+                                 _mm256_shuffle_ps(p0, p1, _MM_SHUFFLE(1, 0, 1, 0)));
+  const __m128 lo = _mm256_castps256_ps128(q), hi = _mm256_extractf128_ps(q, 1);
+  const __m128 r = _mm_add_ps(_mm_shuffle_ps(lo, hi, _MM_SHUFFLE(2, 0, 2, 0)), _mm_shuffle_ps(lo, hi, _MM_SHUFFLE(3, 1, 3, 1)));
+  return _mm_shuffle_ps(r, r, _MM_SHUFFLE(3, 1, 2, 0));  // vectors 0, 2, 1, 3 -> in order
+}
+
+// One query's scores against sixteen fp32 key rows: [16] = (q . k_i for each i), each dot product's lanes
+// in order over hd's chunks, then summed as sum4 sums them. qs: the query, already scaled. Four keys at a
+// time: sixteen keys' sums of two halves would need twice the 16 registers.
+SIMD_INLINE V16 scores16(const float* const (&rows)[16], const float* qs, int64_t chunks) {
+  alignas(32) float out[16];
+  for (int g = 0; g < 16; g += 4) {
+    V16 acc[4] = {zero16(), zero16(), zero16(), zero16()};
+    for (int64_t j = 0; j < chunks; ++j) {
+      const V16 qj = load16(qs + 16 * j);
+      for (int i = 0; i < 4; ++i) acc[i] = fma16(load16(rows[g + i] + 16 * j), qj, acc[i]);
+    }
+    _mm_store_ps(out + g, sum4(acc));
   }
-  for (int n = 0; n < 4; ++n)  // q[n]: (x0, x1) of keys 4n, 4n + 2 | 4n + 1, 4n + 3: x0 = w0 + w2, x1 = w1 + w3
-    q[n] = _mm256_add_ps(_mm256_shuffle_ps(p[2 * n], p[2 * n + 1], _MM_SHUFFLE(3, 2, 3, 2)),
-                         _mm256_shuffle_ps(p[2 * n], p[2 * n + 1], _MM_SHUFFLE(1, 0, 1, 0)));
-  __m256 r[2];
-  for (int h = 0; h < 2; ++h)  // x0 + x1 of keys 8h + (0, 2, 4, 6 | 1, 3, 5, 7), then in order
-    r[h] = _mm256_permutevar8x32_ps(
-        _mm256_add_ps(_mm256_shuffle_ps(q[2 * h], q[2 * h + 1], _MM_SHUFFLE(2, 0, 2, 0)),
-                      _mm256_shuffle_ps(q[2 * h], q[2 * h + 1], _MM_SHUFFLE(3, 1, 3, 1))),
-        _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-  return {r[0], r[1]};
+  return load16(out);
 }
 
 // A panel line of bf16 pairs (16 lanes x (t = 0, 1), gemv.cpp's bf16 packing) as fp32: t = 1, t = 0.
@@ -217,6 +229,18 @@ SIMD_INLINE V16 sum16(const V16 (&a)[16]) {
   const __m512 r = _mm512_add_ps(_mm512_shuffle_ps(s[0], s[1], _MM_SHUFFLE(2, 0, 2, 0)),
                                  _mm512_shuffle_ps(s[0], s[1], _MM_SHUFFLE(3, 1, 3, 1)));
   return {_mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15), r)};
+}
+
+// One query's scores against sixteen fp32 key rows: [16] = (q . k_i for each i), each dot product's lanes
+// in order over hd's chunks, then sum16. qs: the query, already scaled.
+SIMD_INLINE V16 scores16(const float* const (&rows)[16], const float* qs, int64_t chunks) {
+  V16 acc[16];
+  for (int i = 0; i < 16; ++i) acc[i] = zero16();
+  for (int64_t j = 0; j < chunks; ++j) {
+    const V16 qj = load16(qs + 16 * j);
+    for (int i = 0; i < 16; ++i) acc[i] = fma16(load16(rows[i] + 16 * j), qj, acc[i]);
+  }
+  return sum16(acc);
 }
 
 // A panel line of bf16 pairs (16 lanes x (t = 0, 1), gemv.cpp's bf16 packing).

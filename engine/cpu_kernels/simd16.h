@@ -48,14 +48,13 @@ SIMD_INLINE void store16(float* p, V16 v) {
   _mm256_storeu_ps(p, v.lo);
   _mm256_storeu_ps(p + 8, v.hi);
 }
-SIMD_INLINE V16 add16(V16 a, V16 b) { return {_mm256_add_ps(a.lo, b.lo), _mm256_add_ps(a.hi, b.hi)}; }
 SIMD_INLINE V16 sub16(V16 a, V16 b) { return {_mm256_sub_ps(a.lo, b.lo), _mm256_sub_ps(a.hi, b.hi)}; }
 SIMD_INLINE V16 mul16(V16 a, V16 b) { return {_mm256_mul_ps(a.lo, b.lo), _mm256_mul_ps(a.hi, b.hi)}; }
 SIMD_INLINE V16 fma16(V16 a, V16 b, V16 c) {  // a * b + c, rounded once
   return {_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)};
 }
 
-// Lanes [0, n) of a, the rest zero bits (an all-ones mask for n >= 16).
+// The mask of lanes first .. first + 7 of sixteen: all ones where the lane is below n, zero bits elsewhere.
 SIMD_INLINE __m256 live8(int64_t n, int first) {
   const __m256i lane = _mm256_setr_epi32(first, first + 1, first + 2, first + 3, first + 4, first + 5, first + 6,
                                          first + 7);
@@ -117,7 +116,8 @@ SIMD_INLINE __m128 sum4(const V16 (&a)[4]) {
   const __m256 q = _mm256_add_ps(_mm256_shuffle_ps(p0, p1, _MM_SHUFFLE(3, 2, 3, 2)),
                                  _mm256_shuffle_ps(p0, p1, _MM_SHUFFLE(1, 0, 1, 0)));
   const __m128 lo = _mm256_castps256_ps128(q), hi = _mm256_extractf128_ps(q, 1);
-  const __m128 r = _mm_add_ps(_mm_shuffle_ps(lo, hi, _MM_SHUFFLE(2, 0, 2, 0)), _mm_shuffle_ps(lo, hi, _MM_SHUFFLE(3, 1, 3, 1)));
+  const __m128 r =
+      _mm_add_ps(_mm_shuffle_ps(lo, hi, _MM_SHUFFLE(2, 0, 2, 0)), _mm_shuffle_ps(lo, hi, _MM_SHUFFLE(3, 1, 3, 1)));
   return _mm_shuffle_ps(r, r, _MM_SHUFFLE(3, 1, 2, 0));  // vectors 0, 2, 1, 3 -> in order
 }
 
@@ -186,7 +186,6 @@ SIMD_INLINE V16 load16(const at::BFloat16* p) {  // bf16 -> fp32 exactly: the 16
   return {_mm512_castsi512_ps(_mm512_slli_epi32(wide, 16))};
 }
 SIMD_INLINE void store16(float* p, V16 v) { _mm512_storeu_ps(p, v.v); }
-SIMD_INLINE V16 add16(V16 a, V16 b) { return {_mm512_add_ps(a.v, b.v)}; }
 SIMD_INLINE V16 sub16(V16 a, V16 b) { return {_mm512_sub_ps(a.v, b.v)}; }
 SIMD_INLINE V16 mul16(V16 a, V16 b) { return {_mm512_mul_ps(a.v, b.v)}; }
 SIMD_INLINE V16 fma16(V16 a, V16 b, V16 c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }

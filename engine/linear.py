@@ -8,15 +8,6 @@ import torch.nn.functional as F
 from engine.cpu_kernels import gemv as cpu_gemv
 
 
-def onednn_takes(dtype: torch.dtype) -> bool:
-    """Whether oneDNN's linear takes this dtype here: fp32 wherever PyTorch has oneDNN; bf16 only on CPUs
-    with its bf16 instructions (AVX512-BW/VL/DQ or AVX-NE-CONVERT: not an AVX2-only CPU, where its
-    weight reorder raises)."""
-    if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
-        return False
-    return dtype != torch.bfloat16 or torch.ops.mkldnn._is_mkldnn_bf16_supported()
-
-
 class Dense:
     """y = x @ W.T + b with W: [out, in].
 
@@ -48,7 +39,7 @@ class Dense:
         self._packed = cpu_gemv.pack(weight) if cpu and cpu_gemv.supports(weight) else None
         self._few_rows = cpu_gemv.ROWS_FASTER.get(weight.dtype, 0)  # up to this many rows go to the kernel
         every_row = self._packed is not None and self._few_rows == cpu_gemv.EVERY_ROW_COUNT
-        self._onednn = cpu and not every_row and onednn_takes(weight.dtype)
+        self._onednn = cpu and not every_row and cpu_gemv.onednn_takes(weight.dtype)
         if self._onednn:
             self.weight = torch.ops.mkldnn._reorder_linear_weight(weight, self.PACK_BATCH)
         else:

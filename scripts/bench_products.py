@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.cpu_kernels import gemv
-from engine.linear import onednn_takes
+from engine.cpu_kernels.gemv import onednn_takes
 
 SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)]  # qkv, o, gate_up, down: [out, in]
 

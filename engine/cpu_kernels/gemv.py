@@ -23,6 +23,18 @@ import torch
 from engine.cpu_kernels.build import cpu_flags, isa, load
 
 LANES = 16  # output rows per panel (gemv.cpp: kLanes)
+
+
+def onednn_takes(dtype: torch.dtype) -> bool:
+    """Whether oneDNN's linear takes this dtype here: fp32 wherever PyTorch has oneDNN; bf16 only on CPUs
+    with its bf16 instructions (AVX512-BW/VL/DQ or AVX-NE-CONVERT: not an AVX2-only CPU, where its
+    weight reorder raises). Where it takes bf16, PyTorch has a fast bf16 product of many rows; elsewhere
+    every bf16 product is the kernel's (`ROWS_FASTER`; engine/cpu_kernels/layers.py)."""
+    if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
+        return False
+    return dtype != torch.bfloat16 or torch.ops.mkldnn._is_mkldnn_bf16_supported()
+
+
 # Up to how many rows `gemv` takes a product (engine/linear.py: Dense). fp32: every row count: on the
 # Intel host of round 8 (docs/benchmarks/engine) the packed kernel matched or beat oneDNN's blocked
 # linear and MKL at every row count measured (scripts/bench_products.py shapes, alternating medians: 64
@@ -33,12 +45,12 @@ LANES = 16  # output rows per panel (gemv.cpp: kLanes)
 # layer in one call (engine/cpu_kernels/layers.py), which saves more than the products lose (measured side
 # by side: a 16-token bf16 prompt pass 69 -> 53 ms, a batch-12 decode step 67 -> 52 ms;
 # scripts/bench_products.py: 16 rows 37.4 ms packed, 34.6 oneDNN).
-# On an AVX2 CPU (no AVX-512) bf16 goes to the kernel at every row count too: PyTorch has no fast bf16
-# product there (oneDNN's needs AVX512-BW or AVX-NE-CONVERT, engine/linear.py); measured on a 2-core AMD
-# EPYC (docs/benchmarks/engine, round 13) with bf16 past 16 rows left to PyTorch, a 512-token prompt ran
-# at 84 tokens/s against 588 in fp32.
+# Where PyTorch has no fast bf16 product (oneDNN's needs AVX512-BW or AVX-NE-CONVERT: not on an AVX2 CPU)
+# bf16 goes to the kernel at every row count too: measured on a 2-core AMD EPYC (docs/benchmarks/engine,
+# round 13) with bf16 past 16 rows left to PyTorch, a 512-token prompt ran at 84 tokens/s against 588 in fp32.
 EVERY_ROW_COUNT = 1 << 62
-ROWS_FASTER = {torch.float32: EVERY_ROW_COUNT, torch.bfloat16: 16 if isa() == "avx512" else EVERY_ROW_COUNT}
+ROWS_FASTER = {torch.float32: EVERY_ROW_COUNT,
+               torch.bfloat16: 16 if onednn_takes(torch.bfloat16) else EVERY_ROW_COUNT}
 _PAIR = {torch.float32: 1, torch.bfloat16: 2}  # values of `in` per step of the kernel
 
 

@@ -18,7 +18,8 @@ from typing import Callable
 
 import torch
 
-from engine.cpu_kernels.build import isa, load
+from engine.cpu_kernels.build import load
+from engine.cpu_kernels.gemv import onednn_takes
 from engine.lora import LoraRows
 
 
@@ -44,8 +45,9 @@ def layer_weights(layers: list) -> list[torch.Tensor] | None:
 # causal attention reads a key once per block of rows; past ~1500 rows the loop won. (Before the tiles,
 # with a row's keys read once per row, the loop won past ~512. Since tiles of up to 16 rows past 1024
 # keys, one call of 2048 rows is no faster than two rounds of 1024: 1979 against 1954 ms, two runs.)
-# On AVX2 (no AMX, no oneDNN bf16) bf16 passes take fp32's limit: every product is the kernel's anyway.
-ONE_CALL_ROWS = {torch.float32: 1024, torch.bfloat16: 16 if isa() == "avx512" else 1024}
+# Where oneDNN has no bf16 (an AVX2 CPU) bf16 passes take fp32's limit: every product is the kernel's anyway.
+_LIBRARY_BF16 = onednn_takes(torch.bfloat16)
+ONE_CALL_ROWS = {torch.float32: 1024, torch.bfloat16: 16 if _LIBRARY_BF16 else 1024}
 
 
 # Dtypes whose longer passes run as rounds of one call each (engine/passes.py), so that every row's bits
@@ -54,8 +56,8 @@ ONE_CALL_ROWS = {torch.float32: 1024, torch.bfloat16: 16 if isa() == "avx512" el
 # 1762 / 2654 / 8093 in the loop (PyTorch's attention over gathered pages); a fresh prompt of 2048 / 4096
 # rows (python scripts/bench_one_call.py --prompt-lens 2048,4096 --passes 3) 2001 / 5662 in rounds, 2085 /
 # 5740 in the loop (its causal attention). Not bf16: past 16 rows the loop's oneDNN products are twice as
-# fast as the one call's (on AVX2 there is no such product: bf16 runs in rounds as fp32 does).
-IN_ROUNDS = {torch.float32} if isa() == "avx512" else {torch.float32, torch.bfloat16}
+# fast as the one call's (where oneDNN has no bf16 there is no such product: bf16 runs in rounds as fp32 does).
+IN_ROUNDS = {torch.float32} if _LIBRARY_BF16 else {torch.float32, torch.bfloat16}
 
 
 def max_rows(dtype: torch.dtype) -> int:

@@ -44,7 +44,8 @@ def test_a_bf16_layer_loads_and_multiplies_on_any_cpu(kernels, monkeypatch):
     import torch
 
     from engine.cpu_kernels import gemv as cpu_gemv
-    from engine.linear import Dense, onednn_takes
+    from engine.cpu_kernels.gemv import onednn_takes
+    from engine.linear import Dense
 
     if not kernels:
         monkeypatch.setattr(cpu_gemv, "supports", lambda w: False)

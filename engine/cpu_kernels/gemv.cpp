@@ -4,9 +4,10 @@
 //   bf16: P [out/16, in/2, 16, 2]    P[p, j, l, t] = W[16p + l, 2j + t]   (the pairs AVX512_BF16 adds)
 // Each step of `in` loads one 64-byte line per panel and adds it, times one value of x broadcast, into
 // 16 output lanes, so no sum ever needs a horizontal add and each panel is one sequential stream. A
-// block of up to kMaxPanels panels meets up to kMaxRows rows of x at a time: with AVX-512 4 panels (64
-// outputs) and 6 rows, 24 accumulators, 4 loads of W and 6 broadcasts per 24 multiply-adds; with AVX2's
-// 16 half-width registers, 2 panels and 3 rows (12 registers of sums). One row (a decode step of one
+// block of up to Blocking::panels panels meets up to Blocking::rows rows of x at a time: with AVX-512 4
+// panels (64 outputs) and 6 rows, 24 accumulators, 4 loads of W and 6 broadcasts per 24 multiply-adds;
+// with AVX2's 16 half-width registers, fp32 2 panels and 3 rows (12 registers of sums), bf16 1 panel and
+// 5 rows (simd16.h: its lines are widened in registers, half a line at a time). One row (a decode step of one
 // sequence) reads the weight at about a plain read's bandwidth; 16 to 128 rows in fp32 run near the CPU's
 // multiply-add peak.
 // From 7 to 48 rows (a decode batch, a short prompt) the block is taken in chunks of 64 lines per panel
@@ -35,9 +36,19 @@
 
 namespace {
 
-constexpr int kLanes = 16;                // outputs per panel: one V16 of fp32 sums (simd16.h)
-constexpr int kMaxPanels = kGemvPanels;  // panels per block
-constexpr int kMaxRows = kGemvRows;      // rows of x per pass over a block
+constexpr int kLanes = 16;  // outputs per panel: one V16 of fp32 sums (simd16.h)
+// Rows of x per pass over a block, and panels per block, for weights of type T (simd16.h).
+template <typename T>
+struct Blocking {
+  static constexpr int rows = kGemvRows, panels = kGemvPanels;
+  using X = float;  // x as the block reads it
+};
+template <>
+struct Blocking<at::BFloat16> {
+  static constexpr int rows = kGemvRowsBf16, panels = kGemvPanelsBf16;
+  using X = BF16X;
+};
+constexpr int kMostPanels = std::max(kGemvPanels, kGemvPanelsBf16);
 constexpr int64_t kLineBytes = 64;      // one step of a panel's stream, either dtype
 constexpr int64_t kChunkLines = 64;     // steps per chunk: 4 panels x 64 lines = 16 KB, with x's rows in L1
 constexpr int64_t kMaxChunkedRows = 48;  // past this the chunks' partial sums and x's rows outgrow L1
@@ -45,9 +56,9 @@ constexpr int64_t kMaxChunkedRows = 48;  // past this the chunks' partial sums a
 // model's products (fp32 and bf16, 1-16 rows); the hardware streamer alone lags by ~10-25%.
 constexpr int64_t kAhead = 512;
 
-// One pass of up to kMaxRows rows over steps [i0, i1) of `in` of a block, taken in chunks. The sums
+// One pass of up to Blocking::rows rows over steps [i0, i1) of `in` of a block, taken in chunks. The sums
 // start at zero on the first chunk and from `part` after it, and go to `part` (fp32, row stride
-// kMaxPanels * kLanes) until the last chunk, which writes y. From `next` to `next_end` (one panel
+// Blocking::panels * kLanes) until the last chunk, which writes y. From `next` to `next_end` (one panel
 // stream's lines of the next chunk), one line per step goes to L2, in `next_count` streams
 // `next_stride` bytes apart. A block taken whole (the kernels' `Chunked` false) reads none of this.
 struct Pass {
@@ -58,11 +69,11 @@ struct Pass {
   int64_t next_stride, next_count;
 };
 
-template <bool Chunked, int MR, int NB>
+template <typename T, bool Chunked, int MR, int NB>
 SIMD_INLINE void start(V16 (&acc)[MR][NB], const Pass& s) {
   for (int m = 0; m < MR; ++m)
     for (int n = 0; n < NB; ++n)
-      acc[m][n] = !Chunked || s.first ? zero16() : load16(s.part + (m * kMaxPanels + n) * kLanes);
+      acc[m][n] = !Chunked || s.first ? zero16() : load16(s.part + (m * Blocking<T>::panels + n) * kLanes);
 }
 
 // One step's line of the next chunk in each stream this pass carries; `at` walks from s.next.
@@ -73,10 +84,10 @@ __attribute__((always_inline)) inline void prefetch_next(const Pass& s, const ch
 }
 
 // Partial sums of a chunk that is not the last, kept for the next.
-template <int MR, int NB>
+template <typename T, int MR, int NB>
 SIMD_INLINE void keep(const V16 (&acc)[MR][NB], const Pass& s) {
   for (int m = 0; m < MR; ++m)
-    for (int n = 0; n < NB; ++n) store16(s.part + (m * kMaxPanels + n) * kLanes, acc[m][n]);
+    for (int n = 0; n < NB; ++n) store16(s.part + (m * Blocking<T>::panels + n) * kLanes, acc[m][n]);
 }
 
 // fp32: outputs [16*p0, 16*(p0 + NB)) of MR rows; P as above, x [MR, in] and y [MR, out] row-major.
@@ -84,7 +95,7 @@ template <bool Chunked, int MR, int NB>
 SIMD __attribute__((noinline))
 void block_f32(const float* P, const float* x, float* y, int64_t in, int64_t out, int64_t p0, const Pass& s) {
   V16 acc[MR][NB];
-  start<Chunked>(acc, s);
+  start<float, Chunked>(acc, s);
   const float* w = P + p0 * in * kLanes;  // panel p0 + n starts n * in * kLanes further
   const char* ahead = s.next;
   for (int64_t i = Chunked ? s.i0 : 0, end = Chunked ? s.i1 : in; i < end; ++i) {
@@ -100,42 +111,47 @@ void block_f32(const float* P, const float* x, float* y, int64_t in, int64_t out
       for (int n = 0; n < NB; ++n) acc[m][n] = fma16(wv[n], xb, acc[m][n]);
     }
   }
-  if (Chunked && !s.last) return keep(acc, s);
+  if (Chunked && !s.last) return keep<float>(acc, s);
   for (int m = 0; m < MR; ++m)
     for (int n = 0; n < NB; ++n) store16(y + m * out + (p0 + n) * kLanes, acc[m][n]);
 }
 
-// bf16: as block_f32, two values of `in` per step (each fp32 lane gains both products, simd16.h:
-// dot_pairs16); the fp32 sums are rounded to nearest even once at the end, as oneDNN's bf16 inner
-// product does.
+// Step `Step` of the lines of NB panels at `in` step i (simd16.h: add_pair_step16) into MR rows' sums.
+template <int Step, int MR, int NB>
+SIMD_BF16_INLINE void add_line(V16 (&acc)[MR][NB], const at::BFloat16* w, const BF16X* x, int64_t in, int64_t i) {
+  PairStep16 wv[NB];
+  for (int n = 0; n < NB; ++n) wv[n] = load_pair_step16(w + (n * in + i) * kLanes, Step);
+  for (int m = 0; m < MR; ++m)
+    for (int n = 0; n < NB; ++n) acc[m][n] = add_pair_step16(acc[m][n], wv[n], x + m * in + i, Step);
+}
+
+// bf16: as block_f32, two values of `in` per line, taken in kPairSteps steps (simd16.h: add_pair_step16;
+// each fp32 lane gains both products, t = 1's first); x as simd16.h's BF16X. The fp32 sums are rounded
+// to nearest even once at the end, as oneDNN's bf16 inner product does.
 template <bool Chunked, int MR, int NB>
 SIMD_BF16 __attribute__((noinline))
-void block_bf16(const at::BFloat16* P, const at::BFloat16* x, at::BFloat16* y, int64_t in, int64_t out, int64_t p0,
+void block_bf16(const at::BFloat16* P, const BF16X* x, at::BFloat16* y, int64_t in, int64_t out, int64_t p0,
                 const Pass& s) {
   V16 acc[MR][NB];
-  start<Chunked>(acc, s);
+  start<at::BFloat16, Chunked>(acc, s);
   const at::BFloat16* w = P + p0 * in * kLanes;
   const char* ahead = s.next;
   for (int64_t i = Chunked ? s.i0 : 0, end = Chunked ? s.i1 : in; i < end; i += 2) {
     if (Chunked) prefetch_next(s, ahead);
-    Pairs16 wv[NB];
-    for (int n = 0; n < NB; ++n) {
-      const at::BFloat16* line = w + (n * in + i) * kLanes;
-      _mm_prefetch(reinterpret_cast<const char*>(line) + kAhead, _MM_HINT_T0);
-      wv[n] = load_pairs16(line);
-    }
-    for (int m = 0; m < MR; ++m)
-      for (int n = 0; n < NB; ++n) acc[m][n] = dot_pairs16(acc[m][n], wv[n], x + m * in + i);
+    for (int n = 0; n < NB; ++n)
+      _mm_prefetch(reinterpret_cast<const char*>(w + (n * in + i) * kLanes) + kAhead, _MM_HINT_T0);
+    add_line<0>(acc, w, x, in, i);
+    if constexpr (kPairSteps > 1) add_line<1>(acc, w, x, in, i);
   }
-  if (Chunked && !s.last) return keep(acc, s);
+  if (Chunked && !s.last) return keep<at::BFloat16>(acc, s);
   for (int m = 0; m < MR; ++m)
     for (int n = 0; n < NB; ++n) store_bf16x16(y + m * out + (p0 + n) * kLanes, acc[m][n]);
 }
 
 template <typename T>
-using Block = void (*)(const T*, const T*, T*, int64_t, int64_t, int64_t, const Pass&);
-template <typename T>
-using Blocks = std::array<std::array<std::array<Block<T>, kMaxPanels>, kMaxRows>, 2>;  // [chunked][rows-1][panels-1]
+using Block = void (*)(const T*, const typename Blocking<T>::X*, T*, int64_t, int64_t, int64_t, const Pass&);
+template <typename T>  // [chunked][rows-1][panels-1]
+using Blocks = std::array<std::array<std::array<Block<T>, Blocking<T>::panels>, Blocking<T>::rows>, 2>;
 
 template <typename T, bool C, int MR, int NB>
 constexpr Block<T> block_of() {
@@ -146,25 +162,29 @@ constexpr Block<T> block_of() {
   }
 }
 template <typename T, bool C, int MR, size_t... N>
-constexpr std::array<Block<T>, kMaxPanels> panels_of(std::index_sequence<N...>) {
+constexpr std::array<Block<T>, Blocking<T>::panels> panels_of(std::index_sequence<N...>) {
   return {block_of<T, C, MR, static_cast<int>(N) + 1>()...};
 }
 template <typename T, bool C, size_t... M>
-constexpr std::array<std::array<Block<T>, kMaxPanels>, kMaxRows> rows_of(std::index_sequence<M...>) {
-  return {panels_of<T, C, static_cast<int>(M) + 1>(std::make_index_sequence<kMaxPanels>())...};
+constexpr std::array<std::array<Block<T>, Blocking<T>::panels>, Blocking<T>::rows> rows_of(std::index_sequence<M...>) {
+  return {panels_of<T, C, static_cast<int>(M) + 1>(std::make_index_sequence<Blocking<T>::panels>())...};
 }
 template <typename T>
-constexpr Blocks<T> kBlocks = {rows_of<T, false>(std::make_index_sequence<kMaxRows>()),
-                               rows_of<T, true>(std::make_index_sequence<kMaxRows>())};
+constexpr Blocks<T> kBlocks = {rows_of<T, false>(std::make_index_sequence<Blocking<T>::rows>()),
+                               rows_of<T, true>(std::make_index_sequence<Blocking<T>::rows>())};
 
 // y [M, out] = x [M, in] @ W.T. The panels are split evenly between threads; each thread walks its own
-// in blocks of up to kMaxPanels, and every group of kMaxRows rows of x meets a block (then in cache)
+// in blocks of up to Blocking::panels, and every group of Blocking::rows rows of x meets a block (then in cache)
 // before the next block is read: whole, or chunk by chunk from 7 to kMaxChunkedRows rows, each chunk's
 // passes after the first prefetching the next chunk (the rest of this block, or the next block's start).
+// x: [M, in] of Blocking<T>::X.
 template <typename T>
 void product(const torch::Tensor& x, const torch::Tensor& P, torch::Tensor& y, const Blocks<T>& blocks) {
+  constexpr int kMaxRows = Blocking<T>::rows, kMaxPanels = Blocking<T>::panels;
+  using X = typename Blocking<T>::X;
   const int64_t M = x.size(0), in = x.size(1), out = y.size(1), panels = out / kLanes;
-  const T *w = P.data_ptr<T>(), *xv = x.data_ptr<T>();
+  const T* w = P.data_ptr<T>();
+  const X* xv = x.data_ptr<X>();
   T* yv = y.data_ptr<T>();
   const int64_t per_step = kLineBytes / (kLanes * sizeof(T));  // values of `in` per line: fp32 1, bf16 2
   const int64_t later = (M - 1) / kMaxRows;                     // passes after a chunk's first
@@ -172,7 +192,7 @@ void product(const torch::Tensor& x, const torch::Tensor& P, torch::Tensor& y, c
   const int64_t chunk = chunked ? kChunkLines * per_step : in;
   const int64_t panel_bytes = in * kLanes * static_cast<int64_t>(sizeof(T));
   at::parallel_for(0, panels, kMaxPanels, [&](int64_t q0, int64_t q1) {
-    alignas(64) float part[kMaxChunkedRows * kMaxPanels * kLanes];  // [M, 64] sums between chunks
+    alignas(64) float part[kMaxChunkedRows * kMostPanels * kLanes];  // [M, 16 * panels] sums between chunks
     for (int64_t p = q0; p < q1; p += kMaxPanels) {
       const int64_t nb = std::min<int64_t>(kMaxPanels, q1 - p);
       for (int64_t i0 = 0; i0 < in; i0 += chunk) {
@@ -213,7 +233,8 @@ torch::Tensor gemv(const torch::Tensor& x, const torch::Tensor& P) {
   if (f32) {
     product<float>(x, P, y, kBlocks<float>);
   } else {
-    product<at::BFloat16>(x, P, y, kBlocks<at::BFloat16>);
+    const bool wide = std::is_same_v<BF16X, float>;  // x widened once, exactly (simd16.h)
+    product<at::BFloat16>(wide ? x.to(at::kFloat) : x, P, y, kBlocks<at::BFloat16>);
   }
   return y;
 }

@@ -33,6 +33,12 @@ struct V16 {
 
 // Register blocking of the products (gemv.cpp): 16 ymm registers hold 3 x 2 sums of two halves and W.
 constexpr int kGemvRows = 3, kGemvPanels = 2;
+// bf16: 5 x 1 sums of two halves, W's line widened in registers half a line at a time (fp32's lines are
+// multiply-add operands from memory) and x's broadcast. Measured on the default model's products, 2-core
+// AMD EPYC (scripts/bench_products.py --dtype bfloat16, two runs alternating with 3 x 2 and whole lines
+// widened, whose sums spilled): 64 rows 124-172 -> 84-86 ms, 256 rows 507-541 -> 372-384 ms, 1-32 rows
+// within the machine's noise; 2 x 2 was as fast up to 32 rows, 20% slower at 64 and 256.
+constexpr int kGemvRowsBf16 = 5, kGemvPanelsBf16 = 1;
 // (row, head) pairs and value chunks weighed at once (attend_rows.h: weigh_values): 2 x 2 sums of two halves.
 constexpr int kWeighPairs = 2, kWeighChunks = 2;
 
@@ -137,22 +143,27 @@ SIMD_INLINE V16 scores16(const float* const (&rows)[16], const float* qs, int64_
   return load16(out);
 }
 
-// A panel line of bf16 pairs (16 lanes x (t = 0, 1), gemv.cpp's bf16 packing) as fp32: t = 1, t = 0.
-struct Pairs16 {
-  V16 odd, even;
-};
-SIMD_INLINE Pairs16 load_pairs16(const at::BFloat16* line) {
-  const __m256i high = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
+// bf16 products (gemv.cpp: block_bf16) take a panel line of pairs (16 lanes x (t = 0, 1), gemv.cpp's
+// bf16 packing) in kPairSteps steps: here two, the t = 1 values widened to fp32 and multiplied-added
+// into every sum of a block, then the t = 0 values (AVX512_BF16's order for each sum), so only one
+// half of each line is held in registers at a time. x comes widened to fp32 (BF16X), once per product.
+using BF16X = float;
+constexpr int kPairSteps = 2;
+using PairStep16 = V16;
+// Step `step` of a line: its t = 1 values (step 0) or t = 0 values (step 1), as fp32.
+SIMD_INLINE PairStep16 load_pair_step16(const at::BFloat16* line, int step) {
   const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(line));
   const __m256i hi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(line) + 1);
-  return {{_mm256_castsi256_ps(_mm256_and_si256(lo, high)), _mm256_castsi256_ps(_mm256_and_si256(hi, high))},
-          {_mm256_castsi256_ps(_mm256_slli_epi32(lo, 16)), _mm256_castsi256_ps(_mm256_slli_epi32(hi, 16))}};
+  if (step == 0) {
+    const __m256i high = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
+    return {_mm256_castsi256_ps(_mm256_and_si256(lo, high)), _mm256_castsi256_ps(_mm256_and_si256(hi, high))};
+  }
+  return {_mm256_castsi256_ps(_mm256_slli_epi32(lo, 16)), _mm256_castsi256_ps(_mm256_slli_epi32(hi, 16))};
 }
-// acc + the line's products with x's pair (x[i], x[i + 1]) broadcast: the t = 1 product first, then
-// t = 0's, each a multiply-add (AVX512_BF16's order).
-SIMD_INLINE V16 dot_pairs16(V16 acc, const Pairs16& w, const at::BFloat16* xpair) {
-  acc = fma16(w.odd, set16(static_cast<float>(xpair[1])), acc);
-  return fma16(w.even, set16(static_cast<float>(xpair[0])), acc);
+// acc + step `step`'s products with x's pair (x[i], x[i + 1]): x[i + 1] times the t = 1 values, then x[i]
+// times the t = 0 values, each a multiply-add.
+SIMD_INLINE V16 add_pair_step16(V16 acc, PairStep16 w, const float* xpair, int step) {
+  return fma16(w, set16(xpair[1 - step]), acc);
 }
 
 // The 16 sums rounded to bf16, nearest even.
@@ -175,6 +186,7 @@ struct V16 {
 
 // Register blocking of the products (gemv.cpp): 6 x 4 sums, 4 lines of W, one broadcast of x.
 constexpr int kGemvRows = 6, kGemvPanels = 4;
+constexpr int kGemvRowsBf16 = kGemvRows, kGemvPanelsBf16 = kGemvPanels;
 // (row, head) pairs and value chunks weighed at once (attend_rows.h: weigh_values): 6 x 4 sums.
 constexpr int kWeighPairs = 6, kWeighChunks = 4;
 
@@ -242,14 +254,19 @@ SIMD_INLINE V16 scores16(const float* const (&rows)[16], const float* qs, int64_
   return sum16(acc);
 }
 
-// A panel line of bf16 pairs (16 lanes x (t = 0, 1), gemv.cpp's bf16 packing).
-struct Pairs16 {
+// bf16 products (gemv.cpp: block_bf16) take a panel line of pairs (16 lanes x (t = 0, 1), gemv.cpp's
+// bf16 packing) in one step: one vdpbf16ps per sum, against x's pair as bf16 (BF16X).
+using BF16X = at::BFloat16;
+constexpr int kPairSteps = 1;
+struct PairStep16 {
   __m512bh v;
 };
-SIMD_BF16_INLINE Pairs16 load_pairs16(const at::BFloat16* line) { return {(__m512bh)_mm512_loadu_si512(line)}; }
+SIMD_BF16_INLINE PairStep16 load_pair_step16(const at::BFloat16* line, int) {
+  return {(__m512bh)_mm512_loadu_si512(line)};
+}
 // acc + the line's products with x's pair (x[i], x[i + 1]) broadcast as one 32-bit value: one vdpbf16ps
 // (t = 1's product added first, then t = 0's).
-SIMD_BF16_INLINE V16 dot_pairs16(V16 acc, const Pairs16& w, const at::BFloat16* xpair) {
+SIMD_BF16_INLINE V16 add_pair_step16(V16 acc, PairStep16 w, const at::BFloat16* xpair, int) {
   int32_t pair;
   std::memcpy(&pair, xpair, sizeof(pair));
   return {_mm512_dpbf16_ps(acc.v, w.v, (__m512bh)_mm512_set1_epi32(pair))};

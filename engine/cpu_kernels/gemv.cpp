@@ -7,9 +7,9 @@
 // block of up to Blocking::panels panels meets up to Blocking::rows rows of x at a time: with AVX-512 4
 // panels (64 outputs) and 6 rows, 24 accumulators, 4 loads of W and 6 broadcasts per 24 multiply-adds;
 // with AVX2's 16 half-width registers, fp32 2 panels and 3 rows (12 registers of sums), bf16 1 panel and
-// 5 rows (simd16.h: its lines are widened in registers, half a line at a time). One row (a decode step of one
-// sequence) reads the weight at about a plain read's bandwidth; 16 to 128 rows in fp32 run near the CPU's
-// multiply-add peak.
+// 5 rows (simd16.h: its lines are widened in registers, half a line at a time; 1-2 rows take 4 panels).
+// One row (a decode step of one sequence) reads the weight at about a plain read's bandwidth; 16 to 128
+// rows in fp32 run near the CPU's multiply-add peak.
 // From 7 to 48 rows (a decode batch, a short prompt) the block is taken in chunks of 64 lines per panel
 // (16 KB, kept in L1 while every group of rows meets it), and the passes after a chunk's first prefetch
 // the next chunk into L2, so the weight's arrival from memory overlaps the multiply-adds instead of
@@ -30,6 +30,7 @@
 #include <cstring>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "kernels.h"
 #include "simd16.h"
@@ -37,17 +38,21 @@
 namespace {
 
 constexpr int kLanes = 16;  // outputs per panel: one V16 of fp32 sums (simd16.h)
-// Rows of x per pass over a block, and panels per block, for weights of type T (simd16.h).
+// Rows of x per pass over a block and panels per block, for weights of type T (simd16.h), and the panels
+// per block of a product of up to `few_rows` rows (one pass, few sums: more panel streams at once).
 template <typename T>
 struct Blocking {
-  static constexpr int rows = kGemvRows, panels = kGemvPanels;
+  static constexpr int rows = kGemvRows, panels = kGemvPanels, few_rows = 0, few_rows_panels = kGemvPanels;
   using X = float;  // x as the block reads it
 };
 template <>
 struct Blocking<at::BFloat16> {
   static constexpr int rows = kGemvRowsBf16, panels = kGemvPanelsBf16;
+  static constexpr int few_rows = kGemvFewRowsBf16, few_rows_panels = kGemvFewRowsPanelsBf16;
   using X = BF16X;
 };
+template <typename T>
+constexpr int kTablePanels = std::max(Blocking<T>::panels, Blocking<T>::few_rows_panels);
 constexpr int kMostPanels = std::max(kGemvPanels, kGemvPanelsBf16);
 constexpr int64_t kLineBytes = 64;      // one step of a panel's stream, either dtype
 constexpr int64_t kChunkLines = 64;     // steps per chunk: 4 panels x 64 lines = 16 KB, with x's rows in L1
@@ -151,7 +156,7 @@ void block_bf16(const at::BFloat16* P, const BF16X* x, at::BFloat16* y, int64_t 
 template <typename T>
 using Block = void (*)(const T*, const typename Blocking<T>::X*, T*, int64_t, int64_t, int64_t, const Pass&);
 template <typename T>  // [chunked][rows-1][panels-1]
-using Blocks = std::array<std::array<std::array<Block<T>, Blocking<T>::panels>, Blocking<T>::rows>, 2>;
+using Blocks = std::array<std::array<std::array<Block<T>, kTablePanels<T>>, Blocking<T>::rows>, 2>;
 
 template <typename T, bool C, int MR, int NB>
 constexpr Block<T> block_of() {
@@ -162,12 +167,12 @@ constexpr Block<T> block_of() {
   }
 }
 template <typename T, bool C, int MR, size_t... N>
-constexpr std::array<Block<T>, Blocking<T>::panels> panels_of(std::index_sequence<N...>) {
+constexpr std::array<Block<T>, kTablePanels<T>> panels_of(std::index_sequence<N...>) {
   return {block_of<T, C, MR, static_cast<int>(N) + 1>()...};
 }
 template <typename T, bool C, size_t... M>
-constexpr std::array<std::array<Block<T>, Blocking<T>::panels>, Blocking<T>::rows> rows_of(std::index_sequence<M...>) {
-  return {panels_of<T, C, static_cast<int>(M) + 1>(std::make_index_sequence<Blocking<T>::panels>())...};
+constexpr std::array<std::array<Block<T>, kTablePanels<T>>, Blocking<T>::rows> rows_of(std::index_sequence<M...>) {
+  return {panels_of<T, C, static_cast<int>(M) + 1>(std::make_index_sequence<kTablePanels<T>>())...};
 }
 template <typename T>
 constexpr Blocks<T> kBlocks = {rows_of<T, false>(std::make_index_sequence<Blocking<T>::rows>()),
@@ -177,34 +182,35 @@ constexpr Blocks<T> kBlocks = {rows_of<T, false>(std::make_index_sequence<Blocki
 // in blocks of up to Blocking::panels, and every group of Blocking::rows rows of x meets a block (then in cache)
 // before the next block is read: whole, or chunk by chunk from 7 to kMaxChunkedRows rows, each chunk's
 // passes after the first prefetching the next chunk (the rest of this block, or the next block's start).
-// x: [M, in] of Blocking<T>::X.
+// xv: x [M, in] as Blocking<T>::X.
 template <typename T>
-void product(const torch::Tensor& x, const torch::Tensor& P, torch::Tensor& y, const Blocks<T>& blocks) {
-  constexpr int kMaxRows = Blocking<T>::rows, kMaxPanels = Blocking<T>::panels;
-  using X = typename Blocking<T>::X;
-  const int64_t M = x.size(0), in = x.size(1), out = y.size(1), panels = out / kLanes;
+void product(const typename Blocking<T>::X* xv, int64_t M, int64_t in, const torch::Tensor& P, torch::Tensor& y,
+             const Blocks<T>& blocks) {
+  constexpr int kMaxRows = Blocking<T>::rows;
+  const int64_t block_panels = M <= Blocking<T>::few_rows ? Blocking<T>::few_rows_panels  // never chunked
+                                                         : Blocking<T>::panels;
+  const int64_t out = y.size(1), panels = out / kLanes;
   const T* w = P.data_ptr<T>();
-  const X* xv = x.data_ptr<X>();
   T* yv = y.data_ptr<T>();
   const int64_t per_step = kLineBytes / (kLanes * sizeof(T));  // values of `in` per line: fp32 1, bf16 2
   const int64_t later = (M - 1) / kMaxRows;                     // passes after a chunk's first
   const bool chunked = later > 0 && M <= kMaxChunkedRows;
   const int64_t chunk = chunked ? kChunkLines * per_step : in;
   const int64_t panel_bytes = in * kLanes * static_cast<int64_t>(sizeof(T));
-  at::parallel_for(0, panels, kMaxPanels, [&](int64_t q0, int64_t q1) {
+  at::parallel_for(0, panels, block_panels, [&](int64_t q0, int64_t q1) {
     alignas(64) float part[kMaxChunkedRows * kMostPanels * kLanes];  // [M, 16 * panels] sums between chunks
-    for (int64_t p = q0; p < q1; p += kMaxPanels) {
-      const int64_t nb = std::min<int64_t>(kMaxPanels, q1 - p);
+    for (int64_t p = q0; p < q1; p += block_panels) {
+      const int64_t nb = std::min<int64_t>(block_panels, q1 - p);
       for (int64_t i0 = 0; i0 < in; i0 += chunk) {
         const int64_t i1 = std::min(in, i0 + chunk);
         const bool rest = i1 < in;  // the next chunk is this block's; else the next block's first
-        const int64_t np = rest ? p : p + kMaxPanels, nnb = std::min<int64_t>(kMaxPanels, q1 - np);
+        const int64_t np = rest ? p : p + block_panels, nnb = std::min<int64_t>(block_panels, q1 - np);
         const char* next_start = nnb <= 0 ? nullptr
             : reinterpret_cast<const char*>(w) + np * panel_bytes + (rest ? i1 / per_step : 0) * kLineBytes;
         const int64_t next_lines = std::min(chunk, rest ? in - i1 : in) / per_step;
         for (int64_t m0 = 0, h = 0; m0 < M; m0 += kMaxRows, ++h) {
           const int64_t mr = std::min<int64_t>(kMaxRows, M - m0);
-          Pass s{i0, i1, part + m0 * kMaxPanels * kLanes, i0 == 0, i1 == in, nullptr, nullptr, 0, 0};
+          Pass s{i0, i1, part + m0 * Blocking<T>::panels * kLanes, i0 == 0, i1 == in, nullptr, nullptr, 0, 0};
           if (chunked && h >= 1 && h <= nnb) {  // pass h takes panels h-1, h-1+later, ... of the next chunk
             s.next = next_start + (h - 1) * panel_bytes;
             s.next_end = s.next + next_lines * kLineBytes;
@@ -216,6 +222,29 @@ void product(const torch::Tensor& x, const torch::Tensor& P, torch::Tensor& y, c
       }
     }
   });
+}
+
+// n values of x widened to fp32 at `out`, exactly.
+SIMD void widen(const at::BFloat16* x, float* out, int64_t n) {
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) store16(out + i, load16(x + i));
+  for (; i < n; ++i) out[i] = static_cast<float>(x[i]);
+}
+
+// bf16 x [M, in] as block_bf16 reads it (simd16.h: BF16X): itself, or widened into `wide`.
+template <typename X = BF16X>
+const X* bf16_input(const torch::Tensor& x, std::vector<float>& wide) {
+  if constexpr (std::is_same_v<X, float>) {
+    const int64_t in = x.size(1);
+    wide.resize(x.numel());
+    const at::BFloat16* xv = x.data_ptr<at::BFloat16>();
+    at::parallel_for(0, x.size(0), std::max<int64_t>(1, 16384 / in), [&](int64_t m0, int64_t m1) {
+      widen(xv + m0 * in, wide.data() + m0 * in, (m1 - m0) * in);
+    });
+    return wide.data();
+  } else {
+    return x.data_ptr<X>();
+  }
 }
 
 }  // namespace
@@ -231,10 +260,10 @@ torch::Tensor gemv(const torch::Tensor& x, const torch::Tensor& P) {
               "contiguous, of one dtype");
   auto y = torch::empty({x.size(0), P.size(0) * kLanes}, x.options());
   if (f32) {
-    product<float>(x, P, y, kBlocks<float>);
+    product<float>(x.data_ptr<float>(), x.size(0), in, P, y, kBlocks<float>);
   } else {
-    const bool wide = std::is_same_v<BF16X, float>;  // x widened once, exactly (simd16.h)
-    product<at::BFloat16>(wide ? x.to(at::kFloat) : x, P, y, kBlocks<at::BFloat16>);
+    std::vector<float> wide;
+    product<at::BFloat16>(bf16_input(x, wide), x.size(0), in, P, y, kBlocks<at::BFloat16>);
   }
   return y;
 }

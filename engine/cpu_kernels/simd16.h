@@ -37,8 +37,10 @@ constexpr int kGemvRows = 3, kGemvPanels = 2;
 // multiply-add operands from memory) and x's broadcast. Measured on the default model's products, 2-core
 // AMD EPYC (scripts/bench_products.py --dtype bfloat16, two runs alternating with 3 x 2 and whole lines
 // widened, whose sums spilled): 64 rows 124-172 -> 84-86 ms, 256 rows 507-541 -> 372-384 ms, 1-32 rows
-// within the machine's noise; 2 x 2 was as fast up to 32 rows, 20% slower at 64 and 256.
-constexpr int kGemvRowsBf16 = 5, kGemvPanelsBf16 = 1;
+// within the machine's noise; 2 x 2 was as fast up to 32 rows, 20% slower at 64 and 256. Products of 1-2
+// rows are bound by memory, not registers: 4 panels per block keep more streams in flight (1 row,
+// alternating: 8.4-11.5 ms with 4, 13.4-13.8 with 1).
+constexpr int kGemvRowsBf16 = 5, kGemvPanelsBf16 = 1, kGemvFewRowsBf16 = 2, kGemvFewRowsPanelsBf16 = 4;
 // (row, head) pairs and value chunks weighed at once (attend_rows.h: weigh_values): 2 x 2 sums of two halves.
 constexpr int kWeighPairs = 2, kWeighChunks = 2;
 
@@ -186,7 +188,8 @@ struct V16 {
 
 // Register blocking of the products (gemv.cpp): 6 x 4 sums, 4 lines of W, one broadcast of x.
 constexpr int kGemvRows = 6, kGemvPanels = 4;
-constexpr int kGemvRowsBf16 = kGemvRows, kGemvPanelsBf16 = kGemvPanels;
+constexpr int kGemvRowsBf16 = kGemvRows, kGemvPanelsBf16 = kGemvPanels, kGemvFewRowsBf16 = 0,
+              kGemvFewRowsPanelsBf16 = kGemvPanels;
 // (row, head) pairs and value chunks weighed at once (attend_rows.h: weigh_values): 6 x 4 sums.
 constexpr int kWeighPairs = 6, kWeighChunks = 4;
 

@@ -25,6 +25,7 @@ import torch
 
 from bench_llamacpp import LlamaCpp, load_llama_cpp, same_gguf
 from engine.cpu_kernels.build import cpu_flags, isa, load as load_cpu_kernels
+from engine.cpu_kernels.gemv import onednn_takes
 from engine.checkpoint import KNOWN_MODELS
 from engine.load import load_engine
 from tandem.sampling_params import SamplingParams
@@ -106,6 +107,13 @@ def best_of(fn, repeats: int) -> float:
     return max(fn() for _ in range(repeats))
 
 
+def peak_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype whose library product measures `dtype`'s arithmetic peak: itself, but fp32 for bf16 where
+    PyTorch has no fast bf16 product (an AVX2 CPU: its bf16 product runs at ~1 GFLOP/s, and any engine's
+    bf16 there is fp32 arithmetic on widened values)."""
+    return torch.float32 if dtype == torch.bfloat16 and not onednn_takes(dtype) else dtype
+
+
 def product_peak_gflops(dtype: torch.dtype, n: int = 2048, repeats: int = 5) -> float:
     """The best rate of PyTorch's own n x n matrix product in `dtype` on this machine's threads: as near
     the CPU's arithmetic peak as a library gets (the ceiling below is computed from it)."""
@@ -136,7 +144,8 @@ def bench_dtype(dtype: str, args, hf, gguf_src: str, llama_cpp) -> dict:
                                                  n_ctx=max(args.prefill_len, args.prompt_len) + args.new_tokens + 8)
     pad = engine.tokenizer.eos_token_id
     r: dict = {"weight_bytes": engine.model.weight_bytes, "decode": {}, "gflop": {},
-               "peak_gflops": product_peak_gflops(getattr(torch, dtype))}
+               "peak_gflops": product_peak_gflops(peak_dtype(getattr(torch, dtype))),
+                    "peak_dtype": str(peak_dtype(getattr(torch, dtype))).removeprefix("torch.")}
     batches = [int(x) for x in args.batches.split(",")]
     steps = range(args.prompt_len, args.prompt_len + args.new_tokens - 1)  # the measured steps' contexts
     for b in batches:
@@ -217,7 +226,8 @@ def ceiling(r: dict) -> str:
         least_ms, theirs_ms = gflop / peak * 1e3, rows / d["transformers"] * 1e3
         parts.append(f"{name} {gflop:.1f} GFLOP, >= {least_ms:.0f} ms (transformers {theirs_ms:.0f} ms: at most "
                      f"{theirs_ms / least_ms:.2f}x)")
-    return f"- ceiling at the peak product rate ({peak:.0f} GFLOP/s, PyTorch's 2048 x 2048): " + "; ".join(parts)
+    of = r.get("peak_dtype", "")
+    return f"- ceiling at the peak product rate ({peak:.0f} GFLOP/s, PyTorch's {of} 2048 x 2048): " + "; ".join(parts)
 
 
 def main() -> None:

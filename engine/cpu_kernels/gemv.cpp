@@ -122,6 +122,7 @@ void block_f32(const float* P, const float* x, float* y, int64_t in, int64_t out
 }
 
 // Step `Step` of the lines of NB panels at `in` step i (simd16.h: add_pair_step16) into MR rows' sums.
+// One function per step, not a loop over steps: with the loop GCC stored every sum to the stack each step.
 template <int Step, int MR, int NB>
 SIMD_BF16_INLINE void add_line(V16 (&acc)[MR][NB], const at::BFloat16* w, const BF16X* x, int64_t in, int64_t i) {
   PairStep16 wv[NB];
@@ -179,9 +180,10 @@ constexpr Blocks<T> kBlocks = {rows_of<T, false>(std::make_index_sequence<Blocki
                                rows_of<T, true>(std::make_index_sequence<Blocking<T>::rows>())};
 
 // y [M, out] = x [M, in] @ W.T. The panels are split evenly between threads; each thread walks its own
-// in blocks of up to Blocking::panels, and every group of Blocking::rows rows of x meets a block (then in cache)
-// before the next block is read: whole, or chunk by chunk from 7 to kMaxChunkedRows rows, each chunk's
-// passes after the first prefetching the next chunk (the rest of this block, or the next block's start).
+// in blocks of up to Blocking::panels (few_rows_panels for a product of up to few_rows rows), and every
+// group of Blocking::rows rows of x meets a block (then in cache) before the next block is read: whole, or
+// chunk by chunk from 7 to kMaxChunkedRows rows, each chunk's passes after the first prefetching the next
+// chunk (the rest of this block, or the next block's start).
 // xv: x [M, in] as Blocking<T>::X.
 template <typename T>
 void product(const typename Blocking<T>::X* xv, int64_t M, int64_t in, const torch::Tensor& P, torch::Tensor& y,

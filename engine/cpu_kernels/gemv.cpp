@@ -53,7 +53,6 @@ struct Blocking<at::BFloat16> {
 };
 template <typename T>
 constexpr int kTablePanels = std::max(Blocking<T>::panels, Blocking<T>::few_rows_panels);
-constexpr int kMostPanels = std::max(kGemvPanels, kGemvPanelsBf16);
 constexpr int64_t kLineBytes = 64;      // one step of a panel's stream, either dtype
 constexpr int64_t kChunkLines = 64;     // steps per chunk: 4 panels x 64 lines = 16 KB, with x's rows in L1
 constexpr int64_t kMaxChunkedRows = 48;  // past this the chunks' partial sums and x's rows outgrow L1
@@ -200,7 +199,7 @@ void product(const typename Blocking<T>::X* xv, int64_t M, int64_t in, const tor
   const int64_t chunk = chunked ? kChunkLines * per_step : in;
   const int64_t panel_bytes = in * kLanes * static_cast<int64_t>(sizeof(T));
   at::parallel_for(0, panels, block_panels, [&](int64_t q0, int64_t q1) {
-    alignas(64) float part[kMaxChunkedRows * kMostPanels * kLanes];  // [M, 16 * panels] sums between chunks
+    alignas(64) float part[kMaxChunkedRows * Blocking<T>::panels * kLanes];  // [M, 16 * panels] sums between chunks
     for (int64_t p = q0; p < q1; p += block_panels) {
       const int64_t nb = std::min<int64_t>(block_panels, q1 - p);
       for (int64_t i0 = 0; i0 < in; i0 += chunk) {

@@ -16,17 +16,24 @@ import os
 import signal
 import time
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import torch
 import triton_python_backend_utils as pb_utils
 
 from engine.lora_files import parse_modules
+from engine.workers.adapter_set import AdapterSet
 from tandem.logs import setup_logging
 from tandem.request_context import begin, end
 from tandem.secret import PARAMETER, load_secret
 from tandem.status import ProtocolError, Status, Unauthenticated, status_of
 from tandem.tracing import TraceConfig, Tracer, make_tracer
-from tandem.wire import decode_request, encode_reply
+from tandem.wire import Adapters, Flush, Stats, Watch, decode_request, encode_reply
+
+if TYPE_CHECKING:
+    from engine.workers.decode_worker import DecodeWorker
+    from engine.workers.prefill_worker import PrefillWorker
 
 log = logging.getLogger("tandem.worker")
 CANCEL_CHECK_S = 0.25  # is_cancelled() is an IPC to the server: ask at most this often per request
@@ -77,17 +84,32 @@ def end_server(error: BaseException) -> None:
     os.killpg(os.getpgid(0), signal.SIGKILL)
 
 
-def setup_threads(params: Params) -> None:
-    """Torch's threads, and this stub's log lines (to Triton's log) in the format its worker was given
-    (TANDEM_LOG_FORMAT), each naming the request it is about."""
+def start_model(args: dict, role: str) -> tuple[Params, "Auth", Tracer]:
+    """What every worker model does first: read its parameters; load the deployment secret (before
+    anything slow, so a bad secret fails the load at once); set torch's threads and this stub's log lines
+    (to Triton's log, in the format its worker was given, TANDEM_LOG_FORMAT, each naming the request it
+    is about); and make the tracer its environment asks for (TANDEM_OTLP_ENDPOINT or the OTEL_*
+    variables: the stack passes its own on, ops/local_workers.py; NOOP when none, and opentelemetry is
+    never imported) for the spans of traced requests, exported from this process."""
+    params = Params(args)
+    auth = Auth()
     torch.set_num_threads(max(1, params.int("threads")))
     setup_logging(os.environ.get("TANDEM_LOG_FORMAT", "text"), logging.WARNING)
+    return params, auth, make_tracer(TraceConfig.from_env(os.environ, role=role))
 
 
-def worker_tracer(role: str) -> Tracer:
-    """The tracer this worker's environment asks for (TANDEM_OTLP_ENDPOINT or the OTEL_* variables: the
-    stack passes its own on, ops/local_workers.py); NOOP when none, and opentelemetry is never imported."""
-    return make_tracer(TraceConfig.from_env(os.environ, role=role))
+def worker_handlers(worker: PrefillWorker | DecodeWorker, configured: dict[str, str]) -> dict:
+    """The calls a prefill and a decode worker answer alike: Watch, Stats, Flush, and Adapters for the
+    worker's own LoRA adapters (`configured`: folder by name), which expire with their owner's watch."""
+    adapters = AdapterSet(worker.engine, configured, lambda: worker.watchers.push(force=True))
+    worker.watchers.on_owner_gone = adapters.owner_gone
+    worker.watchers.on_owner_back = adapters.owner_back
+    return {
+        Watch: lambda msg, sink: worker.watch(sink, msg.heartbeat_ms / 1000, msg.owner, msg.renew_after),
+        Stats: lambda msg, sink: worker.stats(),
+        Flush: lambda msg, sink: worker.flush(),
+        Adapters: adapters.apply,
+    }
 
 
 class ResponseSink:

@@ -8,37 +8,26 @@ from __future__ import annotations
 
 from engine.load import load_engine
 from engine.transports.host import PoolHost
-from engine.triton.common import (Auth, Params, dispatch, end_server, instance_device, pass_budget, setup_threads,
-                                  worker_tracer)
-from engine.workers.adapter_set import AdapterSet
+from engine.triton.common import dispatch, end_server, instance_device, pass_budget, start_model, worker_handlers
 from engine.workers.decode_worker import DecodeWorker
 from tandem.roles import Role
-from tandem.wire import Adapters, Flush, Open, Release, Start, Stats, Watch, WriterGone
+from tandem.wire import Open, Release, Start, WriterGone
 
 
 def handlers(worker: DecodeWorker, configured: dict[str, str]) -> dict:
     """`configured`: the worker's own LoRA adapters (folder by name)."""
-    adapters = AdapterSet(worker.engine, configured, lambda: worker.watchers.push(force=True))
-    worker.watchers.on_owner_gone = adapters.owner_gone
-    worker.watchers.on_owner_back = adapters.owner_back
     return {
         Open: worker.open,
         Start: lambda msg, sink: worker.start(msg),
         Release: lambda msg, sink: worker.release(msg),
         WriterGone: lambda msg, sink: worker.writer_gone(msg.writer),
-        Watch: lambda msg, sink: worker.watch(sink, msg.heartbeat_ms / 1000, msg.owner, msg.renew_after),
-        Stats: lambda msg, sink: worker.stats(),
-        Flush: lambda msg, sink: worker.flush(),
-        Adapters: adapters.apply,
+        **worker_handlers(worker, configured),
     }
 
 
 class TritonPythonModel:
     def initialize(self, args):
-        p = Params(args)
-        self.auth = Auth()  # before anything slow: a bad secret fails the load at once
-        setup_threads(p)
-        self.tracer = worker_tracer("decode")  # spans of traced requests, exported from this process
+        p, self.auth, self.tracer = start_model(args, "decode")
         transports = tuple(t for t in p.str("transports").split(",") if t)
         self.engine = load_engine(p.str("engine_dir"), device=instance_device(args), kv_bytes=p.int("kv_pool_bytes"),
                                   shared_kv="shm" in transports, prefix_cache=p.str("prefix_cache") == "on",

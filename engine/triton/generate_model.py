@@ -7,8 +7,7 @@ the prefill-first policy or chunked prefill (`chunk_tokens` > 0): see engine/sch
 from __future__ import annotations
 
 from engine.load import load_engine
-from engine.triton.common import (Auth, Params, dispatch, end_server, instance_device, pass_budget, setup_threads,
-                                  worker_tracer)
+from engine.triton.common import dispatch, end_server, instance_device, pass_budget, start_model
 from engine.triton.decode_model import handlers
 from engine.workers.decode_worker import DecodeWorker
 from tandem.roles import Role
@@ -16,10 +15,7 @@ from tandem.roles import Role
 
 class TritonPythonModel:
     def initialize(self, args):
-        p = Params(args)
-        self.auth = Auth()  # before anything slow: a bad secret fails the load at once
-        setup_threads(p)
-        self.tracer = worker_tracer("generate")  # spans of traced requests, exported from this process
+        p, self.auth, self.tracer = start_model(args, "generate")
         engine = load_engine(p.str("engine_dir"), device=instance_device(args), kv_bytes=p.int("kv_pool_bytes"),
                              prefix_cache=p.str("prefix_cache") == "on", lora_modules=p.lora_modules())
         chunk = p.int("chunk_tokens")

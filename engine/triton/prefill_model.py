@@ -9,20 +9,15 @@ from __future__ import annotations
 
 from engine.load import load_engine
 from engine.transports.host import PoolHost
-from engine.triton.common import (Auth, Params, dispatch, end_server, instance_device, pass_budget, setup_threads,
-                                  worker_tracer)
-from engine.workers.adapter_set import AdapterSet
+from engine.triton.common import dispatch, end_server, instance_device, pass_budget, start_model, worker_handlers
 from engine.workers.prefill_worker import PrefillWorker
 from tandem.modes import HandoffMode
-from tandem.wire import Abort, Adapters, Flush, Prefill, ReaderGone, Stats, Unhold, Watch
+from tandem.wire import Abort, Prefill, ReaderGone, Unhold
 
 
 class TritonPythonModel:
     def initialize(self, args):
-        p = Params(args)
-        self.auth = Auth()  # before anything slow: a bad secret fails the load at once
-        setup_threads(p)
-        self.tracer = worker_tracer("prefill")  # spans of traced requests, exported from this process
+        p, self.auth, self.tracer = start_model(args, "prefill")
         engine = load_engine(p.str("engine_dir"), device=instance_device(args), kv_bytes=None,
                              lora_modules=p.lora_modules())
         budget = pass_budget(p, engine.device)
@@ -39,18 +34,12 @@ class TritonPythonModel:
         w = self.worker = PrefillWorker(engine, pass_tokens=budget, write_delay_s=p.float("fault_write_delay_ms") / 1000,
                                         pool=self.pool, tracer=self.tracer,
                                         fence_timeout_s=p.float("fence_timeout_s")).launch(end_server)
-        adapters = AdapterSet(engine, p.lora_modules(), lambda: w.watchers.push(force=True))
-        w.watchers.on_owner_gone = adapters.owner_gone
-        w.watchers.on_owner_back = adapters.owner_back
         self.handlers = {
             Prefill: w.submit,
             Abort: lambda msg, sink: w.abort(msg.request_id),
             Unhold: lambda msg, sink: w.unhold(msg.request_id, msg.hold, msg.reader_closed),
             ReaderGone: lambda msg, sink: w.reader_gone(msg.reader),
-            Watch: lambda msg, sink: w.watch(sink, msg.heartbeat_ms / 1000, msg.owner, msg.renew_after),
-            Stats: lambda msg, sink: w.stats(),
-            Flush: lambda msg, sink: w.flush(),
-            Adapters: adapters.apply,
+            **worker_handlers(w, p.lora_modules()),
         }
 
     def execute(self, requests):

@@ -15,7 +15,6 @@ import logging
 import os
 import signal
 import time
-
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -84,7 +83,7 @@ def end_server(error: BaseException) -> None:
     os.killpg(os.getpgid(0), signal.SIGKILL)
 
 
-def start_model(args: dict, role: str) -> tuple[Params, "Auth", Tracer]:
+def start_model(args: dict, role: str) -> tuple[Params, Auth, Tracer]:
     """What every worker model does first: read its parameters; load the deployment secret (before
     anything slow, so a bad secret fails the load at once); set torch's threads and this stub's log lines
     (to Triton's log, in the format its worker was given, TANDEM_LOG_FORMAT, each naming the request it

@@ -230,13 +230,18 @@ def _stream_error(request, message: str) -> pb.ModelStreamInferResponse:
 
 
 async def start_grpc(servicer: TritonProtocolServicer, host: str, port: int,
-                     credentials: grpc.ServerCredentials | None = None, keys: ApiKeys | None = None) -> grpc.aio.Server:
+                     credentials: grpc.ServerCredentials | None = None, keys: ApiKeys | None = None,
+                     max_connection_age_s: float | None = None) -> grpc.aio.Server:
     """Serve on host:port (TLS with `credentials`; only callers holding one of `keys`, when given); every
     call gets a request id (frontdoor/request_ids.py). New calls are refused with UNAVAILABLE once the
-    service drains."""
+    service drains. `max_connection_age_s`: a connection is sent GOAWAY after about this long (gRPC adds
+    +-10% jitter) and takes no new calls; those in flight finish (no grace limit), and the client's next
+    call opens a new connection, which a load balancer may send to another replica."""
     interceptors = [GrpcRequestIds()] + ([GrpcKeyInterceptor(keys)] if keys is not None else [])
-    server = grpc.aio.server(options=[("grpc.max_receive_message_length", 64 << 20),
-                                      ("grpc.max_send_message_length", 64 << 20)], interceptors=interceptors)
+    options = [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)]
+    if max_connection_age_s is not None:
+        options.append(("grpc.max_connection_age_ms", max(1, round(max_connection_age_s * 1000))))
+    server = grpc.aio.server(options=options, interceptors=interceptors)
     pb_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
     address = f"{host}:{port}"
     try:

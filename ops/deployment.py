@@ -49,6 +49,8 @@
                  override_generation_config: {},   # fields set on top, e.g. {temperature: 0.5}
                  responses_kept: 0,         # /v1/responses kept in memory for previous_response_id (0: none),
                  responses_kept_bytes: 268435456,   # ... at most this many bytes of them (as JSON)
+                 grpc_max_connection_age_s: null,   # gRPC clients reconnect after this (GOAWAY; calls finish
+                                            # first), spreading over replicas added since; null: never
                  cors: {allowed_origins: [], allowed_methods: ["*"], allowed_headers: ["*"],
                         allow_credentials: false}}   # web pages of these origins may call ([]: none; ["*"]: any)
     worker_tls: null               # {ca, server_name, cert, key}: TLS to the workers (control/worker_tls.py);

@@ -55,6 +55,9 @@ class FrontDoor(Strict):
     responses_kept: int = Field(0, ge=0, le=100_000)  # /v1/responses kept for follow-ups (frontdoor/response_store.py)
     responses_kept_bytes: int = Field(DEFAULT_KEPT_BYTES, ge=1 << 20)  # their size at most, as JSON
     cors: Cors = Cors()  # web pages of other origins that may call (frontdoor/cors.py)
+    # a gRPC client connection is asked to reconnect (GOAWAY) after this, its calls in flight finishing
+    # first, so long-lived clients spread over orchestrator replicas added since; null: never
+    grpc_max_connection_age_s: float | None = Field(None, gt=0)
 
 
 class Limits(Strict):

@@ -210,7 +210,7 @@ class Stack:
         door = FrontDoor(served)
         try:
             self.grpc = await start_grpc(TritonProtocolServicer(door, lim.send_timeout_s), fd.host, fd.grpc_port,
-                                         security.grpc_credentials, security.keys)
+                                         security.grpc_credentials, security.keys, fd.grpc_max_connection_age_s)
             kept = ResponseStore(fd.responses_kept, fd.responses_kept_bytes)
             lora = None if trtllm else LoraRoutes(adapters, dep.lora_loading.root, cfg, (*names, fd.model_name))
             self.http = await start_http(HttpFrontend(door, lim.max_body_bytes, security.keys, kept, fd.cors, lora),

@@ -9,13 +9,17 @@ An answer must be read (`limits.send_timeout_s`, 1.5 s here): a client that stop
 HTTP or a gRPC stream, is cut off and its request cancelled, its place in admission and its pages given
 back (before, such a client held its request forever, and `max_in_flight` of them locked every other
 client out with 429s); a gRPC client that reads slowly, but reads, is served to the end. (An HTTP client
-that reads slowly while the server's writes stay paused: tests/serve/test_gate.py.)"""
+that reads slowly while the server's writes stay paused: tests/serve/test_gate.py.)
+
+A gRPC connection older than `front_door.grpc_max_connection_age_s` (1 s here) is asked to reconnect:
+its call in flight is served to the end, and the client's next call comes on a new connection."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import json
+import os
 import socket
 import time
 from urllib.parse import urlsplit
@@ -30,6 +34,7 @@ from tests.serve.clients import metric_total, pages_used, post
 from tests.serve.test_door_conformance import grpc_request
 
 RECEIVE_S = SEND_S = 1.5
+AGE_S = 1.0  # front_door.grpc_max_connection_age_s
 BODY = json.dumps({"prompt": "Name a color.", "max_tokens": 4, "temperature": 0}).encode()
 
 
@@ -37,7 +42,8 @@ BODY = json.dumps({"prompt": "Name a color.", "max_tokens": 4, "temperature": 0}
 def door(built_engines, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("slow")
     cfg = tmp / "dep.yaml"
-    cfg.write_text(yaml.safe_dump({"limits": {"receive_timeout_s": RECEIVE_S, "send_timeout_s": SEND_S}}))
+    cfg.write_text(yaml.safe_dump({"limits": {"receive_timeout_s": RECEIVE_S, "send_timeout_s": SEND_S},
+                                   "front_door": {"grpc_max_connection_age_s": AGE_S}}))
     s = start_serve(built_engines, tmp, "--config", str(cfg))
     yield s
     stop_serve(s)
@@ -233,3 +239,38 @@ def test_a_grpc_stream_read_slowly_is_served_to_the_end(door):
     responses, took = asyncio.run(_slowly_read_stream(door, 120, 0.05))
     assert responses >= 100  # one per piece of new text
     assert took > 4 * SEND_S, f"read in {took:.1f} s: too fast to have held the server up"
+
+
+# -- connections past their age -------------------------------------------------------------------------
+
+async def _calls_on_one_channel(door, lengths: tuple[int, ...]) -> list[tuple[int, float]]:
+    """Streamed answers of these lengths, one after the other, on one client channel: (responses,
+    seconds) of each."""
+    async with grpc.aio.insecure_channel(door.grpc) as channel:
+        stub, out = pb_grpc.GRPCInferenceServiceStub(channel), []
+        for tokens in lengths:
+            call = stub.ModelStreamInfer()
+            await call.write(story(tokens))
+            await call.done_writing()
+            start, responses = time.monotonic(), 0
+            async for response in call:
+                assert not response.error_message, response.error_message
+                responses += 1
+            out.append((responses, time.monotonic() - start))
+        return out
+
+
+def grpc_stream_peers(door, since: int) -> list[str]:
+    """The client address (host:port) of each gRPC stream logged after byte `since` of the log."""
+    with open(door.log_path, errors="replace") as f:
+        f.seek(since)
+        return [line.split("peer=", 1)[1].split()[0] for line in f if "ModelStreamInfer" in line and "peer=" in line]
+
+
+def test_a_grpc_connection_past_its_age_serves_its_call_to_the_end_and_the_next_call_reconnects(door):
+    since = os.path.getsize(door.log_path)
+    (long_n, long_s), (short_n, _) = asyncio.run(_calls_on_one_channel(door, (80, 4)))
+    assert long_s > 1.5 * AGE_S, f"the first answer took {long_s:.2f} s: make it outlive the connection's age"
+    assert long_n >= 70 and short_n >= 2, (long_n, short_n)  # one response per piece of new text
+    peers = grpc_stream_peers(door, since)
+    assert len(peers) == 2 and peers[0] != peers[1], peers  # the second call came on a new connection

@@ -221,18 +221,24 @@ def test_a_grpc_stream_whose_client_reads_nothing_is_ended_and_its_request_cance
     assert code == 200, answer
 
 
+async def _read_stream(channel, tokens: int, every_s: float = 0.0) -> tuple[int, float]:
+    """(responses, seconds) of one gRPC stream of a `tokens`-token story on `channel`, read one response
+    per `every_s`."""
+    call = pb_grpc.GRPCInferenceServiceStub(channel).ModelStreamInfer()
+    await call.write(story(tokens))
+    await call.done_writing()
+    start, responses = time.monotonic(), 0
+    async for response in call:
+        assert not response.error_message, response.error_message
+        responses += 1
+        await asyncio.sleep(every_s)
+    return responses, time.monotonic() - start
+
+
 async def _slowly_read_stream(door, tokens: int, every_s: float) -> tuple[int, float]:
-    """(responses, seconds) of a gRPC stream read one response per `every_s` through a small window."""
+    """A stream read one response per `every_s` through a small window."""
     async with grpc.aio.insecure_channel(door.grpc, options=SMALL_WINDOW) as channel:
-        call = pb_grpc.GRPCInferenceServiceStub(channel).ModelStreamInfer()
-        await call.write(story(tokens))
-        await call.done_writing()
-        start, responses = time.monotonic(), 0
-        async for response in call:
-            assert not response.error_message, response.error_message
-            responses += 1
-            await asyncio.sleep(every_s)
-        return responses, time.monotonic() - start
+        return await _read_stream(channel, tokens, every_s)
 
 
 def test_a_grpc_stream_read_slowly_is_served_to_the_end(door):
@@ -244,20 +250,9 @@ def test_a_grpc_stream_read_slowly_is_served_to_the_end(door):
 # -- connections past their age -------------------------------------------------------------------------
 
 async def _calls_on_one_channel(door, lengths: tuple[int, ...]) -> list[tuple[int, float]]:
-    """Streamed answers of these lengths, one after the other, on one client channel: (responses,
-    seconds) of each."""
+    """Streamed answers of these lengths, one after the other, on one client channel."""
     async with grpc.aio.insecure_channel(door.grpc) as channel:
-        stub, out = pb_grpc.GRPCInferenceServiceStub(channel), []
-        for tokens in lengths:
-            call = stub.ModelStreamInfer()
-            await call.write(story(tokens))
-            await call.done_writing()
-            start, responses = time.monotonic(), 0
-            async for response in call:
-                assert not response.error_message, response.error_message
-                responses += 1
-            out.append((responses, time.monotonic() - start))
-        return out
+        return [await _read_stream(channel, tokens) for tokens in lengths]
 
 
 def grpc_stream_peers(door, since: int) -> list[str]:

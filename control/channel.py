@@ -74,12 +74,15 @@ class WorkerChannel:
             return body
         raise Unavailable(f"{self.model} at {self.url} ended the call without a reply")
 
-    async def stream(self, msg, timeout: float | None = None, on_orphan=None) -> AsyncIterator:
+    async def stream(self, msg, timeout: float | None = None, on_orphan=None, then=None) -> AsyncIterator:
         """Each reply body of one request until its final one. `timeout` bounds each wait for a reply.
 
         `on_orphan(body)`: if the caller stops listening before the final reply, it is called with every
         OK reply body that still arrives for the call (a reservation made for a request that is gone must
-        still be released: only its reply says which lease it is)."""
+        still be released: only its reply says which lease it is).
+        `then(body)`: called with a call's final reply body before it is yielded; a message it returns is
+        sent as the next call at once, and the stream goes on with that call's replies (an answer renewed
+        over Continue calls, tandem/call_renewal.py), in this one generator."""
         stream, rid, queue = self._submit(msg)
         finished = False
         try:
@@ -100,12 +103,15 @@ class WorkerChannel:
                 if reply.status is not Status.OK:
                     finished = True
                     raise self._error(reply)
+                if final:  # this call is over: so is the stream, unless `then` names the next call
+                    follow = then(reply.body) if then is not None and reply.body is not None else None
+                    finished = follow is None
+                    if follow is not None:
+                        stream.pending.pop(rid, None)
+                        stream, rid, queue = self._submit(follow)
                 if reply.body is not None:
-                    if final:
-                        finished = True
                     yield reply.body
-                if final:
-                    finished = True
+                if finished:
                     return
         finally:
             if stream.pending.pop(rid, None) is not None and not finished and on_orphan is not None:

@@ -22,10 +22,10 @@ import secrets
 import time
 from dataclasses import dataclass, field
 
-from control.worker_client import CLIENTS
+from control.worker_client import CLIENTS, DecodeClient
+from tandem.call_renewal import ANSWER_RENEW_AFTER, WATCH_RENEW_AFTER
 from tandem.roles import Role
 from tandem.status import TandemError
-from tandem.watch_calls import WATCH_RENEW_AFTER
 from tandem.wire import WorkerStats
 
 log = logging.getLogger("tandem.fleet")
@@ -81,11 +81,13 @@ _REPORTED = ("host", "pages_total", "pages_used", "pages_cached", "pages_fenced"
 
 class Fleet:
     def __init__(self, heartbeat_s: float = 1.0, stall_s: float = 3.0, auth: tuple = (), on_change=None,
-                 on_stats=None, tls=None, clients=None):
+                 on_stats=None, tls=None, clients=None, tokens_per_call: int = ANSWER_RENEW_AFTER):
         """`auth`: request parameters every call carries (the secret); `tls`: a control.worker_tls.WorkerTls;
-        `clients`: the client class per role (control/worker_client.py; default CLIENTS, Tandem's engines)."""
+        `clients`: the client class per role (control/worker_client.py; default CLIENTS, Tandem's engines);
+        `tokens_per_call`: an answer's tokens per call to its decode worker (DecodeClient.renew_after)."""
         self.clients = clients or CLIENTS
         self.heartbeat_s, self.stall_s, self.auth, self.tls = heartbeat_s, stall_s, auth, tls
+        self.tokens_per_call = tokens_per_call
         self.workers: dict[str, WorkerState] = {}
         self.version = 0
         self._cond = asyncio.Condition()
@@ -93,7 +95,7 @@ class Fleet:
         self.on_stats = on_stats  # callback(worker) after every stats push (metrics)
         self.on_join = None  # async callback(worker) before a worker is routed to; its TandemError keeps it out
         self.owner = secrets.token_hex(8)  # this orchestrator, to its workers (Watch, Adapters)
-        self.renew_after = WATCH_RENEW_AFTER  # replies per Watch call (tandem/watch_calls.py)
+        self.renew_after = WATCH_RENEW_AFTER  # replies per Watch call (tandem/call_renewal.py)
 
     def role(self, role: Role) -> list[WorkerState]:
         return [w for w in self.workers.values() if w.role == role]
@@ -116,6 +118,8 @@ class Fleet:
             raise ValueError(f"worker {name!r} is already in the fleet")
         role = Role.parse(role)
         w = WorkerState(name, role, url, self.clients[role](url, self.auth, self.tls), slot=self._free_slot(name, role))
+        if isinstance(w.client, DecodeClient):
+            w.client.renew_after = self.tokens_per_call
         self.workers[name] = w
         w.watcher = asyncio.get_running_loop().create_task(self._watch(w), name=f"watch-{name}")
         return w

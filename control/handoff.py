@@ -5,8 +5,9 @@ control/pull_attempt.py), where the prefill worker keeps the K/V in its own pool
 reads them. Push:
 
     OPEN      decode.open(prompt, writer)  -> Reserved(lease, destination: pages + fence slot/epoch)
-      │       the Open call stays open for the request's whole life: the reservation lives exactly as
-      │       long as it; it cannot expire while the prompt waits in a live prefill worker's queue
+      │       the Open call stays open for the request's whole life (a long answer goes on over Continue
+      │       calls, DecodeClient.open): the reservation lives exactly as long as they do; it cannot
+      │       expire while the prompt waits in a live prefill worker's queue
     PREFILL   prefill(prompt, destination) -> the first token; the prefill worker writes each layer's
       │       K/V straight into the leased pages while the next layer computes
     FIRST     the first token goes to the client at once (a first token that ends the request: done)

@@ -7,12 +7,13 @@ the orchestrator never looks at error text to decide what to do.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 from control.channel import WorkerChannel
 from control.worker_tls import WorkerTls
+from tandem.call_renewal import ANSWER_RENEW_AFTER, WATCH_RENEW_AFTER, Continue
 from tandem.trtllm_wire import TrtllmDecode, TrtllmPrefilled
 from tandem.roles import Role
-from tandem.watch_calls import WATCH_RENEW_AFTER
 from tandem.wire import (Abort, Ack, Adapters, Flush, Open, Prefill, Prefilled, Pulled, ReaderGone, Release, Reserved,
                          Start, Stats, Token, Unhold, Watch, WorkerStats, WriterGone)
 
@@ -35,7 +36,7 @@ class WorkerClient:
               renew_after: int = WATCH_RENEW_AFTER) -> AsyncIterator[WorkerStats]:
         """Stats on every change and every `heartbeat_s`; Unavailable when nothing came for `stall_s`.
         `owner`: the orchestrator watching (its LoRA set leaves the worker a while after its last watch).
-        The call ends after `renew_after` replies, the last marked `renew` (tandem/watch_calls.py)."""
+        The call ends after `renew_after` replies, the last marked `renew` (tandem/call_renewal.py)."""
         return self.channel.stream(Watch(int(heartbeat_s * 1000), owner, renew_after), stall_s)
 
     async def flush(self) -> Ack:
@@ -57,10 +58,13 @@ class DecodeClient(WorkerClient):
     """A decode worker (or, with model 'generate', a co-located one)."""
 
     model = "decode"
+    renew_after = ANSWER_RENEW_AFTER  # tokens per call of an answer (Open.renew_after, tandem/call_renewal.py)
 
     def open(self, msg: Open) -> AsyncIterator[Reserved | Pulled | Token]:
         """Reserved first (remote prefill; Pulled in the pull handoff), then the request's tokens (after
-        Start when pushed); ends with the request.
+        Start when pushed); ends with the request. The worker ends a call after `renew_after` tokens, the
+        last carrying a `renew` ticket: the stream goes on over a Continue call at once (a failed Continue
+        fails it as any failure of the worker would).
 
         A caller that stops listening before the end releases what it knows of; a reservation whose reply
         it never saw is released here when that reply arrives (no writer was ever given its pages)."""
@@ -72,7 +76,10 @@ class DecodeClient(WorkerClient):
                 lease = body.lease if isinstance(body, Reserved) else ""
                 self.release(msg.request_id, lease, writer_closed=True)
 
-        return self.channel.stream(msg, on_orphan=orphaned)
+        def renewed(body) -> Continue | None:
+            return Continue(msg.request_id, body.renew) if isinstance(body, Token) and body.renew else None
+
+        return self.channel.stream(replace(msg, renew_after=self.renew_after), on_orphan=orphaned, then=renewed)
 
     async def start(self, msg: Start) -> Ack:
         return await self.channel.call(msg, CONTROL_TIMEOUT_S)

@@ -61,9 +61,10 @@
              send_timeout_s: 30}      # a client that reads none of its answer this long is cut off, its request
                                       # cancelled (HTTP: the connection aborted; gRPC: the call ends)
     health: {heartbeat_s: 2.0, stall_s: 4.0, stall_restart_s: 10, drain_grace_s: 30}
-    handoff: {mode: push, transfer_timeout_s: 30, fence_timeout_s: 60}   # the only timers left on the data path
+    handoff: {mode: push, transfer_timeout_s: 30, fence_timeout_s: 60, tokens_per_call: 256}   # data-path timers
                                    # mode push: prefill writes into pages decode reserved; pull: prefill
-                                   # holds the K/V in its own pool and decode reads them (shm, cuda_ipc, NIXL READ)
+                                   # holds the K/V in its own pool and decode reads them (shm, cuda_ipc, NIXL READ);
+                                   # tokens_per_call: an answer's tokens per decode call (1-256; tandem/call_renewal.py)
     tracing: {otlp_endpoint: null} # OpenTelemetry traces over OTLP, HTTP or gRPC (docs/monitoring.md); null: the
                                    # OTEL_* variables decide, off when they name no endpoint
     lora_modules: {}               # LoRA adapters (PEFT folders) by name, e.g. {sql: /adapters/sql}: a request

@@ -12,6 +12,7 @@ from frontdoor.reasoning_text import PARSER_NAMES as REASONING_PARSERS
 from frontdoor.response_store import DEFAULT_MAX_BYTES as DEFAULT_KEPT_BYTES
 from frontdoor.tls import ServerTls
 from frontdoor.tool_parsers import PARSER_NAMES
+from tandem.call_renewal import ANSWER_RENEW_AFTER
 from tandem.modes import HandoffMode
 
 
@@ -74,8 +75,11 @@ class Limits(Strict):
 
 class Handoff(Strict):
     mode: HandoffMode = HandoffMode.PUSH  # see control/handoff.py
-    transfer_timeout_s: float = Field(30.0, gt=0)  # a started request whose KV never arrives fails after this
+    transfer_timeout_s: float = Field(30.0, gt=0)  # a started request whose KV never arrives fails after this;
+    # and a decode worker ends an answer whose Continue (below) has not come after this
     fence_timeout_s: float = Field(60.0, gt=0)  # NIXL: a writer never heard from again is presumed gone
+    # an answer's tokens per call to its decode worker; the next call continues it (tandem/call_renewal.py)
+    tokens_per_call: int = Field(ANSWER_RENEW_AFTER, ge=1, le=ANSWER_RENEW_AFTER)
 
 
 class Health(Strict):

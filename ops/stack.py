@@ -177,7 +177,7 @@ class Stack:
         metrics = Metrics(dep.mode, tokens_per_page, names[0])
         auth = ((SECRET_PARAMETER, secret),) if secret else ()
         self.fleet = Fleet(dep.health.heartbeat_s, dep.health.stall_s, auth=auth, tls=security.worker_tls,
-                           clients=TRTLLM_CLIENTS if trtllm else CLIENTS)
+                           clients=TRTLLM_CLIENTS if trtllm else CLIENTS, tokens_per_call=dep.handoff.tokens_per_call)
         metrics.workers.watch(self.fleet)
         self.adapters = adapters = Adapters(dep.lora_modules, dep.lora_loading.max_adapters)
         adapters.attach(self.fleet)  # a joining worker gets the adapters loaded while serving

@@ -4,14 +4,15 @@ One frozen dataclass per operation. A request travels as `{"wire": W, "type": T,
 is `WIRE`, a fingerprint of every message's schema: a worker refuses a request of another schema (an
 orchestrator from another Tandem build) with a PROTOCOL_ERROR saying so. A reply travels as
 `{"status": S, "message": "...", "type": T, "body": {...}}`, where a non-OK status has no body and
-`message` says what went wrong (see tandem/status.py for what each status means). `parse` rejects
-unknown or missing keys and wrong types, so a malformed message from a peer is a PROTOCOL_ERROR
-naming the field, never a crash deeper in (the orchestrator's client sees a server fault, 500).
+`message` says what went wrong (see tandem/status.py for what each status means). `parse`
+(tandem/wire_parse.py: keys, value types, bytes as base64) rejects unknown or missing keys and wrong
+types, so a malformed message from a peer is a PROTOCOL_ERROR naming the field, never a crash deeper
+in (the orchestrator's client sees a server fault, 500).
 
 Decode and co-located workers (a request's life there: engine/workers/decode_worker.py):
   Open     -> Reserved (pages leased; remote prefill), then Token... after Start; or Token... at once
-              (local_prefill). The request stays open as long as the reservation lives: its end is
-              the release.
+              (local_prefill). Its calls (this one, then a `Continue -> Token...` after each Token that
+              carries `renew`: call_renewal.py) last as long as the reservation; their end is the release.
   Start    -> Ack      the first token (from prefill) is in; the decode stream of that Open begins
   Release  -> Ack      cancel: the Open request ends with CANCELLED; its pages return once fenced
   Open(source) -> Pulled (pull handoff: pages reserved and the K/V read from the prefill worker's
@@ -39,7 +40,6 @@ Every worker:
 Prefix-cache reports ride on WorkerStats: a watcher's pushes carry the page hashes its pool started
 (`stored`) and stopped (`removed`) holding since that watcher's previous push, or, with `resync`, the
 whole set in `stored` (its first push, or after it fell behind). A one-off Stats reply carries none.
-Typed parsing (keys, value types, bytes as base64) lives in tandem/wire_parse.py.
 """
 
 from __future__ import annotations
@@ -49,13 +49,13 @@ from dataclasses import asdict, dataclass, field
 from typing import ClassVar
 
 from tandem import __version__
+from tandem.call_renewal import ANSWER_RENEW_AFTER, WATCH_RENEW_AFTER, Continue
 from tandem.logprobs import Logprob
 from tandem.pool import Destination, PullSource
 from tandem.roles import Role
 from tandem.sampling_params import SamplingParams
 from tandem.status import InvalidArgument, Status
 from tandem.trtllm_wire import TrtllmDecode, TrtllmPrefilled
-from tandem.watch_calls import WATCH_RENEW_AFTER
 from tandem.wire_parse import WireError, fingerprint, json_object, parse, to_base64  # noqa: F401 (WireError, parse: re-exported)
 
 
@@ -73,6 +73,7 @@ class Open:
     writer_host: str = ""  # ... and its host identity (tandem.pool.host_identity), to pick the transport
     source: PullSource | None = None  # pull handoff: where the prompt's K/V wait (from Prefilled.source)
     traceparent: str = ""  # W3C trace context of the attempt (tandem/tracing.py); "" when not traced
+    renew_after: int = ANSWER_RENEW_AFTER  # tokens per call of this answer (at most that constant)
 
 
 @dataclass(frozen=True)
@@ -117,8 +118,7 @@ class Unhold:
     TYPE: ClassVar[str] = "unhold"
     request_id: str
     hold: str  # PullSource.hold: only the caller that was handed the source can end its hold
-    reader_closed: bool = False  # the orchestrator knows no reader can still read the pages (it answered
-    # Pulled, or was never handed the source): a NIXL hold's pages need not wait for the reader's notice
+    reader_closed: bool = False  # no reader can still read the pages: a NIXL hold need not await its notice
 
 
 @dataclass(frozen=True)
@@ -178,6 +178,7 @@ class Token:
     cached_tokens: int = 0  # on the first token of a locally prefilled request
     top: Logprob | None = None  # with the alternatives, when sampling.top_logprobs asks for them
     prompt_logprobs: list[Logprob] = field(default_factory=list)  # on the first token (sampling.prompt_logprobs)
+    renew: str = ""  # its call's last reply; the answer goes on after Continue(request_id, renew)
 
 
 @dataclass(frozen=True)
@@ -237,8 +238,8 @@ class WorkerStats:
     renew: bool = False  # the last reply of its Watch call (Watch.renew_after): the watcher watches again
 
 
-REQUESTS = {c.TYPE: c for c in (Open, Start, Release, WriterGone, Prefill, Abort, Unhold, ReaderGone, Watch, Stats,
-                                Flush, Adapters, TrtllmDecode)}
+REQUESTS = {c.TYPE: c for c in (Open, Continue, Start, Release, WriterGone, Prefill, Abort, Unhold, ReaderGone, Watch,
+                                Stats, Flush, Adapters, TrtllmDecode)}
 REPLIES = {c.TYPE: c for c in (Reserved, Pulled, Token, Prefilled, Ack, WorkerStats, TrtllmPrefilled)}
 WIRE = fingerprint(*REQUESTS.values(), *REPLIES.values(), Status)  # every request carries it; a worker checks it
 

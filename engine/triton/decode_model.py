@@ -10,6 +10,7 @@ from engine.load import load_engine
 from engine.transports.host import PoolHost
 from engine.triton.common import dispatch, end_server, instance_device, pass_budget, start_model, worker_handlers
 from engine.workers.decode_worker import DecodeWorker
+from tandem.call_renewal import Continue
 from tandem.roles import Role
 from tandem.wire import Open, Release, Start, WriterGone
 
@@ -18,6 +19,7 @@ def handlers(worker: DecodeWorker, configured: dict[str, str]) -> dict:
     """`configured`: the worker's own LoRA adapters (folder by name)."""
     return {
         Open: worker.open,
+        Continue: worker.resume,
         Start: lambda msg, sink: worker.start(msg),
         Release: lambda msg, sink: worker.release(msg),
         WriterGone: lambda msg, sink: worker.writer_gone(msg.writer),

@@ -25,11 +25,11 @@ import threading
 from engine.triton.common import CANCEL_CHECK_S, Auth, Params, dispatch, log
 from engine.trtllm.adapter import TrtllmRole
 from engine.trtllm.mapping import error_for_exception, remaining
+from tandem.call_renewal import watch_pushes
 from tandem.pool import host_identity
 from tandem.roles import Role
 from tandem.status import ProtocolError
 from tandem.trtllm_wire import TrtllmDecode
-from tandem.watch_calls import watch_pushes
 from tandem.wire import Abort, Ack, Prefill, Stats, Watch, WorkerStats
 
 
@@ -109,7 +109,7 @@ class TritonPythonModel:
 
     async def _watch(self, sink, msg: Watch) -> None:
         """Stats every heartbeat until the caller goes, or for the call's pushes, the last marked `renew`
-        (tandem/watch_calls.py)."""
+        (tandem/call_renewal.py)."""
         for _ in range(watch_pushes(msg.renew_after) - 1):
             if sink.cancelled():
                 sink.send(self.stats(), final=True)

@@ -6,7 +6,7 @@ their own, so a load never holds up the messages Triton hands the worker meanwhi
 
 An orchestrator that stops sends an empty set. One killed cannot: its set is dropped OWNER_GRACE_S after
 its last Watch went (Watchers.on_owner_gone), unless it watched or sent a set again meanwhile (a Watch call
-ends every so often and is begun again at once: tandem/watch_calls.py). An orchestrator that
+ends every so often and is begun again at once: tandem/call_renewal.py). An orchestrator that
 was alive after all (its watch broke) took the worker out of routing when it broke, and sends its set
 before routing to it again (control/adapters.py join), so the drop never refuses one of its requests.
 

@@ -87,7 +87,7 @@ class DecodeLoop:
             changed |= self._advance(lease)
         # Armed last, after the due ones fired: the loop may sleep right after this call, and a tick
         # that fired without re-arming would leave a lease nobody looks at again.
-        if self.leases and not self.deadlines.armed(SWEEP):
+        if (self.leases or self.relays) and not self.deadlines.armed(SWEEP):
             self.deadlines.after(CANCEL_SWEEP_S, SWEEP)
         if (every := self._poll_every()) is not None and not self.deadlines.armed(PROGRESS):
             self.deadlines.after(every, PROGRESS)  # the next iteration polls the transport again
@@ -203,6 +203,8 @@ class DecodeLoop:
             if lease.sink.cancelled():
                 lease.end_status = Cancelled(f"request {lease.request_id}: the caller went away")
                 self.inbox.append(lease)
+        for rid in [rid for rid, r in self.relays.items() if rid not in self.leases and r.expired()]:
+            del self.relays[rid]  # ended while parked, and no Continue came for what it holds
 
     def _end(self, lease: Lease, error: TandemError | None) -> None:
         """Take the lease out of service and answer its Open request; free its pages unless a writer may
@@ -214,6 +216,8 @@ class DecodeLoop:
         self._traced(lease, error)
         if error is not None and not lease.sink.done:
             lease.sink.fail(error)
+        if self.relays.get(lease.request_id) is lease.sink and not lease.sink.parked:
+            del self.relays[lease.request_id]  # a parked one holds its last replies for the Continue
         never_read = lease.state is LeaseState.PULLING and not lease.scheduled
         if lease.pulling or never_read:
             lease.end_status = lease.end_status or error or Cancelled(f"request {lease.request_id} ended")

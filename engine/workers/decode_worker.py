@@ -12,7 +12,10 @@ remote writer is told to start after them (Destination.start, Reserved.cached_to
 prefill computes only the rest. Pages are named once their K/V are in: after each pass for what this
 worker computed, and when the pages arrived for what a prefill worker wrote.
 
-Threads: control calls (`open`, `start`, `release`, `watch`, `writer_gone`) come from Triton's
+An answer's tokens leave through a Relay (engine/workers/relay.py): after Open.renew_after tokens on one
+call it ends that call with a `renew` ticket and holds what follows until the orchestrator's Continue.
+
+Threads: control calls (`open`, `resume`, `start`, `release`, `watch`, `writer_gone`) come from Triton's
 threads and only touch bookkeeping under the lock: a reservation is answered at once, never after a
 model pass. Everything else (state changes, the model, freeing pages) happens on the loop thread,
 which sleeps on its inbox and a deadline heap (engine/workers/loop.py) when there is nothing to do;
@@ -35,13 +38,14 @@ from engine.workers.decode_loop import DecodeLoop, Due
 from engine.workers.leases import Lease, LeaseState
 from engine.workers.loop import Deadlines, Loop
 from engine.workers.puller import Puller
+from engine.workers.relay import Relay
 from engine.workers.sink import Responder
 from engine.workers.watchers import Watchers
+from tandem.call_renewal import WATCH_RENEW_AFTER, Continue, answer_tokens
 from tandem.pool import host_identity
 from tandem.roles import Role
 from tandem.status import Cancelled, LeaseLost, OutOfPages, ProtocolError
 from tandem.tracing import NOOP, Tracer
-from tandem.watch_calls import WATCH_RENEW_AFTER
 from tandem.wire import Ack, Open, Release, Reserved, Start, WorkerStats
 
 
@@ -59,6 +63,7 @@ class DecodeWorker(DecodeLoop):
         self.transfer_timeout_s, self.fence_timeout_s = transfer_timeout_s, fence_timeout_s
         self.clock = clock
         self.leases: dict[str, Lease] = {}
+        self.relays: dict[str, Relay] = {}  # by request id: its lease's sink, kept while parked after the lease ended
         self.fencing: dict[int, Lease] = {}  # by slot
         self.inbox: deque[Lease] = deque()  # leases whose state the loop must look at
         self.fenced_slots: deque[int] = deque()  # fence revocations finished by the fence thread
@@ -87,6 +92,7 @@ class DecodeWorker(DecodeLoop):
         if self.pool is None and not msg.local_prefill:
             raise ProtocolError("this co-located worker prefills every request itself: send local_prefill=true")
         seq = self.engine.new_sequence(msg.request_id, msg.prompt_ids, msg.sampling, msg.output_ids)
+        sink = Relay(sink, answer_tokens(msg.renew_after), self.transfer_timeout_s, self.clock)
         if msg.source is not None and (msg.local_prefill or msg.source.tokens != seq.num_tokens):
             raise ProtocolError(f"request {msg.request_id!r}: a pull source must cover the prompt and the tokens "
                                 f"already sent ({seq.num_tokens}), got {msg.source.tokens}, without local_prefill")
@@ -110,12 +116,23 @@ class DecodeWorker(DecodeLoop):
                 except BaseException:
                     self.engine.allocator.free(pages)
                     raise
-            self.leases[msg.request_id] = lease
+            self.leases[msg.request_id], self.relays[msg.request_id] = lease, sink
             self.inbox.append(lease)
         if lease.handed_out:  # the writer skips the cached pages: it never writes a shared page
             sink.send(Reserved(msg.request_id, lease.token, self.pool.destination(
                 lease.transport, pages, lease.slot, lease.epoch, start=cached), cached_tokens=cached))
         self.loop.wake()
+
+    def resume(self, msg: Continue, sink: Responder) -> None:
+        """The rest of an answer whose call ended with a `renew` ticket, over this call's `sink`: what was
+        held since first (LeaseLost when no answer here waits for that ticket)."""
+        with self.lock:
+            relay = self.relays.get(msg.request_id)
+            if relay is None or not relay.resume(msg.ticket, sink):
+                raise LeaseLost(f"request {msg.request_id!r}: no answer waits here for that ticket (it ended, its "
+                                f"Continue came later than {self.transfer_timeout_s:.0f}s, or this worker restarted)")
+            if relay.done:
+                del self.relays[msg.request_id]
 
     def _hand_out(self, lease: Lease, msg: Open) -> None:
         lease.transport = self.pool.choose(msg.writer_host)

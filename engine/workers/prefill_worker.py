@@ -48,11 +48,11 @@ from engine.workers.prefill_runs import PrefillRuns
 from engine.workers.sink import Responder
 from engine.workers.watchers import Watchers
 from policies.prefill_passes import PassTurn, chunk_tokens, in_turn, pack
+from tandem.call_renewal import WATCH_RENEW_AFTER
 from tandem.pool import host_identity
 from tandem.roles import Role
 from tandem.status import Cancelled, ProtocolError
 from tandem.tracing import NOOP, Tracer
-from tandem.watch_calls import WATCH_RENEW_AFTER
 from tandem.wire import Ack, Prefill, WorkerStats
 
 

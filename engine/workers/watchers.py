@@ -4,7 +4,7 @@ is stalled or gone: that is how the orchestrator notices a stopped process (SIGS
 A watch names its orchestrator (`owner`); when the last watch of one goes, `on_owner_gone(owner)`, and
 when one begins, `on_owner_back(owner)`.
 
-A Watch call ends after `renew_after` pushes (tandem/watch_calls.py): its last reply is
+A Watch call ends after `renew_after` pushes (tandem/call_renewal.py): its last reply is
 marked `renew`, and the orchestrator watches again at once. Triton keeps every response of a request
 until the request ends, so one call lasting as long as its orchestrator would grow the worker's server
 by about a kilobyte per push, for good (measured before renewals: 3.0 KB per request in a prefill
@@ -30,8 +30,8 @@ from dataclasses import dataclass, replace
 from engine.workers.cache_feed import CacheFeed
 from engine.workers.loop import run_or_report
 from engine.workers.sink import Responder
+from tandem.call_renewal import WATCH_RENEW_AFTER, watch_pushes
 from tandem.status import Cancelled, Unavailable
-from tandem.watch_calls import WATCH_RENEW_AFTER, watch_pushes
 
 
 @dataclass
@@ -59,7 +59,7 @@ class Watchers:
         self._thread.start()
 
     def add(self, sink: Responder, heartbeat_s: float, owner: str = "", renew_after: int = WATCH_RENEW_AFTER) -> None:
-        """A new watch; its call ends after `renew_after` pushes (tandem/watch_calls.py: watch_pushes)."""
+        """A new watch; its call ends after `renew_after` pushes (tandem/call_renewal.py: watch_pushes)."""
         w = _Watcher(sink, max(0.05, heartbeat_s), 0.0, owner, watch_pushes(renew_after))  # the first push: at once
         if self.feed is not None:
             self.feed.subscribe(id(w))  # its first report is the whole cache

@@ -40,9 +40,10 @@ def chaos(serve, names: list[str], references) -> dict:
     return asyncio.run(run.against(serve.http, serve.workdir, references))
 
 
-def config(tmp_path, max_in_flight: int = CAPACITY, max_queued_tokens: int = 65536) -> str:
+def config(tmp_path, max_in_flight: int = CAPACITY, max_queued_tokens: int = 65536, **handoff) -> str:
     path = tmp_path / "dep.yaml"
-    path.write_text(yaml.safe_dump({"limits": {"max_in_flight": max_in_flight, "max_queued_tokens": max_queued_tokens}}))
+    path.write_text(yaml.safe_dump({"limits": {"max_in_flight": max_in_flight, "max_queued_tokens": max_queued_tokens},
+                                    "handoff": handoff}))
     return str(path)
 
 
@@ -70,8 +71,9 @@ def test_2p2d_kill_of_any_worker_loses_nothing(built_engines, tmp_path, referenc
 @pytest.fixture(scope="module")
 def one_by_one(built_engines, tmp_path_factory):
     work = tmp_path_factory.mktemp("chaos-1p1d")
-    # room for a storm of 100 streams (half of them 1,500-token prompts): none is refused
-    s = start_serve(built_engines, work / "serve", "--config", config(work, 128, 200_000))
+    # room for a storm of 100 streams (half of them 1,500-token prompts): none is refused. Answers go on
+    # over a new decode call every 4 tokens (tandem/call_renewal.py): kills and cancels meet parked ones
+    s = start_serve(built_engines, work / "serve", "--config", config(work, 128, 200_000, tokens_per_call=4))
     yield s
     stop_serve(s)
     assert "Traceback" not in open(s.log_path).read()  # disconnects and faults are events, not tracebacks
@@ -110,7 +112,7 @@ def test_pull_1p1d_kills_and_a_cancel_storm_lose_nothing_and_free_every_page(bui
     decode page and every prefill hold."""
     path = tmp_path / "pull.yaml"
     path.write_text(yaml.safe_dump({"limits": {"max_in_flight": 128, "max_queued_tokens": 200_000},
-                                    "handoff": {"mode": "pull"}, "transport": transport}))
+                                    "handoff": {"mode": "pull", "tokens_per_call": 4}, "transport": transport}))
     s = start_serve(built_engines, tmp_path / "serve", "--config", str(path))
     try:
         doc = chaos(s, ["kill-decode-0", "kill-prefill-0", "cancel-storm"], references)

@@ -423,3 +423,35 @@ def test_a_watch_call_ends_after_its_pushes_and_the_fleet_watches_again(workers)
             await fleet.close()
 
     asyncio.run(asyncio.wait_for(go(), 60))
+
+
+def test_an_answer_renewed_every_few_tokens_is_the_answer_of_one_call(workers, default_engine):
+    """Triton 2.51 keeps every response of a call until the call ends, so the decode worker ends an
+    answer's call every `renew_after` tokens with a `renew` ticket and the orchestrator's client goes on
+    with a Continue (tandem/call_renewal.py). Over real Tritons, pushed and pulled: the answer read that
+    way is the one read over a single call, and every page comes back."""
+    ids = default_engine.tokenizer.encode_chat([ChatMessage("user", "Tell me a story about a lighthouse.")])
+    params = SamplingParams(max_tokens=40, ignore_eos=True)
+
+    async def go():
+        p, d = await pair(workers)
+        try:
+            call = d.client.channel.stream(dataclasses.replace(
+                Open("bare", ids, params, local_prefill=True), renew_after=3))  # the worker's side, unwrapped
+            first = [t async for t in call]
+            d.client.release("bare", "", writer_closed=True)
+            whole = await collect(p, d, "whole", ids, params, workers.mode)
+            d.client.renew_after, submit, sent = 3, d.client.channel._submit, []
+            d.client.channel._submit = lambda m: (sent.append(m.TYPE), submit(m))[1]  # what goes out, as is
+            renewed = await collect(p, d, "renewed", ids, params, workers.mode)
+            await asyncio.sleep(0.2)  # the last Release/Unhold reach the workers
+            return first, whole, renewed, sent, await d.client.stats(), await p.client.stats()
+        finally:
+            await closing(p, d)
+
+    first, whole, renewed, sent, stats, pstats = asyncio.run(asyncio.wait_for(go(), 120))
+    assert [t.renew != "" for t in first] == [False, False, True]  # the call ended (Triton's final response)
+    assert renewed == whole and len(whole) == 40
+    assert sent.count("continue") == 12, sent  # 39 tokens from the decode worker, 3 per call, the last final
+    assert stats.pages_used == 0 and stats.reserved == 0 and stats.running == 0
+    assert pstats.pages_held == 0 and pstats.pages_used == 0

@@ -134,7 +134,7 @@ def test_a_set_leaves_a_while_after_its_orchestrators_last_watch(engine, folders
 
 
 def test_a_set_stays_when_its_orchestrators_watch_ends_to_be_renewed(engine, folders, monkeypatch):
-    """A Watch call ends every so often (tandem/watch_calls.py) and its orchestrator watches
+    """A Watch call ends every so often (tandem/call_renewal.py) and its orchestrator watches
     again at once, sending no set (it never left routing): the watch coming back keeps the set, as a set
     would. Without the watch (the same renewal, nobody back) the set goes after the grace."""
     monkeypatch.setattr(adapter_set, "OWNER_GRACE_S", 0.2)

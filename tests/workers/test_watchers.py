@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from engine.workers.watchers import Watchers
+from tandem.call_renewal import WATCH_RENEW_AFTER, watch_pushes
 from tandem.roles import Role
-from tandem.watch_calls import WATCH_RENEW_AFTER, watch_pushes
 from tandem.wire import WorkerStats
 from tests.workers.test_handoff import ListSink
 

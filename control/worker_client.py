@@ -66,15 +66,13 @@ class DecodeClient(WorkerClient):
         last carrying a `renew` ticket: the stream goes on over a Continue call at once (a failed Continue
         fails it as any failure of the worker would).
 
-        A caller that stops listening before the end releases what it knows of; a reservation whose reply
-        it never saw is released here when that reply arrives (no writer was ever given its pages)."""
-        released = []
-
+        A caller that stops listening before the end releases what it knows of (every attempt releases
+        on exit, control/handoff.py); a reservation whose reply it never saw is released here when that
+        reply arrives (no writer was ever given its pages). Tokens left unread release nothing: the
+        caller knew the lease, so a second Release would reach a lease already ending."""
         def orphaned(body) -> None:
-            if not released:
-                released.append(True)
-                lease = body.lease if isinstance(body, Reserved) else ""
-                self.release(msg.request_id, lease, writer_closed=True)
+            if isinstance(body, Reserved):
+                self.release(msg.request_id, body.lease, writer_closed=True)
 
         def renewed(body) -> Continue | None:
             return Continue(msg.request_id, body.renew) if isinstance(body, Token) and body.renew else None

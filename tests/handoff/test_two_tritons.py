@@ -356,6 +356,65 @@ def test_a_pull_attempt_left_early_ends_its_hold_and_then_its_lease(workers, def
     assert p2.pages_held == p2.pages_used == 0 and d2.pages_used == d2.reserved == 0
 
 
+def test_an_attempt_left_mid_answer_releases_its_lease_once(workers, default_engine):
+    """An attempt left while its decode worker streams (tokens it never read wait on the channel, more
+    arrive after) sends one Release, its own: the unread tokens release nothing more (a second Release
+    would reach a lease already ending, refused as another's lease when pushed). No page stays leased."""
+    ids = default_engine.tokenizer.encode_chat([ChatMessage("user", "Tell me a story about a lighthouse.")])
+    params = SamplingParams(max_tokens=400, ignore_eos=True)
+
+    async def go():
+        p, d = await pair(workers)
+        submit, sent = d.client.channel._submit, []
+        d.client.channel._submit = lambda m: (sent.append(m), submit(m))[1]  # what goes out, as is
+        try:
+            async with PROTOCOLS[workers.mode](d, p, "left-mid", ids, params, [], Timings()) as h:
+                read = [await h.next() for _ in range(3)]
+                await asyncio.sleep(0.5)  # tokens arrive unread
+            for _ in range(100):
+                await asyncio.sleep(0.1)  # late tokens reach the abandoned call until the Release ends it
+                stats = await d.client.stats()
+                if stats.reserved == stats.running == 0 and stats.pages_used == stats.pages_fenced:
+                    break
+            return read, getattr(h, "lease", ""), [m for m in sent if isinstance(m, Release)], stats
+        finally:
+            await closing(p, d)
+
+    read, lease, releases, stats = asyncio.run(asyncio.wait_for(go(), 120))
+    assert all(t.finish_reason is None for t in read)
+    assert releases == [Release("left-mid", lease, writer_closed=True)]
+    assert stats.reserved == stats.running == 0 and stats.pages_used == stats.pages_fenced
+
+
+def test_a_reservation_whose_reply_was_never_read_is_released_when_it_arrives(workers):
+    """A caller gone before its Open's reply arrived never learned the lease: the client releases it
+    with the lease the late Reserved names, and the pages come back."""
+    push_only(workers)
+
+    async def go():
+        p, d = await pair(workers)
+        submit, sent = d.client.channel._submit, []
+        d.client.channel._submit = lambda m: (sent.append(m), submit(m))[1]
+        try:
+            opened = d.client.open(Open("unread", [1] * 100, SamplingParams(max_tokens=50), writer_host=p.host))
+            waiting = asyncio.ensure_future(opened.__anext__())
+            while not sent:
+                await asyncio.sleep(0)  # the Open is sent: the caller leaves before any reply can come
+            waiting.cancel()
+            for _ in range(100):
+                await asyncio.sleep(0.1)
+                stats = await d.client.stats()
+                if len(sent) > 1 and stats.reserved == 0 and stats.pages_used == stats.pages_fenced:
+                    break
+            return [m for m in sent if isinstance(m, Release)], stats
+        finally:
+            await closing(p, d)
+
+    releases, stats = asyncio.run(asyncio.wait_for(go(), 60))
+    assert len(releases) == 1 and releases[0].request_id == "unread" and releases[0].lease != ""
+    assert stats.reserved == 0 and stats.pages_used == stats.pages_fenced
+
+
 def test_a_pull_attempt_whose_prefill_client_closes_ends_cleanly(workers, default_engine):
     """The fleet closes a prefill worker's client once it counts nothing left on it (a drain, a replaced
     worker). A pull attempt still holding K/V there counts (`holds`), and if the client is closed under it

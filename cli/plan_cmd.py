@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from planner.plan_workload import LENGTH_HELP
+from planner.plan_workload import LENGTH_HELP, PRIORITIES_HELP
 
 
 def _rates(_ctx, _param, value: str | None) -> tuple[float, ...] | None:
@@ -45,11 +45,17 @@ def _rates(_ctx, _param, value: str | None) -> tuple[float, ...] | None:
               help="Time-per-output-token limit (ms).")
 @click.option("--target", default=0.9, show_default=True, type=click.FloatRange(0, 1, min_open=True),
               help="Fraction of requests that must meet both limits.")
+@click.option("--priorities", default=None,
+              help=f"Priority classes of the requests (as `priority` with --scheduling-policy priority): "
+                   f"{PRIORITIES_HELP}. Default: every request priority 0.")
+@click.option("--slo-priority", type=int, default=None,
+              help="The SLO holds for requests of this priority or a lower value; the others are served best "
+                   "effort (default: for every request).")
 @click.option("--chunk-tokens", type=click.IntRange(1), default=None,
               help="Prompt tokens per chunked-prefill step (default: the profile's serving.chunk_tokens).")
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="Folder for plan.json, plan.md, plan.png.")
 def plan_command(profile_path, devices, prompt_len, output_len, rate, concurrency, rates, requests, min_duration_s,
-                 seed, slo_ttft_ms, slo_tpot_ms, target, chunk_tokens, out):
+                 seed, slo_ttft_ms, slo_tpot_ms, target, priorities, slo_priority, chunk_tokens, out):
     """Simulate every serving layout on N devices and recommend one that meets the SLO.
 
     Layouts: every xPyD split (x prefill + y decode workers, x + y = N), N co-located replicas
@@ -61,6 +67,8 @@ def plan_command(profile_path, devices, prompt_len, output_len, rate, concurrenc
       with >= --target of requests meeting TTFT and TPOT; recommends the highest.
     Sizing (--rate or --concurrency): the fewest devices, and the layout on them, meeting the
       target at that load.
+    Priority classes (--priorities, --slo-priority): the SLO for the urgent classes only, the
+      rest served best effort, as the serving code orders them (the simulator does not preempt).
 
     \b
     Example:
@@ -70,7 +78,7 @@ def plan_command(profile_path, devices, prompt_len, output_len, rate, concurrenc
     from planner.plan import PlanRequest, plan
     from planner.profile import ProfileError, load_profile
     from planner.plan_report import write_report
-    from planner.plan_workload import ClosedLoop, Poisson, Workload, WorkloadError, parse_length
+    from planner.plan_workload import ClosedLoop, Poisson, Workload, WorkloadError, parse_length, parse_priorities
 
     given = [n for n, v in (("--rate", rate), ("--concurrency", concurrency), ("--rates", rates)) if v is not None]
     if len(given) > 1:
@@ -79,11 +87,12 @@ def plan_command(profile_path, devices, prompt_len, output_len, rate, concurrenc
         profile = load_profile(profile_path)
         arrivals = ClosedLoop(concurrency=concurrency) if concurrency else Poisson(rate=rate or 1.0)
         workload = Workload(prompt=parse_length(prompt_len), output=parse_length(output_len), arrivals=arrivals,
-                            requests=requests, seed=seed)
+                            requests=requests, seed=seed,
+                            priorities=parse_priorities(priorities) if priorities is not None else ())
         req = PlanRequest(devices=devices, workload=workload, slo_ttft_s=slo_ttft_ms / 1e3,
                           slo_tpot_s=slo_tpot_ms / 1e3, target=target, rates=rates,
                           sizing=rate is not None or concurrency is not None, chunk_tokens=chunk_tokens,
-                          min_duration_s=min_duration_s)
+                          min_duration_s=min_duration_s, slo_priority=slo_priority)
     except (ProfileError, WorkloadError, ValueError) as e:
         raise click.ClickException(str(e)) from None
     doc = plan(profile, req, log=lambda m: click.echo(m, err=True))

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from engine.engine import Engine
 from engine.sequence import Sequence
-from policies.batching import admit, chunk_split
+from policies.batching import admit, chunk_split, enqueue
 
 
 @dataclass(frozen=True)
@@ -65,10 +65,7 @@ class Scheduler:
     def add_prefill(self, seq: Sequence) -> None:
         """Queue a prompt: behind every waiting one of its priority or a lower value (arrival order among
         equals; all equal, first come first served), ahead of those of a higher value."""
-        at = len(self.waiting)
-        while at and self.waiting[at - 1].params.priority > seq.params.priority:
-            at -= 1
-        self.waiting.insert(at, seq)
+        enqueue(self.waiting, seq, _priority)
 
     def add_running(self, seq: Sequence) -> None:
         self.running.append(seq)
@@ -128,3 +125,7 @@ class Scheduler:
                 self.running.append(seq)
             events.append(TokenEvent(seq, *out))
         return events
+
+
+def _priority(seq: Sequence) -> int:
+    return seq.params.priority

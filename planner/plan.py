@@ -7,7 +7,9 @@ Two questions, by how the load is given:
   two rates around the crossing (DistServe's "goodput rate" at 90% attainment).
 - sizing (one `rate` or a closed-loop `concurrency`): what is the fewest devices, and on them the
   layout, that meets the target at that load? Every device count 1..N is simulated.
-Every layout of a question is simulated on the same drawn requests (same seed).
+Every layout of a question is simulated on the same drawn requests (same seed). With priority classes
+and `slo_priority` P, "meets the SLO" counts the requests of priority <= P only; the others are served
+best effort (planner/sim/sim_metrics.py).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ class PlanRequest:
     sizing: bool = False
     chunk_tokens: int | None = None
     min_duration_s: float = 30.0  # open loop: at least rate * this many requests per simulation
+    slo_priority: int | None = None  # the SLO holds for requests of this priority or a lower value; None: all
 
     def __post_init__(self) -> None:
         if self.devices < 1:
@@ -48,6 +51,10 @@ class PlanRequest:
             raise ValueError(f"min_duration_s must be >= 0, got {self.min_duration_s}")
         if self.rates is not None and (not self.rates or any(r <= 0 for r in self.rates)):
             raise ValueError(f"rates must be > 0 requests/s, got {list(self.rates)}")
+        classes = sorted(s.priority for s in self.workload.priorities) or [0]
+        if self.slo_priority is not None and self.slo_priority < classes[0]:
+            raise ValueError(f"the SLO's priority {self.slo_priority} covers no class of the workload (priorities "
+                             f"{', '.join(map(str, classes))}; the SLO holds for those <= it)")
 
 
 def run_one(profile: Profile, layout: Layout, workload: Workload, req: PlanRequest) -> dict:
@@ -63,7 +70,7 @@ def run_one(profile: Profile, layout: Layout, workload: Workload, req: PlanReque
         need = math.ceil(arrivals.rate * req.min_duration_s)
         workload = workload.model_copy(update={"requests": max(workload.requests, need)})
     run = simulate(profile, layout, draw(workload), concurrency=concurrency, chunk_tokens=req.chunk_tokens)
-    return summarize(run.requests, profile.frontdoor, req.slo_ttft_s, req.slo_tpot_s)
+    return summarize(run.requests, profile.frontdoor, req.slo_ttft_s, req.slo_tpot_s, req.slo_priority)
 
 
 def default_rates(profile: Profile, workload: Workload, devices: int, points: int = 10) -> tuple[float, ...]:
@@ -201,7 +208,8 @@ def _document(profile: Profile, req: PlanRequest, mode: str, results: list, skip
                     "handoff_gbytes_per_s": profile.handoff.gbytes_per_s,
                     "frontdoor": profile.frontdoor.model_dump(exclude={"how"})},
         "devices": req.devices, "workload": workload,
-        "slo": {"ttft_s": req.slo_ttft_s, "tpot_s": req.slo_tpot_s, "target_attainment": req.target},
+        "slo": {"ttft_s": req.slo_ttft_s, "tpot_s": req.slo_tpot_s, "target_attainment": req.target,
+                "priority": req.slo_priority},
         "chunk_tokens": req.chunk_tokens or profile.serving.chunk_tokens, "min_duration_s": req.min_duration_s,
         "skipped_layouts": skipped, "results": results, **extra,
     }

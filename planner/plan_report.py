@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import os
 
-from planner.plan_workload import Workload, describe_length
+from planner.plan_workload import Workload, describe_length, describe_priorities
 
 
 def write_report(doc: dict, out: str) -> list[str]:
@@ -47,9 +47,12 @@ def _header(doc: dict) -> list[str]:
         f"- Workload: prompts {describe_length(wl.prompt)} tokens, outputs {describe_length(wl.output)} tokens, "
         f"{w['requests']} requests per simulation"
         + (f" or {doc['min_duration_s']:g} s of arrivals, whichever is more" if w["arrivals"]["kind"] == "poisson" else "")
-        + f" (seed {w['seed']}), {load}",
+        + f" (seed {w['seed']}), {load}"
+        + (f"; priority classes {describe_priorities(wl.priorities)}" if wl.priorities else ""),
         f"- SLO: TTFT <= {slo['ttft_s'] * 1e3:g} ms and TPOT <= {slo['tpot_s'] * 1e3:g} ms for >= "
-        f"{slo['target_attainment']:.0%} of requests; chunked prefill: {doc['chunk_tokens']} tokens per step", "",
+        f"{slo['target_attainment']:.0%} of requests"
+        + ("" if slo.get("priority") is None else f" of priority <= {slo['priority']} (the others best effort)")
+        + f"; chunked prefill: {doc['chunk_tokens']} tokens per step", "",
     ]
 
 
@@ -69,6 +72,7 @@ def markdown(doc: dict) -> str:
         lines += [f"**Recommendation: {rec['layout']} on {rec['devices']} device(s)** "
                   f"({rec['slo_attainment']:.0%} attainment): {rec['reason']}.", ""]
     lines += _capacity_tables(doc) if doc["mode"] == "capacity" else _sizing_table(doc)
+    lines += _classes_table(doc)
     if doc["skipped_layouts"]:
         lines += ["", "Skipped layouts:", ""] + [f"- {k}: {v}" for k, v in doc["skipped_layouts"].items()]
     return "\n".join(lines) + "\n"
@@ -113,4 +117,36 @@ def _sizing_table(doc: dict) -> list[str]:
                      f"{_ms(m['ttft_s']['p90'])} | {_ms(m['tpot_s']['p50'])} / {_ms(m['tpot_s']['p90'])} | "
                      f"{_ms(m['itl_s']['p99'])} | {_ms(m['e2e_s']['p90'])} | {m['throughput_rps']:.3g} | "
                      f"{m['goodput_rps']:.3g} |")
+    return lines
+
+
+def _recommended_row(doc: dict) -> dict | None:
+    """The result the recommendation stands on: its layout at the highest rate meeting the target
+    (capacity), or its layout on its device count (sizing)."""
+    rec, target = doc["recommendation"], doc["slo"]["target_attainment"]
+    if rec["layout"] is None:
+        return None
+    if doc["mode"] == "sizing":
+        return next(r for r in doc["results"] if r["layout"] == rec["layout"] and r["devices"] == rec["devices"])
+    ok = [r for r in doc["results"] if r["layout"] == rec["layout"] and r["metrics"]["slo_attainment"] >= target]
+    return max(ok, key=lambda r: r["rate"]) if ok else None
+
+
+def _classes_table(doc: dict) -> list[str]:
+    """Each priority class alone at the recommended point (a workload of several classes)."""
+    row = _recommended_row(doc)
+    classes = row["metrics"].get("by_priority") if row else None
+    if not classes:
+        return []
+    where = f" at {row['rate']:g} req/s" if "rate" in row else f" on {row['devices']} device(s)"
+    lines = ["", f"Each priority class on {row['layout']}{where} (every class against the SLO's limits):", "",
+             "| priority | requests | attainment | TTFT p50 / p90 ms | TPOT p50 / p90 ms | queue p90 ms |",
+             "|---|---|---|---|---|---|"]
+    for p, m in sorted(classes.items(), key=lambda kv: int(kv[0])):
+        if m.get("error"):
+            lines.append(f"| {p} | {m['requests']} | 0% | refused: {m['error']} | | |")
+            continue
+        lines.append(f"| {p} | {m['requests']} | {m['slo_attainment']:.0%} | {_ms(m['ttft_s']['p50'])} / "
+                     f"{_ms(m['ttft_s']['p90'])} | {_ms(m['tpot_s']['p50'])} / {_ms(m['tpot_s']['p90'])} | "
+                     f"{_ms(m['queue_s']['p90'])} |")
     return lines

@@ -5,10 +5,13 @@ Lengths (tokens, integers >= 1) are drawn from one of:
   low..high), `empirical` (values, drawn uniformly with replacement: e.g. lengths from a trace).
 Arrivals are either `poisson` (a rate in requests/s: an open loop, arrivals do not wait for answers)
 or `closed` (`concurrency` clients, each sending its next request the moment its last one finished).
+Priorities (optional): classes of requests, each a priority (lower is served first, as `priority` in a
+request with `--scheduling-policy priority`) and a weight; each request draws its class. None: every
+request has priority 0 (first come, first served).
 
 On the command line a length is written `512`, `uniform:128:1024`, `normal:512:128` (clipped to
 1..), `normal:512:128:64:2048`, `list:100,200,300` or `file:PATH` (a JSON list of integers, or one
-integer per line).
+integer per line). Priorities are written `PRIORITY:WEIGHT,...`, e.g. `0:1,1:4` (a fifth at priority 0).
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ from typing import Annotated, Literal, Union
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from tandem.sampling_params import MAX_PRIORITY
 
 
 class WorkloadError(ValueError):
@@ -94,12 +99,24 @@ class ClosedLoop(_Strict):
 Arrivals = Annotated[Union[Poisson, ClosedLoop], Field(discriminator="kind")]
 
 
+class Share(_Strict):
+    """One priority class: its priority (lower goes first) and its weight among the classes."""
+    priority: int = Field(ge=-MAX_PRIORITY, le=MAX_PRIORITY)
+    weight: float = Field(gt=0, allow_inf_nan=False)
+
+
 class Workload(_Strict):
     prompt: Length
     output: Length
     arrivals: Arrivals
     requests: int = Field(ge=1)
     seed: int = 0
+    priorities: tuple[Share, ...] = ()  # empty: every request priority 0
+
+    @model_validator(mode="after")
+    def _classes(self) -> "Workload":
+        _distinct(self.priorities)
+        return self
 
     def with_arrivals(self, arrivals: Poisson | ClosedLoop) -> "Workload":
         return self.model_copy(update={"arrivals": arrivals})
@@ -110,18 +127,52 @@ class RequestSpec:
     prompt_len: int
     output_len: int
     arrival: float | None  # seconds after the start (Poisson); None: sent by a closed-loop client
+    priority: int = 0
 
 
 def draw(workload: Workload) -> list[RequestSpec]:
-    """The workload's requests, the same for the same seed (whatever layout simulates them)."""
+    """The workload's requests, the same for the same seed (whatever layout simulates them). Classes are
+    drawn last: a workload with priorities has the lengths and arrival times of the same one without."""
     rng = np.random.default_rng(workload.seed)
     n = workload.requests
     prompts = workload.prompt.draw(rng, n)
     outputs = workload.output.draw(rng, n)
-    if isinstance(workload.arrivals, Poisson):
-        times = np.cumsum(rng.exponential(1.0 / workload.arrivals.rate, size=n))
-        return [RequestSpec(int(p), int(o), float(t)) for p, o, t in zip(prompts, outputs, times)]
-    return [RequestSpec(int(p), int(o), None) for p, o in zip(prompts, outputs)]
+    times = (np.cumsum(rng.exponential(1.0 / workload.arrivals.rate, size=n))
+             if isinstance(workload.arrivals, Poisson) else [None] * n)
+    shares = workload.priorities
+    if shares:
+        weights = np.array([s.weight for s in shares], dtype=np.float64)
+        classes = [shares[i].priority for i in rng.choice(len(shares), size=n, p=weights / weights.sum())]
+    else:
+        classes = [0] * n
+    return [RequestSpec(int(p), int(o), None if t is None else float(t), int(c))
+            for p, o, t, c in zip(prompts, outputs, times, classes)]
+
+
+def parse_priorities(text: str) -> tuple[Share, ...]:
+    """Priority classes from their command-line form `PRIORITY:WEIGHT,...` (see the module docstring)."""
+    try:
+        shares = tuple(_share(part.strip()) for part in text.split(","))
+        return _distinct(shares)
+    except ValueError as e:  # int()/float() failures and pydantic's ValidationError (a ValueError)
+        raise WorkloadError(f"bad priorities {text!r}: {_first_line(e)}; {PRIORITIES_HELP}") from None
+
+
+def _share(text: str) -> Share:
+    priority, sep, weight = text.partition(":")
+    if not sep:
+        raise ValueError(f"{text!r} has no weight")
+    return Share(priority=int(priority), weight=float(weight))
+
+
+def _distinct(shares: tuple[Share, ...]) -> tuple[Share, ...]:
+    if len({s.priority for s in shares}) < len(shares):
+        raise ValueError("each priority may be given once")
+    return shares
+
+
+PRIORITIES_HELP = ("write priority classes as PRIORITY:WEIGHT,... (integers, lower served first; weights > 0), "
+                   "e.g. 0:1,1:4")
 
 
 def parse_length(text: str) -> Fixed | Uniform | Normal | Empirical:
@@ -189,3 +240,9 @@ def describe_length(d: Fixed | Uniform | Normal | Empirical) -> str:
         hi = "" if d.high is None else f"..{d.high}"
         return f"normal(mean {d.mean:g}, std {d.std:g}) clipped to {d.low}{hi or '..'}"
     return f"empirical ({len(d.values)} values, mean {sum(d.values) / len(d.values):.0f})"
+
+
+def describe_priorities(shares: tuple[Share, ...]) -> str:
+    """The classes' shares of requests, for reports."""
+    total = sum(s.weight for s in shares)
+    return ", ".join(f"priority {s.priority}: {s.weight / total:.0%}" for s in sorted(shares, key=lambda s: s.priority))

@@ -6,16 +6,27 @@ Two policies (engine/scheduler.py runs them; planner/sim/colocated.py simulates 
   pause for it;
 - chunked: every pass decodes one token of each running sequence and gives up to `chunk_tokens`
   prompt tokens to the admitted prompts, oldest first (`chunk_split`).
+"Oldest" is the waiting queue's order (`enqueue`): arrival, or with priority scheduling the lowest
+priority value first, arrival among equals.
 The batch cap counts running sequences plus prompts being prefilled: it is the model repository's
 `max_batch_size`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, MutableSequence, Sequence
 from typing import TypeVar
 
 T = TypeVar("T")
+
+
+def enqueue(waiting: MutableSequence[T], item: T, priority: Callable[[T], int]) -> None:
+    """Queue a prompt: behind every waiting one of its priority or a lower value (arrival order among
+    equals; all equal, first come first served), ahead of those of a higher value."""
+    at = len(waiting)
+    while at and priority(waiting[at - 1]) > priority(item):
+        at -= 1
+    waiting.insert(at, item)
 
 
 def admit(waiting: Sequence[T], size: Callable[[T], int], budget: float, room: int) -> int:

@@ -9,7 +9,8 @@ When long and short prompts both wait, passes alternate (`PassTurn`): a short pr
 for a whole long prompt, and a long prompt always advances.
 "First" is the order of `in_turn`: arrival, or with priority scheduling the lowest priority value
 first, arrival among equals (vLLM's priority policy); the fillers of a packed pass go by priority too,
-the shortest first within one.
+the shortest first within one. The long prompt chunked next is the first in turn, unless one is part
+way through (`next_long`).
 
 Used by engine/workers/prefill_worker.py (sizes: tokens still to compute, the cached prefix left
 out) and planner/sim/sim_prefill.py (sizes: prompt lengths).
@@ -32,6 +33,13 @@ def in_turn(waiting: Sequence[T], priority: Callable[[T], int]) -> list[T]:
     """`waiting` (in arrival order) in the order it is served: the lowest priority value first, arrival
     order among equals. All priorities equal (first come, first served): arrival order."""
     return sorted(waiting, key=priority)  # stable: the older first on ties
+
+
+def next_long(longs: Sequence[T], priority: Callable[[T], int], started: Callable[[T], bool]) -> T:
+    """The long prompt whose chunk runs next, of `longs` (in arrival order; not empty): one part way
+    through keeps its turn (its pages are held: another waiting for pool room behind it could never get
+    the room, whatever its priority), else the first in turn (in_turn)."""
+    return min(in_turn(longs, priority), key=lambda it: not started(it))  # min: the first of the least key
 
 
 def pack(waiting: Sequence[T], size: Callable[[T], int], budget: int,

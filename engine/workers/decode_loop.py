@@ -8,6 +8,7 @@ import enum
 import time
 
 from engine.workers.leases import Lease, LeaseState
+from policies.prefill_passes import in_turn
 from tandem.status import Cancelled, TandemError, TransferFailed, status_of
 from tandem.tracing import ns_at
 from tandem.wire import Pulled, Token
@@ -82,8 +83,7 @@ class DecodeLoop:
             if self.leases.get(lease.request_id) is lease and lease.state is not LeaseState.WAITING_KV:
                 self._advance(lease)
         # those whose K/V are in join the batch as it has room: the lowest priority value first, then in order
-        for lease in sorted((x for x in self.leases.values() if x.state is LeaseState.WAITING_KV),
-                            key=lambda x: x.seq.params.priority):
+        for lease in in_turn([x for x in self.leases.values() if x.state is LeaseState.WAITING_KV], _priority):
             changed |= self._advance(lease)
         # Armed last, after the due ones fired: the loop may sleep right after this call, and a tick
         # that fired without re-arming would leave a lease nobody looks at again.
@@ -282,3 +282,7 @@ class DecodeLoop:
 
 ON_DUE = {Due.TRANSFER: DecodeLoop._transfer_overdue, Due.FENCE: DecodeLoop._fence_overdue,
           Due.PROGRESS: DecodeLoop._progress_tick, Due.SWEEP: DecodeLoop._sweep}  # every Due has one
+
+
+def _priority(lease: Lease) -> int:
+    return lease.seq.params.priority

@@ -47,7 +47,7 @@ from engine.workers.prefill_items import PrefillItem, SlowWriter
 from engine.workers.prefill_runs import PrefillRuns
 from engine.workers.sink import Responder
 from engine.workers.watchers import Watchers
-from policies.prefill_passes import PassTurn, chunk_tokens, in_turn, pack
+from policies.prefill_passes import PassTurn, chunk_tokens, in_turn, next_long, pack
 from tandem.call_renewal import WATCH_RENEW_AFTER
 from tandem.pool import host_identity
 from tandem.roles import Role
@@ -200,13 +200,11 @@ class PrefillWorker(PrefillRuns):
         full = []
         with self.lock:
             dropped = self._drop_cancelled()
-            waiting = in_turn(self.queue, _priority)
-            # a long prompt part way through (its pages held) keeps its turn: another waiting for pool room
-            # behind it must not take it, whatever its priority (it could never get the room)
-            longs = sorted((it for it in waiting if it.chunked), key=lambda it: not it.seq.page_table)
-            shorts = [it for it in waiting if not it.chunked]
+            longs = [it for it in self.queue if it.chunked]
+            shorts = [it for it in in_turn(self.queue, _priority) if not it.chunked]
             take_long = self.turn.take_long(bool(longs), bool(shorts))
-            group = [longs[0]] if take_long else pack(shorts, self._todo, self.pass_tokens, _priority) if shorts else []
+            group = ([next_long(longs, _priority, _started)] if take_long else
+                     pack(shorts, self._todo, self.pass_tokens, _priority) if shorts else [])
             for it in group:
                 self.queue.remove(it)
                 if (self.caching or it.msg.pull) and not take_long:
@@ -286,3 +284,8 @@ class PrefillWorker(PrefillRuns):
 
 def _priority(it: PrefillItem) -> int:
     return it.msg.sampling.priority
+
+
+def _started(it: PrefillItem) -> bool:
+    """A long prompt part way through: its first chunks' pages are held."""
+    return bool(it.seq.page_table)

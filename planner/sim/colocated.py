@@ -9,6 +9,7 @@ see waiting.py), and the prompt joins the waiting queue; it is seen at the next 
   taken, one prefill pass of them runs (the running decodes pause), else one decode step of all running.
 - chunked (`chunk_tokens=N`): every step decodes one token for each running sequence and adds up to
   N prompt tokens of waiting prompts, oldest first, priced as one pass (PassCosts.mixed_time).
+"Oldest" is the queue's order (policies/batching.py `enqueue`): arrival, or by priority.
 Pages are freed when the request finishes.
 
 The batch cap (`max_batch`: running + being prefilled) is the rendered model repository's
@@ -25,7 +26,7 @@ from planner.sim.batch import RunningBatch
 from planner.sim.events import EventLoop
 from planner.sim.pages import PagePool
 from planner.sim.request import SimRequest
-from policies.batching import admit, chunk_split
+from policies.batching import admit, chunk_split, enqueue
 
 
 class ColocatedSim:
@@ -57,7 +58,7 @@ class ColocatedSim:
         """Reserve the request's pages (the caller checked can_open) and queue its prompt."""
         req.pages = self.pool.reserve(req.budget, self.loop.now)
         req.reserved_at = self.loop.now
-        self.waiting.append(req)
+        enqueue(self.waiting, req, lambda r: r.priority)
         self._kick()
 
     def _kick(self) -> None:

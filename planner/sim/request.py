@@ -32,6 +32,7 @@ class SimRequest:
     step0: int = 0
     pages: int = 0  # pages it holds while reserved
     failed: str | None = None
+    priority: int = 0  # lower goes first (the serving code's priority scheduling); all 0: first come, first served
 
     @property
     def finished(self) -> bool:

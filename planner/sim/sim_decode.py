@@ -2,14 +2,14 @@
 
 Pages are reserved for prompt + max_tokens when the request is routed, before its prefill. A
 request joins the running batch at the first step that starts after its K/V arrived (at most
-`max_batch` run; later ones wait in arrival order). Every step runs all running sequences and
+`max_batch` run; later ones wait in arrival order, or by priority: policies/prefill_passes.py `in_turn`,
+as the decode loop orders them). Every step runs all running sequences and
 takes the profile's decode time for (batch size, context tokens). A request's pages are freed at
 the end of the step that produced its last token.
 """
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Callable
 
 from planner.costs import PassCosts
@@ -17,6 +17,7 @@ from planner.sim.batch import RunningBatch
 from planner.sim.events import EventLoop
 from planner.sim.pages import PagePool
 from planner.sim.request import SimRequest
+from policies.prefill_passes import in_turn
 
 
 class DecodeSim:
@@ -29,7 +30,7 @@ class DecodeSim:
         self.max_batch = max_batch
         self.on_done = on_done
         self.batch = RunningBatch()
-        self.joining: deque[SimRequest] = deque()
+        self.joining: list[SimRequest] = []  # K/V arrived, not yet in the batch: in arrival order
         self.holding = 0  # requests with pages reserved here (routing: "running")
         self.busy = False
         self._pending = False
@@ -56,8 +57,13 @@ class DecodeSim:
         self._pending = False
         if self.busy:
             return
-        while self.joining and self.batch.size < self.max_batch:
-            self.batch.join(self.joining.popleft())
+        room = self.max_batch - self.batch.size
+        if self.joining and room > 0:
+            joined = in_turn(self.joining, _priority)[:room]
+            for req in joined:
+                self.batch.join(req)
+            taken = set(map(id, joined))
+            self.joining = [r for r in self.joining if id(r) not in taken]
         if self.batch.size == 0:
             return
         self.busy = True
@@ -78,3 +84,7 @@ class DecodeSim:
         self.pool.free(req.pages, self.loop.now)
         self.holding -= 1
         self.on_done(req)
+
+
+def _priority(req: SimRequest) -> int:
+    return req.priority

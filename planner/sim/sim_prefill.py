@@ -1,6 +1,6 @@
 """A simulated prefill worker and its KV link. Its passes are chosen by the prefill worker's own rules
-(policies/prefill_passes.py: packed passes of whole prompts, chunks of long ones, alternating); the
-long prompt being chunked stays the oldest long one.
+(policies/prefill_passes.py: packed passes of whole prompts, chunks of long ones, alternating; by
+priority when requests carry one); a long prompt part way through keeps its turn.
 
 Handoff: K/V are written layer by layer while the pass computes, so the transfer is hidden behind
 the pass except where the link is slower. The link is a FIFO resource of `gbytes_per_s`: a pass's
@@ -14,11 +14,10 @@ prompt's first token is ready when its last chunk's bytes have arrived.
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Callable
 
 from planner.costs import PassCosts
-from policies.prefill_passes import PassTurn, chunk_tokens, pack
+from policies.prefill_passes import PassTurn, chunk_tokens, in_turn, next_long, pack
 from planner.sim.events import EventLoop
 from planner.sim.request import SimRequest
 
@@ -58,7 +57,7 @@ class PrefillSim:
         self.kv_bytes_per_token = kv_bytes_per_token
         self.on_ready = on_ready
         self.shorts: list[_Item] = []  # in arrival order
-        self.longs: deque[_Item] = deque()
+        self.longs: list[_Item] = []  # in arrival order
         self.load_tokens = 0  # prompt tokens queued or in flight (routing)
         self.busy = False
         self._pending = False
@@ -82,7 +81,7 @@ class PrefillSim:
             return
         take_long = self.turn.take_long(bool(self.longs), bool(self.shorts))
         if take_long:
-            it = self.longs[0]
+            it = next_long(self.longs, _priority, lambda it: it.done > 0)
             group, chunks = [it], [(it.done, min(self.chunk_tokens, it.req.prompt_len - it.done))]
         else:
             group = self._pack()
@@ -97,7 +96,7 @@ class PrefillSim:
 
     def _pack(self) -> list[_Item]:
         """The prompts of a packed pass, removed from the queue."""
-        group = pack(self.shorts, lambda it: it.req.prompt_len, self.pass_tokens)
+        group = pack(in_turn(self.shorts, _priority), lambda it: it.req.prompt_len, self.pass_tokens, _priority)
         taken = set(map(id, group))
         self.shorts = [it for it in self.shorts if id(it) not in taken]
         return group
@@ -109,8 +108,8 @@ class PrefillSim:
         for it, (_, n) in zip(group, chunks):
             it.done += n
             if it.done == it.req.prompt_len:
-                if self.longs and self.longs[0] is it:
-                    self.longs.popleft()
+                if it in self.longs:
+                    self.longs.remove(it)
                 self.loop.at(ready, self._ready, it.req)
         self.busy = False
         self._kick()
@@ -118,3 +117,7 @@ class PrefillSim:
     def _ready(self, req: SimRequest) -> None:
         self.load_tokens -= req.prompt_len
         self.on_ready(req)
+
+
+def _priority(it: _Item) -> int:
+    return it.req.priority

@@ -54,7 +54,7 @@ def simulate(profile: Profile, layout: Layout, specs: list[RequestSpec], *, conc
     """Run every request of `specs` through `layout`. `concurrency`: closed loop with that many clients
     (the specs' arrival times are then ignored); otherwise every spec needs an arrival time."""
     loop = EventLoop()
-    reqs = [SimRequest(i, s.prompt_len, s.output_len) for i, s in enumerate(specs)]
+    reqs = [SimRequest(i, s.prompt_len, s.output_len, priority=s.priority) for i, s in enumerate(specs)]
     front = profile.frontdoor
     sent = 0
 

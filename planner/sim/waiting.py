@@ -3,8 +3,13 @@
 As in control/serving_path.py: a request's Open either reserves its pages at once or is answered
 OUT_OF_PAGES; the request then sleeps until some worker's state changes (pages freed) and tries
 again, at most once per change, and waits again if its pages are still not there. There is no
-queue inside a worker and no head-of-line blocking: every waiting request tries, oldest first, and
-a small one can get pages a large one could not.
+queue inside a worker and no head-of-line blocking within a priority: every waiting request of the
+best priority waiting tries, oldest first, and a small one can get pages a large one could not. As in
+control/waiting_room.py, those of a worse priority hold off until each of the better ones is placed
+(all priorities equal, first come first served: everyone tries); a new request tries at once.
+Not simulated: the waiting room's preemption (a waiter refused for pages takes those of a running
+request of a worse priority). Under page pressure the simulated better classes wait longer, and the
+worse ones less, than they would.
 
 A retry is not instant: the worker that freed pages pushes its stats to the orchestrator, which
 wakes the waiting requests, routes them and sends their Opens. By then the worker has already
@@ -29,7 +34,7 @@ class FleetWait:
         self.loop = loop
         self.try_open = try_open
         self.retry_delay_s = retry_delay_s
-        self.waiting: list[SimRequest] = []  # oldest first
+        self.waiting: list[SimRequest] = []  # in arrival order
         self._retry_due = False
         self.retries = 0  # Open calls answered OUT_OF_PAGES on a retry (for tests and reports)
 
@@ -45,10 +50,17 @@ class FleetWait:
             self.loop.at(self.loop.now + self.retry_delay_s, self._retry)
 
     def _retry(self) -> None:
+        """Every class in turn, the best first; a class with a request still refused holds off the rest."""
         self._retry_due = False
-        still = []
-        for req in self.waiting:
-            if not self.try_open(req):
-                still.append(req)
-                self.retries += 1
-        self.waiting = still
+        placed = set()
+        for priority in sorted({r.priority for r in self.waiting}):
+            refused = False
+            for req in [r for r in self.waiting if r.priority == priority]:
+                if self.try_open(req):
+                    placed.add(id(req))
+                else:
+                    refused = True
+                    self.retries += 1
+            if refused:
+                break
+        self.waiting = [r for r in self.waiting if id(r) not in placed]

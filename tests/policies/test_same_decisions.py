@@ -5,6 +5,7 @@ both, and here both run side by side on the same requests and must choose the sa
   both batching policies; every pass is recorded as (prompt chunks, decode rows).
 - A prefill worker: the real PrefillWorker (real model, no destination) against
   planner/sim/sim_prefill.py, short and long prompts mixed; every pass is recorded as its chunks.
+Both first come, first served and with priorities (the requests' own, as `priority` in a request).
 - The policy functions' own contracts, over many generated queues (hypothesis).
 """
 
@@ -24,12 +25,14 @@ from planner.sim.pages import PagePool
 from planner.sim.request import SimRequest
 from planner.sim.sim_prefill import Link, PrefillSim
 from policies.batching import admit, chunk_split
-from policies.prefill_passes import PassTurn, chunk_tokens, in_turn, pack
+from policies.prefill_passes import PassTurn, chunk_tokens, in_turn, next_long, pack
 from tandem.sampling_params import SamplingParams
 from tandem.wire import Prefill
 
 # (prompt tokens, output tokens) of each request, all arriving at once
 REQUESTS = [(37, 3), (5, 6), (90, 2), (12, 4), (12, 2), (60, 5), (8, 3)]
+# each request's priority: all equal (first come, first served), or classes out of arrival order
+ORDERS = {"fcfs": [0] * 9, "priorities": [2, 0, 1, 0, 2, -1, 1, 0, 2]}
 
 
 class RecordingCosts:
@@ -52,21 +55,22 @@ class RecordingCosts:
         return 1.0
 
 
-def simulated(pass_tokens: int, max_batch: int, chunk: int | None):
+def simulated(pass_tokens: int, max_batch: int, chunk: int | None, priorities: list[int]):
     loop, costs = EventLoop(), RecordingCosts()
     sim = ColocatedSim(loop, costs, PagePool(10_000, 16), pass_tokens=pass_tokens, max_batch=max_batch,
                        chunk_tokens=chunk, on_done=lambda r: None)
     for i, (p, o) in enumerate(REQUESTS):
-        sim.open(SimRequest(i, p, o))
+        sim.open(SimRequest(i, p, o, priority=priorities[i]))
     loop.run()
     return costs.passes
 
 
-def real(engine, pass_tokens: int, max_batch: int, chunk: int | None):
+def real(engine, pass_tokens: int, max_batch: int, chunk: int | None, priorities: list[int]):
     sched = Scheduler(engine, max_batch_size=max_batch, pass_tokens=pass_tokens, chunk_tokens=chunk)
     seqs = []
     for i, (p, o) in enumerate(REQUESTS):
-        seq = engine.new_sequence(f"r{i}", list(range(200, 200 + p)), SamplingParams(max_tokens=o, ignore_eos=True))
+        params = SamplingParams(max_tokens=o, ignore_eos=True, priority=priorities[i])
+        seq = engine.new_sequence(f"r{i}", list(range(200, 200 + p)), params)
         engine.admit(seq)
         sched.add_prefill(seq)
         seqs.append(seq)
@@ -86,10 +90,11 @@ def real(engine, pass_tokens: int, max_batch: int, chunk: int | None):
     return passes
 
 
+@pytest.mark.parametrize("order", ORDERS)
 @pytest.mark.parametrize("pass_tokens,max_batch,chunk", [(64, 3, None), (128, 8, None), (64, 4, 24), (512, 3, 50)])
-def test_scheduler_and_simulator_choose_the_same_passes(default_engine, pass_tokens, max_batch, chunk):
-    got = real(default_engine, pass_tokens, max_batch, chunk)
-    assert got == simulated(pass_tokens, max_batch, chunk)
+def test_scheduler_and_simulator_choose_the_same_passes(default_engine, pass_tokens, max_batch, chunk, order):
+    got = real(default_engine, pass_tokens, max_batch, chunk, ORDERS[order])
+    assert got == simulated(pass_tokens, max_batch, chunk, ORDERS[order])
     assert any(c for c, _ in got) and any(r for _, r in got)  # both kinds of work happened
 
 
@@ -115,20 +120,21 @@ class Answers:
         return self.answers > 0
 
 
-def test_prefill_worker_and_simulator_choose_the_same_passes(default_engine):
-    pass_tokens, tpp = 64, default_engine.cache.layout.tokens_per_page
+@pytest.mark.parametrize("order", ORDERS)
+def test_prefill_worker_and_simulator_choose_the_same_passes(default_engine, order):
+    pass_tokens, tpp, priorities = 64, default_engine.cache.layout.tokens_per_page, ORDERS[order]
     worker = PrefillWorker(default_engine, pass_tokens=pass_tokens)  # its loop not started: we step it
-    rng = random.Random(7)
+    rng = random.Random(f"prompts {order}")  # the engine is shared: other prompts than another order's run
     for i, n in enumerate(PROMPTS):  # random ids: no prompt shares a cached prefix with another
         ids = [rng.randrange(100, 40000) for _ in range(n)]
-        worker.submit(Prefill(f"r{i}", ids, SamplingParams(max_tokens=1)), Answers())
+        worker.submit(Prefill(f"r{i}", ids, SamplingParams(max_tokens=1, priority=priorities[i])), Answers())
     lengths = [it.seq.num_tokens for it in worker.queue]  # as the engine counts them
 
     loop, costs = EventLoop(), RecordingCosts()
     sim = PrefillSim(loop, costs, Link(1.0, 0.0), pass_tokens=pass_tokens, tokens_per_page=tpp,
                      kv_bytes_per_token=1, on_ready=lambda r: None)
     for i, n in enumerate(lengths):
-        sim.submit(SimRequest(i, n, 1))
+        sim.submit(SimRequest(i, n, 1, priority=priorities[i]))
     loop.run()
     want = [sorted(chunks) for chunks, _ in costs.passes]
 
@@ -177,6 +183,16 @@ def test_with_priorities_the_most_urgent_oldest_goes_first_and_fillers_go_by_pri
     assert fillers == sorted(fillers)  # by priority, the shortest first within one
     if len(set(prio[:len(queue)])) == 1:  # all equal: exactly first come, first served
         assert waiting == arrived and group == pack(arrived, lambda i: queue[i], budget)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(-2, 2), st.booleans()), min_size=1, max_size=12))
+def test_a_long_prompt_part_way_through_keeps_its_turn_else_the_first_in_turn_goes(longs):
+    idx = list(range(len(longs)))
+    chosen = next_long(idx, lambda i: longs[i][0], lambda i: longs[i][1])
+    started = [i for i in idx if longs[i][1]]
+    want = in_turn(started or idx, lambda i: longs[i][0])[0]
+    assert chosen == want
 
 
 @settings(max_examples=300, deadline=None)

@@ -1,0 +1,122 @@
+"""Priority classes in the planner: the workload draws them, the simulator serves them as the serving code
+does (policies/; tests/policies/test_same_decisions.py compares the passes themselves), and a plan can
+hold its SLO for the urgent classes only."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from cli.main import main
+from planner.plan_workload import (Fixed, Poisson, RequestSpec, Workload, WorkloadError, draw, parse_priorities,
+                                   describe_priorities)
+from planner.sim.events import EventLoop
+from planner.sim.pages import PagePool
+from planner.sim.request import SimRequest
+from planner.sim.sim_decode import DecodeSim
+from planner.sim.sim_layouts import Layout
+from planner.sim.sim_metrics import summarize
+from planner.sim.sim_run import simulate
+from planner.sim.waiting import RETRY_DELAY_S
+from tests.planner.test_plan_cli import WORKLOAD, _profile
+from tests.planner.toy import toy_profile
+
+
+def test_priority_classes_are_drawn_by_weight_after_the_lengths_and_arrivals():
+    base = Workload(prompt=Fixed(value=5), output=Fixed(value=3), arrivals=Poisson(rate=4.0), requests=4000, seed=3)
+    classes = base.model_copy(update={"priorities": parse_priorities("0:1, 5:3")})
+    plain, drawn = draw(base), draw(classes)
+    assert [(s.prompt_len, s.output_len, s.arrival) for s in plain] == [(s.prompt_len, s.output_len, s.arrival)
+                                                                         for s in drawn]
+    assert {s.priority for s in plain} == {0} and {s.priority for s in drawn} == {0, 5}
+    assert sum(s.priority == 0 for s in drawn) / len(drawn) == pytest.approx(0.25, abs=0.03)
+    assert draw(classes) == drawn  # the same for the same seed
+    assert describe_priorities(classes.priorities) == "priority 0: 25%, priority 5: 75%"
+
+
+@pytest.mark.parametrize("text,why", [("0", "'0' has no weight"), ("0:1,0:2", "each priority may be given once"),
+                                      ("x:1", "invalid literal for int()"), ("1:0", "greater than 0"),
+                                      ("1:nan", "finite number"), ("4294967296:1", "less than or equal to")])
+def test_bad_priorities_say_what_is_allowed(text, why):
+    with pytest.raises(WorkloadError, match="PRIORITY:WEIGHT") as e:
+        parse_priorities(text)
+    assert why in str(e.value)
+
+
+# One decode worker of 10 pages (16 tokens each). A (6 pages) and E (3) are placed at once; B (8 pages)
+# and D (2) find 1 page free and wait. E ends first, freeing 3 pages: D would fit, B not yet.
+SPECS = [RequestSpec(80, 12, 0.0), RequestSpec(40, 2, 0.0), RequestSpec(110, 4, 0.0), RequestSpec(20, 2, 0.0)]
+PAGES = {"serving": {"kv_pool_bytes": 10 * 16 * 1000}, "prefill": {"intercept_s": 0.1, "per_token_s": 0.0},
+         "decode": {"intercept_s": 0.2}}
+
+
+def test_a_waiting_request_holds_off_those_of_a_worse_priority():
+    fcfs = simulate(toy_profile(**PAGES), Layout("disaggregated", 1, 1), SPECS).requests
+    urgent_b = [RequestSpec(s.prompt_len, s.output_len, s.arrival, p) for s, p in zip(SPECS, (1, 1, 0, 1))]
+    classes = simulate(toy_profile(**PAGES), Layout("disaggregated", 1, 1), urgent_b).requests
+    a, e, b, d = fcfs
+    assert e.done_at < a.done_at
+    assert d.reserved_at == pytest.approx(e.done_at + RETRY_DELAY_S)  # first come, first served: D backfills
+    assert b.reserved_at == pytest.approx(a.done_at + RETRY_DELAY_S)
+    a, e, b, d = classes
+    assert b.reserved_at == pytest.approx(a.done_at + RETRY_DELAY_S)  # B still waits for A's pages...
+    assert d.reserved_at == b.reserved_at  # ...and D, of a worse priority, waits until B is placed
+
+
+class StepCosts:
+    def decode_time(self, batch, context_tokens):
+        return 1.0
+
+
+def test_the_decode_batch_takes_the_urgent_first_when_it_has_room():
+    loop, done = EventLoop(), []
+    d = DecodeSim(loop, StepCosts(), PagePool(100, 16), max_batch=1, on_done=lambda r: done.append(r.index))
+    reqs = [SimRequest(0, 10, 3, priority=1), SimRequest(1, 10, 2, priority=1), SimRequest(2, 10, 2, priority=0)]
+    for r in reqs:
+        d.reserve(r)
+    loop.at(0.0, d.arrive, reqs[0])
+    for r in reqs[1:]:  # their K/V arrive while request 0 fills the batch
+        loop.at(0.5, d.arrive, r)
+    loop.run()
+    assert done == [0, 2, 1] and d.pool.used == 0
+
+
+def test_the_urgent_class_is_served_first_and_the_slo_can_hold_for_it_alone():
+    # Prefill-bound toy (0.1 s per prompt, ~12 prompts/s) offered 14/s: a queue builds; class 0 skips it.
+    profile = toy_profile(prefill={"intercept_s": 0.1, "per_token_s": 0.0}, decode={"intercept_s": 0.01},
+                          serving={"pass_tokens": 100})
+    w = Workload(prompt=Fixed(value=100), output=Fixed(value=4), arrivals=Poisson(rate=14.0), requests=600,
+                 priorities=parse_priorities("0:1,1:3"))
+    run = simulate(profile, Layout("disaggregated", 1, 1), draw(w))
+    whole = summarize(run.requests, profile.frontdoor, 0.5, 1.0)
+    urgent = summarize(run.requests, profile.frontdoor, 0.5, 1.0, slo_priority=0)
+    by = whole["by_priority"]
+    assert by["0"]["requests"] + by["1"]["requests"] == 600
+    assert by["0"]["ttft_s"]["p90"] < 0.5 < by["1"]["ttft_s"]["p90"]  # the queue is the worse class's
+    ttft = {p: np.array([r.first_token - r.arrival for r in run.requests if r.priority == p]) for p in (0, 1)}
+    assert ttft[0].max() < np.median(ttft[1])
+    assert urgent["slo_attainment"] == pytest.approx(by["0"]["slo_attainment"])
+    assert urgent["met_slo"] == by["0"]["met_slo"] and urgent["slo_attainment"] > whole["slo_attainment"]
+
+
+def test_plan_holds_the_slo_for_the_urgent_class(tmp_path):
+    out = tmp_path / "plan"
+    args = ["plan", "--profile", _profile(tmp_path), "--devices", "2", *WORKLOAD, "--rates", "0.2,0.4,0.6",
+            "--priorities", "0:1,1:1", "--out", str(out)]
+    r = CliRunner().invoke(main, [*args, "--slo-priority", "0"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads((out / "plan.json").read_text())
+    assert doc["slo"]["priority"] == 0 and doc["workload"]["priorities"] == [{"priority": 0, "weight": 1.0},
+                                                                             {"priority": 1, "weight": 1.0}]
+    row = next(x for x in doc["results"] if x["layout"] == "1P1D" and x["rate"] == 0.6)
+    assert set(row["metrics"]["by_priority"]) == {"0", "1"}
+    assert row["metrics"]["slo_attainment"] == row["metrics"]["by_priority"]["0"]["slo_attainment"]
+    md = (out / "plan.md").read_text()
+    assert "of priority <= 0 (the others best effort)" in md and "Each priority class on" in md
+    r = CliRunner().invoke(main, [*args, "--slo-priority", "-1"])
+    assert r.exit_code == 1 and "the SLO's priority -1 covers no class of the workload (priorities 0, 1" in r.output
+    r = CliRunner().invoke(main, [*args[:-4], "--priorities", "0:1,0:1", "--out", str(out)])
+    assert r.exit_code == 1 and "bad priorities '0:1,0:1': each priority may be given once" in r.output

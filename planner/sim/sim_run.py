@@ -2,7 +2,9 @@
 
 Open-loop requests arrive at their drawn times. Closed-loop clients send their first requests at
 time 0 and each next one when the client has received the last token of its previous answer
-(engine time plus the front door's overhead), until the workload's request count is used up.
+(engine time plus the front door's overhead), until the workload's request count is used up. Both
+may run at once: beside the clients, requests with an arrival time arrive then (a benchmark's
+open stream next to its closed-loop one, replayed).
 """
 
 from __future__ import annotations
@@ -51,12 +53,18 @@ def build_system(profile: Profile, layout: Layout, loop: EventLoop, on_done, *, 
 
 def simulate(profile: Profile, layout: Layout, specs: list[RequestSpec], *, concurrency: int | None = None,
              chunk_tokens: int | None = None, trace_pages: bool = False) -> SimRun:
-    """Run every request of `specs` through `layout`. `concurrency`: closed loop with that many clients
-    (the specs' arrival times are then ignored); otherwise every spec needs an arrival time."""
+    """Run every request of `specs` through `layout`. `concurrency`: that many closed-loop clients send
+    the specs without an arrival time, in order; every other spec arrives at its time (without
+    `concurrency`, every spec needs one)."""
     loop = EventLoop()
     reqs = [SimRequest(i, s.prompt_len, s.output_len, priority=s.priority) for i, s in enumerate(specs)]
+    if concurrency is None and any(s.arrival is None for s in specs):
+        raise ValueError("open-loop simulation needs an arrival time for every request")
+    if concurrency is not None and concurrency < 1:
+        raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+    clients = [r for r, s in zip(reqs, specs) if s.arrival is None]  # the closed loop's, in order
     front = profile.frontdoor
-    sent = 0
+    sent = min(concurrency or 0, len(clients))
 
     def submit(req: SimRequest) -> None:
         req.arrival = loop.now
@@ -64,24 +72,18 @@ def simulate(profile: Profile, layout: Layout, specs: list[RequestSpec], *, conc
 
     def on_done(req: SimRequest) -> None:
         nonlocal sent
-        if concurrency is None or sent >= len(reqs):
-            return
+        if specs[req.index].arrival is not None or sent >= len(clients):
+            return  # an open-loop request, or the clients have sent everything
         end = loop.now if req.failed else req.done_at + front.ttft_s + (req.output_len - 1) * front.per_token_s
-        loop.at(max(end, loop.now), submit, reqs[sent])
+        loop.at(max(end, loop.now), submit, clients[sent])
         sent += 1
 
     system = build_system(profile, layout, loop, on_done, chunk_tokens=chunk_tokens, trace_pages=trace_pages)
-    if concurrency is None:
-        for req, spec in zip(reqs, specs):
-            if spec.arrival is None:
-                raise ValueError("open-loop simulation needs an arrival time for every request")
+    for req, spec in zip(reqs, specs):
+        if spec.arrival is not None:
             loop.at(spec.arrival, submit, req)
-    else:
-        if concurrency < 1:
-            raise ValueError(f"concurrency must be >= 1, got {concurrency}")
-        sent = min(concurrency, len(reqs))
-        for req in reqs[:sent]:
-            loop.at(0.0, submit, req)
+    for req in clients[:sent]:
+        loop.at(0.0, submit, req)
     loop.run()
     unfinished = [r.index for r in reqs if not r.finished and r.failed is None]
     if unfinished:

@@ -120,3 +120,19 @@ def test_plan_holds_the_slo_for_the_urgent_class(tmp_path):
     assert r.exit_code == 1 and "the SLO's priority -1 covers no class of the workload (priorities 0, 1" in r.output
     r = CliRunner().invoke(main, [*args[:-4], "--priorities", "0:1,0:1", "--out", str(out)])
     assert r.exit_code == 1 and "bad priorities '0:1,0:1': each priority may be given once" in r.output
+
+
+def test_closed_loop_clients_and_an_open_stream_run_side_by_side():
+    # One co-located engine, one 100-token prompt per pass (0.1 s), 2-token answers (one 0.2 s step).
+    # Two clients send A, B, C, D (priority 1) in turn: A and B are done at 0.4 s, C's pass runs 0.4-0.5
+    # while D waits; X (priority -1) arrives at 0.45 s and takes the next pass before D.
+    profile = toy_profile(prefill={"intercept_s": 0.1, "per_token_s": 0.0}, decode={"intercept_s": 0.2},
+                          serving={"pass_tokens": 100})
+    specs = [RequestSpec(100, 2, None, 1)] * 4
+    specs.insert(1, RequestSpec(100, 2, 0.45, -1))
+    a, x, b, c, d = simulate(profile, Layout("colocated", 1), specs, concurrency=2).requests
+    assert a.arrival == b.arrival == 0.0 and x.arrival == pytest.approx(0.45)
+    assert c.arrival == pytest.approx(a.done_at) and d.arrival == pytest.approx(b.done_at)  # a client's next
+    assert d.arrival < x.arrival and x.prefill_start < d.prefill_start  # X overtakes the waiting D
+    with pytest.raises(ValueError, match="needs an arrival time"):
+        simulate(profile, Layout("colocated", 1), specs)

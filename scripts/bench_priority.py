@@ -48,7 +48,7 @@ from planner.profile import Profile, load_profile  # noqa: E402
 from planner.sim.sim_layouts import Layout  # noqa: E402
 from planner.plan_workload import RequestSpec  # noqa: E402
 from planner.sim.sim_metrics import summarize  # noqa: E402
-from planner.sim.sim_run import simulate  # noqa: E402
+from planner.sim.sim_run import SimRun, simulate  # noqa: E402
 
 WORKLOAD = Scenario("priority", (
     Stream("batch", prompt_len=384, output_len=48, count=40, concurrency=8, priority=10),
@@ -80,9 +80,10 @@ async def run_policy(engines: str, policy: str, workdir: str, tokenizer, serve_a
     finally:
         if serve.stop() != 0:
             print(f"[{policy}] tandem serve did not stop cleanly", file=sys.stderr)
-    out = {"preemptions": int(preempted)}
     records = sorted(records, key=lambda r: r.start)
-    simulated = predict(profile, scenario, records)
+    run = predict(profile, scenario, records)
+    simulated = run.requests
+    out = {"preemptions": int(preempted), "predicted_preemptions": run.system.preemptions}
     for stream in STREAMS:
         mine = [r for r in records if r.stream == stream and not r.warmup]
         ok = [r for r in mine if r.ok]
@@ -94,15 +95,15 @@ async def run_policy(engines: str, policy: str, workdir: str, tokenizer, serve_a
     return out
 
 
-def predict(profile: Profile, scenario: Scenario, records: list) -> list:
-    """The simulated requests, one per record (sorted by send time, warm-up included: it loaded the
+def predict(profile: Profile, scenario: Scenario, records: list) -> SimRun:
+    """The simulated run, a request per record (sorted by send time, warm-up included: it loaded the
     machine too): a closed-loop stream's from its clients in that order, the others at their send times."""
     streams = {s.name: s for s in scenario.streams}
     specs = [RequestSpec(r.prompt_tokens or streams[r.stream].prompt_len, streams[r.stream].output_len,
                          None if streams[r.stream].concurrency else r.start, streams[r.stream].priority)
              for r in records]
     clients = sum(s.concurrency for s in scenario.streams if s.concurrency)
-    return simulate(profile, ONE_P_ONE_D, specs, concurrency=clients or None).requests
+    return simulate(profile, ONE_P_ONE_D, specs, concurrency=clients or None)
 
 
 def deployment_profile(path: str, max_num_seqs: int, kv_pool_bytes: int | None) -> Profile:
@@ -117,9 +118,10 @@ def markdown(doc: dict) -> str:
              WORKLOAD.description + f"; 1P1D, `{' '.join(doc['serve_args'])}`. Wall-clock seconds on this "
              f"machine, both policies in one run. Load average (1 min) at the start {doc['load_start']:.1f}, at "
              f"the end {doc['load_end']:.1f}. Requests preempted: " + ", ".join(
-                 f"{p} {doc['results'][p]['preemptions']}" for p in POLICIES) + ".", "",
+                 f"{p} {doc['results'][p]['preemptions']} (predicted {doc['results'][p]['predicted_preemptions']})"
+                 for p in POLICIES) + ".", "",
              f"Predicted: the planner's simulator with `{doc['profile']}`, the batch stream from its 8 closed-loop "
-             f"clients, each interactive request at the time this run sent it (the simulator does not preempt).", "",
+             f"clients, each interactive request at the time this run sent it.", "",
              "| stream | policy | requests | failed | TTFT p50 | TTFT p90 | E2E p50 | E2E p90 "
              "| predicted TTFT p50 / p90 | predicted E2E p50 / p90 |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]

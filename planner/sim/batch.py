@@ -26,6 +26,12 @@ class RunningBatch:
         self.size += 1
         self.context_tokens += req.prompt_len + 1
 
+    def leave(self, req: SimRequest) -> None:
+        """Take a running request out before its end (preempted)."""
+        self._finish[req.step0 + req.output_len - 2].remove(req)
+        self.size -= 1
+        self.context_tokens -= req.prompt_len + 1 + (len(self.step_ends) - req.step0)
+
     def step_done(self, now: float) -> list[SimRequest]:
         """Record a decode step that ended at `now`; return (and drop) the requests it finished."""
         self.step_ends.append(now)

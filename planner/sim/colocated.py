@@ -18,6 +18,7 @@ The batch cap (`max_batch`: running + being prefilled) is the rendered model rep
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Callable
 
@@ -61,6 +62,21 @@ class ColocatedSim:
         enqueue(self.waiting, req, lambda r: r.priority)
         self._kick()
 
+    def drop(self, req: SimRequest) -> list[float]:
+        """Preempted: out of the queue, the prefill or the batch, its pages freed; the times of the tokens
+        its attempt produced. A pass under way with its prompt ends for nothing (`_prefilled`, `_mixed_end`)."""
+        produced = req.attempt_times()
+        if req in self.waiting:
+            self.waiting.remove(req)
+        elif req.steps is self.batch.step_ends:
+            self.batch.leave(req)
+        elif any(entry[0] is req for entry in self.prefilling):
+            self.prefilling = [entry for entry in self.prefilling if entry[0] is not req]
+        else:  # in the prefill-first pass now running
+            self.in_pass -= 1
+        self.pool.free(req.pages, self.loop.now)
+        return produced
+
     def _kick(self) -> None:
         if not self.busy and not self._pending:
             self._pending = True
@@ -86,22 +102,26 @@ class ColocatedSim:
         group = self._admit(self.pass_tokens)
         if group:
             for req in group:
-                req.prefill_start = now
+                if math.isnan(req.prefill_start):  # its first pass (a resumed request's was before)
+                    req.prefill_start = now
             self.in_pass = len(group)
-            self._run(self.costs.prefill_time([(0, r.prompt_len) for r in group]), self._prefilled, group)
+            self._run(self.costs.prefill_time([(0, r.prompt_len) for r in group]), self._prefilled, group,
+                      [r.attempt for r in group])
         elif self.batch.size:
             self._run(self.costs.decode_time(self.batch.size, self.batch.context_tokens), self._decoded)
 
     def _mixed(self) -> None:
         now = self.loop.now
         for req in self._admit(float("inf")):
-            req.prefill_start = now
+            if math.isnan(req.prefill_start):
+                req.prefill_start = now
             self.prefilling.append([req, 0])
         split = chunk_split([req.prompt_len - done for req, done in self.prefilling], self.chunk_tokens)
         chunks = [(done, n) for (_, done), n in zip(self.prefilling, split)]
         rows = self.batch.size
         if chunks or rows:
-            self._run(self.costs.mixed_time(chunks, rows, self.batch.context_tokens), self._mixed_end, chunks, rows)
+            self._run(self.costs.mixed_time(chunks, rows, self.batch.context_tokens), self._mixed_end,
+                      self.prefilling[:len(chunks)], chunks, rows)
 
     def _run(self, seconds: float, then: Callable, *args) -> None:
         self.busy = True
@@ -112,19 +132,22 @@ class ColocatedSim:
         self.busy = False
         self._kick()
 
-    def _prefilled(self, group: list[SimRequest]) -> None:
+    def _prefilled(self, group: list[SimRequest], attempts: list[int]) -> None:
         self.in_pass = 0
-        for req in group:
-            self._first_token(req)
+        for req, attempt in zip(group, attempts):
+            if req.attempt == attempt:  # not preempted meanwhile
+                self._first_token(req)
 
     def _decoded(self) -> None:
         for req in self.batch.step_done(self.loop.now):
             self._finish(req)
 
-    def _mixed_end(self, chunks: list[tuple[int, int]], rows: int) -> None:
+    def _mixed_end(self, entries: list[list], chunks: list[tuple[int, int]], rows: int) -> None:
         if rows:
             self._decoded()
-        for entry, (_, n) in zip(list(self.prefilling[:len(chunks)]), chunks):
+        for entry, (_, n) in zip(entries, chunks):
+            if not any(e is entry for e in self.prefilling):
+                continue  # preempted meanwhile
             entry[1] += n
             if entry[1] == entry[0].prompt_len:
                 self.prefilling.remove(entry)

@@ -7,6 +7,8 @@ tail) it joins that decode worker's batch.
 Routing is least-loaded, by the router's own rules (policies/routing.py): the decode worker with
 room that holds the fewest requests (then the most free pages), and the prefill worker with the
 fewest prompt tokens queued or in flight.
+A request refused for pages preempts one holding pages of a worse priority (waiting.py), wherever it
+is: its prefill dropped, or its place in the decode batch; it waits and resumes.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from planner.sim.events import EventLoop
 from planner.sim.pages import PagePool
 from planner.sim.sim_prefill import Link, PrefillSim
 from planner.sim.request import SimRequest
-from planner.sim.waiting import FleetWait
+from planner.sim.waiting import FleetWait, least_urgent
 from policies.routing import least_loaded_decode, least_queued_prefill
 
 
@@ -42,8 +44,9 @@ class Disaggregated:
                                    pass_tokens=s.pass_tokens, tokens_per_page=s.tokens_per_page,
                                    kv_bytes_per_token=profile.model.kv_bytes_per_token, on_ready=self._ready)
                         for _ in range(prefill_workers)]
-        self.wait = FleetWait(loop, self._try_open)
-        self._decoder: dict[int, DecodeSim] = {}
+        self.wait = FleetWait(loop, self._try_open, self._make_room)
+        self._holders: dict[int, tuple[SimRequest, DecodeSim]] = {}  # index -> request and where its pages are
+        self.preemptions = 0
 
     @property
     def pools(self) -> list[PagePool]:
@@ -66,14 +69,28 @@ class Disaggregated:
         if d is None:
             return False
         d.reserve(req)
-        self._decoder[req.index] = d
+        self._holders[req.index] = (req, d)
         least_queued_prefill(self.prefill, lambda p: p.load_tokens).submit(req)
+        return True
+
+    def _make_room(self, priority: int) -> bool:
+        """Preempt the holder of pages `least_urgent` names: its prefill dropped (if under way), its
+        pages freed; it waits and resumes. False if none is worse."""
+        victim = least_urgent((r for r, _ in self._holders.values()), priority)
+        if victim is None:
+            return False
+        _, d = self._holders.pop(victim.index)
+        any(p.drop(victim) for p in self.prefill)
+        victim.preempted(d.drop(victim))
+        self.preemptions += 1
+        self.wait.requeue(victim)
         return True
 
     def _ready(self, req: SimRequest) -> None:
         req.first_token = self.loop.now
-        self._decoder.pop(req.index).arrive(req)
+        self._holders[req.index][1].arrive(req)
 
     def _done(self, req: SimRequest) -> None:
+        self._holders.pop(req.index, None)
         self.on_done(req)
         self.wait.pages_freed()

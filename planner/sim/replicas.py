@@ -3,7 +3,8 @@
 Each request is opened on the replica that has free pages for it and, among those, holds the
 fewest requests (then has the most free pages), as control/router.py picks. When no replica
 has the pages, the request waits in the orchestrator and retries on any replica after pages are
-freed anywhere (waiting.py): one wait for the whole fleet, not a queue per replica.
+freed anywhere (waiting.py): one wait for the whole fleet, not a queue per replica. A request refused
+for pages preempts one of a worse priority on any replica, which waits and resumes.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from planner.sim.colocated import ColocatedSim
 from planner.sim.events import EventLoop
 from planner.sim.pages import PagePool
 from planner.sim.request import SimRequest
-from planner.sim.waiting import FleetWait
+from planner.sim.waiting import FleetWait, least_urgent
 
 
 class Replicas:
@@ -23,7 +24,9 @@ class Replicas:
         pool). The engines must report theirs to `self.finished`."""
         self.engines = engines
         self.on_done = on_done
-        self.wait = FleetWait(loop, self._try_open)
+        self.wait = FleetWait(loop, self._try_open, self._make_room)
+        self._holders: dict[int, tuple[SimRequest, ColocatedSim]] = {}  # index -> request and its replica
+        self.preemptions = 0
 
     @property
     def pools(self) -> list[PagePool]:
@@ -43,9 +46,22 @@ class Replicas:
             return False
         e = self.engines[min(fitting, key=lambda i: (self.engines[i].load, self.engines[i].pool.used, i))]
         e.open(req)
+        self._holders[req.index] = (req, e)
+        return True
+
+    def _make_room(self, priority: int) -> bool:
+        """As Disaggregated._make_room, over the replicas."""
+        victim = least_urgent((r for r, _ in self._holders.values()), priority)
+        if victim is None:
+            return False
+        _, e = self._holders.pop(victim.index)
+        victim.preempted(e.drop(victim))
+        self.preemptions += 1
+        self.wait.requeue(victim)
         return True
 
     def finished(self, req: SimRequest) -> None:
         """An engine finished `req` and freed its pages."""
+        self._holders.pop(req.index, None)
         self.on_done(req)
         self.wait.pages_freed()

@@ -43,6 +43,18 @@ class DecodeSim:
         req.reserved_at = self.loop.now
         self.holding += 1
 
+    def drop(self, req: SimRequest) -> list[float]:
+        """Preempted: out of the batch (or the wait to join it), its pages freed; the times of the tokens
+        its attempt produced (none if its K/V had not arrived)."""
+        produced = req.attempt_times()
+        if req in self.joining:
+            self.joining.remove(req)
+        elif req.steps is self.batch.step_ends:
+            self.batch.leave(req)
+        self.pool.free(req.pages, self.loop.now)
+        self.holding -= 1
+        return produced
+
     def arrive(self, req: SimRequest) -> None:
         """The request's K/V (and first token) are here."""
         if req.output_len == 1:

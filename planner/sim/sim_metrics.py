@@ -34,7 +34,7 @@ def _dist(values: np.ndarray) -> dict:
 
 
 def client_times(req: SimRequest, front: FrontDoor) -> np.ndarray:
-    """When the client receives each token: [output_len]."""
+    """When the client receives each token: [answer_len]."""
     t = req.token_times()
     return t + front.ttft_s + np.arange(t.size) * front.per_token_s
 
@@ -68,7 +68,7 @@ def _summary(requests: list[SimRequest], front: FrontDoor, slo_ttft_s: float, sl
     in_slo = np.array([c for c, r in zip(counted, requests) if r.failed is None], dtype=bool)
     good = (ttft <= slo_ttft_s + eps) & (tpot <= slo_tpot_s + eps) & in_slo
     window = float(last.max() - min(r.arrival for r in requests))
-    tokens = int(sum(r.output_len for r in done))
+    tokens = int(sum(r.answer_len for r in done))
     return {
         "requests": len(requests), "refused": len(requests) - len(done), "window_s": window,
         "ttft_s": _dist(ttft), "tpot_s": _dist(tpot[multi]), "itl_s": _dist(gaps), "e2e_s": _dist(last - arrivals),

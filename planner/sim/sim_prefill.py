@@ -14,6 +14,7 @@ prompt's first token is ready when its last chunk's bytes have arrived.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 from planner.costs import PassCosts
@@ -38,11 +39,12 @@ class Link:
 
 
 class _Item:
-    __slots__ = ("req", "done")
+    __slots__ = ("req", "done", "dropped")
 
     def __init__(self, req: SimRequest):
         self.req = req
         self.done = 0  # prompt tokens prefilled so far (long prompts)
+        self.dropped = False  # its request was preempted: a pass or transfer under way ends for nothing
 
 
 class PrefillSim:
@@ -59,16 +61,28 @@ class PrefillSim:
         self.shorts: list[_Item] = []  # in arrival order
         self.longs: list[_Item] = []  # in arrival order
         self.load_tokens = 0  # prompt tokens queued or in flight (routing)
+        self.items: dict[int, _Item] = {}  # request index -> its item, from submit until its K/V are ready
         self.busy = False
         self._pending = False
         self.turn = PassTurn()
         self.passes = 0
 
     def submit(self, req: SimRequest) -> None:
-        item = _Item(req)
+        item = self.items[req.index] = _Item(req)
         (self.longs if req.prompt_len > self.pass_tokens else self.shorts).append(item)
         self.load_tokens += req.prompt_len
         self._kick()
+
+    def drop(self, req: SimRequest) -> bool:
+        """Forget a preempted request (the prefill worker's Abort); False if its K/V were ready already."""
+        item = self.items.pop(req.index, None)
+        if item is None:
+            return False
+        item.dropped = True
+        self.load_tokens -= req.prompt_len
+        self.shorts = [it for it in self.shorts if it is not item]
+        self.longs = [it for it in self.longs if it is not item]
+        return True
 
     def _kick(self) -> None:
         if not self.busy and not self._pending:
@@ -88,7 +102,7 @@ class PrefillSim:
             chunks = [(0, it.req.prompt_len) for it in group]
         now = self.loop.now
         for it in group:
-            if it.done == 0:
+            if math.isnan(it.req.prefill_start):  # its first pass (a resumed request's was before)
                 it.req.prefill_start = now
         self.busy = True
         self.passes += 1
@@ -107,16 +121,19 @@ class PrefillSim:
         ready = self.link.ready_time(start, now, nbytes)
         for it, (_, n) in zip(group, chunks):
             it.done += n
-            if it.done == it.req.prompt_len:
+            if it.done == it.req.prompt_len and not it.dropped:
                 if it in self.longs:
                     self.longs.remove(it)
-                self.loop.at(ready, self._ready, it.req)
+                self.loop.at(ready, self._ready, it)
         self.busy = False
         self._kick()
 
-    def _ready(self, req: SimRequest) -> None:
-        self.load_tokens -= req.prompt_len
-        self.on_ready(req)
+    def _ready(self, it: _Item) -> None:
+        if it.dropped:
+            return
+        del self.items[it.req.index]
+        self.load_tokens -= it.req.prompt_len
+        self.on_ready(it.req)
 
 
 def _priority(it: _Item) -> int:

@@ -74,7 +74,7 @@ def simulate(profile: Profile, layout: Layout, specs: list[RequestSpec], *, conc
         nonlocal sent
         if specs[req.index].arrival is not None or sent >= len(clients):
             return  # an open-loop request, or the clients have sent everything
-        end = loop.now if req.failed else req.done_at + front.ttft_s + (req.output_len - 1) * front.per_token_s
+        end = loop.now if req.failed else req.done_at + front.ttft_s + (req.answer_len - 1) * front.per_token_s
         loop.at(max(end, loop.now), submit, clients[sent])
         sent += 1
 

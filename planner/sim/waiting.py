@@ -7,9 +7,11 @@ queue inside a worker and no head-of-line blocking within a priority: every wait
 best priority waiting tries, oldest first, and a small one can get pages a large one could not. As in
 control/waiting_room.py, those of a worse priority hold off until each of the better ones is placed
 (all priorities equal, first come first served: everyone tries); a new request tries at once.
-Not simulated: the waiting room's preemption (a waiter refused for pages takes those of a running
-request of a worse priority). Under page pressure the simulated better classes wait longer, and the
-worse ones less, than they would.
+A request refused for pages preempts one of a worse priority holding pages (`make_room`, the
+system's: the least urgent, the latest to arrive among equals), one per round as the waiting room
+does: the round ends, and the freed pages are tried a round trip later, the most urgent first. The
+preempted request waits here and resumes (planner/sim/request.py). All priorities equal, nobody is
+preempted.
 
 A retry is not instant: the worker that freed pages pushes its stats to the orchestrator, which
 wakes the waiting requests, routes them and sends their Opens. By then the worker has already
@@ -20,7 +22,7 @@ it is shorter than a step and longer than zero.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from planner.sim.events import EventLoop
 from planner.sim.request import SimRequest
@@ -29,10 +31,13 @@ RETRY_DELAY_S = 1e-3  # stats push + wake-up + Open over loopback gRPC: about a 
 
 
 class FleetWait:
-    def __init__(self, loop: EventLoop, try_open: Callable[[SimRequest], bool], retry_delay_s: float = RETRY_DELAY_S):
-        """`try_open(req)` routes the request and reserves its pages, or returns False (OUT_OF_PAGES)."""
+    def __init__(self, loop: EventLoop, try_open: Callable[[SimRequest], bool],
+                 make_room: Callable[[int], bool], retry_delay_s: float = RETRY_DELAY_S):
+        """`try_open(req)` routes the request and reserves its pages, or returns False (OUT_OF_PAGES);
+        `make_room(priority)` preempts a holder of a worse priority (False: none), which requeue()s."""
         self.loop = loop
         self.try_open = try_open
+        self.make_room = make_room
         self.retry_delay_s = retry_delay_s
         self.waiting: list[SimRequest] = []  # in arrival order
         self._retry_due = False
@@ -42,6 +47,13 @@ class FleetWait:
         """A new request: it tries at once; if no pool has room it waits for the next change."""
         if not self.try_open(req):
             self.waiting.append(req)
+            self.make_room(req.priority)
+
+    def requeue(self, req: SimRequest) -> None:
+        """A preempted request waits again, in arrival order; its pages are free."""
+        self.waiting.append(req)
+        self.waiting.sort(key=lambda r: r.arrival)
+        self.pages_freed()
 
     def pages_freed(self) -> None:
         """Some worker freed pages: every waiting request tries again after the round trip."""
@@ -61,6 +73,15 @@ class FleetWait:
                 else:
                     refused = True
                     self.retries += 1
+                    if self.make_room(req.priority):
+                        break  # one preemption a round: its pages are tried after the round trip
             if refused:
                 break
         self.waiting = [r for r in self.waiting if id(r) not in placed]
+
+
+def least_urgent(holders: Iterable[SimRequest], priority: int) -> SimRequest | None:
+    """The holder of pages a request of `priority` preempts: the least urgent of a worse priority, the
+    latest to arrive among equals (control/waiting_room.py `make_room`); None if none is worse."""
+    worse = [r for r in holders if r.priority > priority]
+    return max(worse, key=lambda r: (r.priority, r.arrival, r.index)) if worse else None

@@ -11,8 +11,8 @@ import pytest
 from click.testing import CliRunner
 
 from cli.main import main
-from planner.plan_workload import (Fixed, Poisson, RequestSpec, Workload, WorkloadError, draw, parse_priorities,
-                                   describe_priorities)
+from planner.plan_workload import (Fixed, Poisson, RequestSpec, Workload, WorkloadError, describe_priorities, draw,
+                                   parse_length, parse_priorities)
 from planner.sim.events import EventLoop
 from planner.sim.pages import PagePool
 from planner.sim.request import SimRequest
@@ -53,17 +53,40 @@ PAGES = {"serving": {"kv_pool_bytes": 10 * 16 * 1000}, "prefill": {"intercept_s"
          "decode": {"intercept_s": 0.2}}
 
 
+def with_priorities(specs: list[RequestSpec], priorities: tuple[int, ...]) -> list[RequestSpec]:
+    return [RequestSpec(s.prompt_len, s.output_len, s.arrival, p) for s, p in zip(specs, priorities)]
+
+
 def test_a_waiting_request_holds_off_those_of_a_worse_priority():
     fcfs = simulate(toy_profile(**PAGES), Layout("disaggregated", 1, 1), SPECS).requests
-    urgent_b = [RequestSpec(s.prompt_len, s.output_len, s.arrival, p) for s, p in zip(SPECS, (1, 1, 0, 1))]
-    classes = simulate(toy_profile(**PAGES), Layout("disaggregated", 1, 1), urgent_b).requests
+    classes = simulate(toy_profile(**PAGES), Layout("disaggregated", 1, 1), with_priorities(SPECS, (0, 0, 0, 1)))
     a, e, b, d = fcfs
     assert e.done_at < a.done_at
     assert d.reserved_at == pytest.approx(e.done_at + RETRY_DELAY_S)  # first come, first served: D backfills
     assert b.reserved_at == pytest.approx(a.done_at + RETRY_DELAY_S)
-    a, e, b, d = classes
-    assert b.reserved_at == pytest.approx(a.done_at + RETRY_DELAY_S)  # B still waits for A's pages...
+    a, e, b, d = classes.requests
+    assert b.reserved_at == pytest.approx(a.done_at + RETRY_DELAY_S)  # B waits for A's pages (A is as urgent)...
     assert d.reserved_at == b.reserved_at  # ...and D, of a worse priority, waits until B is placed
+    assert classes.system.preemptions == 0
+
+
+@pytest.mark.parametrize("layout", [Layout("disaggregated", 1, 1), Layout("colocated", 1)])
+def test_a_request_refused_for_pages_preempts_a_less_urgent_one_which_resumes_where_it_was(layout):
+    # A (priority 1, 6 pages, 12 tokens) decodes; B (priority 0, 8 pages) arrives at 0.55 s: the pool has
+    # 4 pages free, so B takes A's. A waits (B is more urgent) and resumes after B: its 3 tokens so far
+    # prefilled with its prompt, the other 9 streamed after them.
+    specs = [RequestSpec(80, 12, 0.0, 1), RequestSpec(110, 4, 0.55, 0)]
+    run = simulate(toy_profile(**PAGES), layout, specs)
+    a, b = run.requests
+    assert run.system.preemptions == 1
+    assert b.reserved_at == pytest.approx(0.55 + RETRY_DELAY_S)
+    assert a.prior == pytest.approx([0.1, 0.3, 0.5]) and (a.prompt_len, a.output_len) == (83, 9)
+    assert a.reserved_at == pytest.approx(b.done_at + RETRY_DELAY_S) and a.first_token > b.done_at
+    times = a.token_times()
+    assert times.size == a.answer_len == 12 and all(np.diff(times) > 0)
+    fcfs = simulate(toy_profile(**PAGES), layout, with_priorities(specs, (0, 0)))
+    a, b = fcfs.requests
+    assert fcfs.system.preemptions == 0 and b.reserved_at == pytest.approx(a.done_at + RETRY_DELAY_S)
 
 
 class StepCosts:
@@ -136,3 +159,21 @@ def test_closed_loop_clients_and_an_open_stream_run_side_by_side():
     assert d.arrival < x.arrival and x.prefill_start < d.prefill_start  # X overtakes the waiting D
     with pytest.raises(ValueError, match="needs an arrival time"):
         simulate(profile, Layout("colocated", 1), specs)
+
+
+@pytest.mark.parametrize("layout", [Layout("disaggregated", 1, 2), Layout("colocated", 2), Layout("chunked", 2)])
+def test_under_page_pressure_every_answer_is_whole_and_every_page_comes_back(layout):
+    profile = toy_profile(prefill={"intercept_s": 0.02, "per_token_s": 0.0005}, decode={"intercept_s": 0.01},
+                          serving={"kv_pool_bytes": 40 * 16 * 1000, "pass_tokens": 256, "chunk_tokens": 64})
+    w = Workload(prompt=parse_length("uniform:16:200"), output=parse_length("uniform:1:120"),
+                 arrivals=Poisson(rate=40.0), requests=300, seed=5, priorities=parse_priorities("0:1,1:2,2:2"))
+    specs = draw(w)
+    run = simulate(profile, layout, specs, chunk_tokens=64)
+    assert run.system.preemptions > 0
+    for spec, r in zip(specs, run.requests):
+        times = r.token_times()
+        assert r.finished and r.answer_len == times.size == spec.output_len
+        assert r.prompt_len == spec.prompt_len + len(r.prior) and all(np.diff(times) > 0)
+    assert all(p.used == 0 for p in run.pools)
+    by = summarize(run.requests, profile.frontdoor, 1.0, 1.0)["by_priority"]
+    assert by["0"]["ttft_s"]["p90"] < by["2"]["ttft_s"]["p90"]

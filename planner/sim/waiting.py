@@ -70,11 +70,11 @@ class FleetWait:
             for req in [r for r in self.waiting if r.priority == priority]:
                 if self.try_open(req):
                     placed.add(id(req))
-                else:
-                    refused = True
-                    self.retries += 1
-                    if self.make_room(req.priority):
-                        break  # one preemption a round: its pages are tried after the round trip
+                    continue
+                self.retries += 1
+                first, refused = not refused, True
+                if first and self.make_room(priority):  # asked once a class: the answer holds all round
+                    break  # one preemption a round: its pages are tried after the round trip
             if refused:
                 break
         self.waiting = [r for r in self.waiting if id(r) not in placed]

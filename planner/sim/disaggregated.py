@@ -22,7 +22,7 @@ from planner.sim.events import EventLoop
 from planner.sim.pages import PagePool
 from planner.sim.sim_prefill import Link, PrefillSim
 from planner.sim.request import SimRequest
-from planner.sim.waiting import FleetWait, least_urgent
+from planner.sim.waiting import FleetWait, Holders
 from policies.routing import least_loaded_decode, least_queued_prefill
 
 
@@ -45,7 +45,7 @@ class Disaggregated:
                                    kv_bytes_per_token=profile.model.kv_bytes_per_token, on_ready=self._ready)
                         for _ in range(prefill_workers)]
         self.wait = FleetWait(loop, self._try_open, self._make_room)
-        self._holders: dict[int, tuple[SimRequest, DecodeSim]] = {}  # index -> request and where its pages are
+        self.holders = Holders()  # requests with pages reserved, and on which decode worker
         self.preemptions = 0
 
     @property
@@ -69,17 +69,17 @@ class Disaggregated:
         if d is None:
             return False
         d.reserve(req)
-        self._holders[req.index] = (req, d)
+        self.holders.add(req, d)
         least_queued_prefill(self.prefill, lambda p: p.load_tokens).submit(req)
         return True
 
     def _make_room(self, priority: int) -> bool:
         """Preempt the holder of pages `least_urgent` names: its prefill dropped (if under way), its
         pages freed; it waits and resumes. False if none is worse."""
-        victim = least_urgent((r for r, _ in self._holders.values()), priority)
+        victim = self.holders.least_urgent(priority)
         if victim is None:
             return False
-        _, d = self._holders.pop(victim.index)
+        d = self.holders.pop(victim)
         any(p.drop(victim) for p in self.prefill)
         victim.preempted(d.drop(victim))
         self.preemptions += 1
@@ -88,9 +88,9 @@ class Disaggregated:
 
     def _ready(self, req: SimRequest) -> None:
         req.first_token = self.loop.now
-        self._holders[req.index][1].arrive(req)
+        self.holders.worker(req).arrive(req)
 
     def _done(self, req: SimRequest) -> None:
-        self._holders.pop(req.index, None)
+        self.holders.pop(req)
         self.on_done(req)
         self.wait.pages_freed()

@@ -15,7 +15,7 @@ from planner.sim.colocated import ColocatedSim
 from planner.sim.events import EventLoop
 from planner.sim.pages import PagePool
 from planner.sim.request import SimRequest
-from planner.sim.waiting import FleetWait, least_urgent
+from planner.sim.waiting import FleetWait, Holders
 
 
 class Replicas:
@@ -25,7 +25,7 @@ class Replicas:
         self.engines = engines
         self.on_done = on_done
         self.wait = FleetWait(loop, self._try_open, self._make_room)
-        self._holders: dict[int, tuple[SimRequest, ColocatedSim]] = {}  # index -> request and its replica
+        self.holders = Holders()  # requests opened and not finished, and on which replica
         self.preemptions = 0
 
     @property
@@ -46,22 +46,21 @@ class Replicas:
             return False
         e = self.engines[min(fitting, key=lambda i: (self.engines[i].load, self.engines[i].pool.used, i))]
         e.open(req)
-        self._holders[req.index] = (req, e)
+        self.holders.add(req, e)
         return True
 
     def _make_room(self, priority: int) -> bool:
         """As Disaggregated._make_room, over the replicas."""
-        victim = least_urgent((r for r, _ in self._holders.values()), priority)
+        victim = self.holders.least_urgent(priority)
         if victim is None:
             return False
-        _, e = self._holders.pop(victim.index)
-        victim.preempted(e.drop(victim))
+        victim.preempted(self.holders.pop(victim).drop(victim))
         self.preemptions += 1
         self.wait.requeue(victim)
         return True
 
     def finished(self, req: SimRequest) -> None:
         """An engine finished `req` and freed its pages."""
-        self._holders.pop(req.index, None)
+        self.holders.pop(req)
         self.on_done(req)
         self.wait.pages_freed()

@@ -22,7 +22,8 @@ it is shorter than a step and longer than zero.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections import Counter
+from collections.abc import Callable
 
 from planner.sim.events import EventLoop
 from planner.sim.request import SimRequest
@@ -65,9 +66,10 @@ class FleetWait:
         """Every class in turn, the best first; a class with a request still refused holds off the rest."""
         self._retry_due = False
         placed = set()
-        for priority in sorted({r.priority for r in self.waiting}):
-            refused = False
-            for req in [r for r in self.waiting if r.priority == priority]:
+        classes = sorted({r.priority for r in self.waiting})
+        for priority in classes:
+            refused = False  # (one class: no copy; a preemption changes the list, and ends the loop at once)
+            for req in self.waiting if len(classes) == 1 else [r for r in self.waiting if r.priority == priority]:
                 if self.try_open(req):
                     placed.add(id(req))
                     continue
@@ -80,8 +82,32 @@ class FleetWait:
         self.waiting = [r for r in self.waiting if id(r) not in placed]
 
 
-def least_urgent(holders: Iterable[SimRequest], priority: int) -> SimRequest | None:
-    """The holder of pages a request of `priority` preempts: the least urgent of a worse priority, the
-    latest to arrive among equals (control/waiting_room.py `make_room`); None if none is worse."""
-    worse = [r for r in holders if r.priority > priority]
-    return max(worse, key=lambda r: (r.priority, r.arrival, r.index)) if worse else None
+class Holders:
+    """The requests holding pages, each with where they are held (a worker): whom `least_urgent` picks from."""
+
+    def __init__(self) -> None:
+        self.where: dict[int, tuple[SimRequest, object]] = {}  # request index -> (request, its worker)
+        self.classes: Counter[int] = Counter()  # holders per priority: most rounds need no scan
+
+    def add(self, req: SimRequest, worker: object) -> None:
+        self.where[req.index] = (req, worker)
+        self.classes[req.priority] += 1
+
+    def worker(self, req: SimRequest):
+        return self.where[req.index][1]
+
+    def pop(self, req: SimRequest):
+        """Its worker, forgotten (None if it held nothing)."""
+        held = self.where.pop(req.index, None)
+        if held is None:
+            return None
+        self.classes[req.priority] -= 1
+        return held[1]
+
+    def least_urgent(self, priority: int) -> SimRequest | None:
+        """The holder a request of `priority` preempts: the least urgent of a worse priority, the latest to
+        arrive among equals (control/waiting_room.py `make_room`); None if none is worse."""
+        if not any(n and p > priority for p, n in self.classes.items()):
+            return None
+        worse = [r for r, _ in self.where.values() if r.priority > priority]
+        return max(worse, key=lambda r: (r.priority, r.arrival, r.index))

@@ -88,8 +88,7 @@ def _capacity_tables(doc: dict) -> list[str]:
         by_layout.setdefault(r["layout"], []).append(r)
     for name, rows in sorted(by_layout.items(), key=lambda kv: -doc["sustained"][kv[0]]["rate"]):
         s = doc["sustained"][name]
-        ok = [r for r in rows if r["metrics"]["slo_attainment"] >= target]
-        at = max(ok, key=lambda r: r["rate"]) if ok else None
+        at = _highest_meeting(rows, target)
         m = at["metrics"] if at else {}
         rate = f"{s['rate']:.3g}" + ("+" if s["beyond_range"] else "")
         lines.append(f"| {name} | {rate} | {s['per_device']:.3g} | {at['rate']:g} | {m['slo_attainment']:.0%} | "
@@ -128,7 +127,12 @@ def _recommended_row(doc: dict) -> dict | None:
         return None
     if doc["mode"] == "sizing":
         return next(r for r in doc["results"] if r["layout"] == rec["layout"] and r["devices"] == rec["devices"])
-    ok = [r for r in doc["results"] if r["layout"] == rec["layout"] and r["metrics"]["slo_attainment"] >= target]
+    return _highest_meeting([r for r in doc["results"] if r["layout"] == rec["layout"]], target)
+
+
+def _highest_meeting(rows: list[dict], target: float) -> dict | None:
+    """The row of the highest rate whose attainment meets `target` (None: none does)."""
+    ok = [r for r in rows if r["metrics"]["slo_attainment"] >= target]
     return max(ok, key=lambda r: r["rate"]) if ok else None
 
 

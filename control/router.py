@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from control.fleet import WorkerState
-from policies.routing import least_loaded_decode, least_queued_prefill
+from policies.routing import least_loaded_decode, least_queued_prefill, most_free
 from tandem.status import Unavailable
 
 
@@ -94,8 +94,7 @@ class LeastLoaded(Router):
         alive = _by_name(workers, "decode")
         d = least_loaded_decode(alive, fits=lambda w: w.pages_free is None or w.pages_free >= pages,
                                 running=lambda w: w.running, pages_free=lambda w: w.pages_free or 0)
-        # none fits now: the one with the most free pages answers OUT_OF_PAGES or takes it
-        return d or max(alive, key=lambda w: w.pages_free or 0)
+        return d or most_free(alive, pages_free=lambda w: w.pages_free or 0)
 
 
 class RoundRobin(Router):

@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from control.fleet import Fleet
+from policies.preemption import least_urgent
 from tandem.status import OutOfPages
 
 
@@ -117,10 +118,10 @@ class WaitingRoom:
         there = [s for s in self._seats.values() if s.holds(worker)]
         if any(s.preempted for s in there):
             return True
-        worse = [s for s in there if s.priority > priority]
-        if not worse:
+        victim = least_urgent(there, priority, rank=lambda s: (s.priority, s.order))
+        if victim is None:
             return False
-        max(worse, key=lambda s: (s.priority, s.order)).preempt()
+        victim.preempt()
         return True
 
     def _ahead(self, priority: int) -> bool:

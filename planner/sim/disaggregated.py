@@ -7,8 +7,9 @@ tail) it joins that decode worker's batch.
 Routing is least-loaded, by the router's own rules (policies/routing.py): the decode worker with
 room that holds the fewest requests (then the most free pages), and the prefill worker with the
 fewest prompt tokens queued or in flight.
-A request refused for pages preempts one holding pages of a worse priority (waiting.py), wherever it
-is: its prefill dropped, or its place in the decode batch; it waits and resumes.
+A request refused for pages preempts one holding pages of a worse priority (waiting.py), on the decode
+worker that refused it (the one with the most free pages) first: its prefill dropped, or its place in the
+decode batch; it waits and resumes.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from planner.sim.pages import PagePool
 from planner.sim.sim_prefill import Link, PrefillSim
 from planner.sim.request import SimRequest
 from planner.sim.waiting import FleetWait, Holders
-from policies.routing import least_loaded_decode, least_queued_prefill
+from policies.routing import least_loaded_decode, least_queued_prefill, most_free
 
 
 def pool_pages(profile: Profile, devices: int = 1) -> int:
@@ -65,7 +66,7 @@ class Disaggregated:
         """Reserve pages on the least-loaded decode worker that has them and queue the prompt on the
         prefill worker with the fewest prompt tokens; False when no decode worker has the pages."""
         d = least_loaded_decode(self.decode, fits=lambda d: d.can_reserve(req), running=lambda d: d.holding,
-                                pages_free=lambda d: d.pool.num_pages - d.pool.used)
+                                pages_free=self._free)
         if d is None:
             return False
         d.reserve(req)
@@ -76,7 +77,8 @@ class Disaggregated:
     def _make_room(self, priority: int) -> bool:
         """Preempt the holder of pages `least_urgent` names: its prefill dropped (if under way), its
         pages freed; it waits and resumes. False if none is worse."""
-        victim = self.holders.least_urgent(priority)
+        refused_by = most_free(self.decode, self._free)  # the worker the router asks when none has room
+        victim = self.holders.least_urgent(priority, refused_by)
         if victim is None:
             return False
         d = self.holders.pop(victim)
@@ -85,6 +87,10 @@ class Disaggregated:
         self.preemptions += 1
         self.wait.requeue(victim)
         return True
+
+    @staticmethod
+    def _free(d: DecodeSim) -> int:
+        return d.pool.num_pages - d.pool.used
 
     def _ready(self, req: SimRequest) -> None:
         req.first_token = self.loop.now

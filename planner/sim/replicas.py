@@ -1,10 +1,11 @@
 """Co-located replicas behind the orchestrator (ColocatedPath and the least-loaded router).
 
 Each request is opened on the replica that has free pages for it and, among those, holds the
-fewest requests (then has the most free pages), as control/router.py picks. When no replica
-has the pages, the request waits in the orchestrator and retries on any replica after pages are
+fewest requests (then has the most free pages), as control/router.py picks (policies/routing.py). When
+no replica has the pages, the request waits in the orchestrator and retries on any replica after pages are
 freed anywhere (waiting.py): one wait for the whole fleet, not a queue per replica. A request refused
-for pages preempts one of a worse priority on any replica, which waits and resumes.
+for pages preempts one of a worse priority, on the replica that refused it (the one with the most free
+pages) first, which waits and resumes.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from planner.sim.events import EventLoop
 from planner.sim.pages import PagePool
 from planner.sim.request import SimRequest
 from planner.sim.waiting import FleetWait, Holders
+from policies.routing import least_loaded_decode, most_free
 
 
 class Replicas:
@@ -41,23 +43,27 @@ class Replicas:
         self.wait.submit(req)
 
     def _try_open(self, req: SimRequest) -> bool:
-        fitting = [i for i, e in enumerate(self.engines) if e.can_open(req)]
-        if not fitting:
+        e = least_loaded_decode(self.engines, fits=lambda e: e.can_open(req), running=lambda e: e.load,
+                                pages_free=self._free)
+        if e is None:
             return False
-        e = self.engines[min(fitting, key=lambda i: (self.engines[i].load, self.engines[i].pool.used, i))]
         e.open(req)
         self.holders.add(req, e)
         return True
 
     def _make_room(self, priority: int) -> bool:
         """As Disaggregated._make_room, over the replicas."""
-        victim = self.holders.least_urgent(priority)
+        victim = self.holders.least_urgent(priority, most_free(self.engines, self._free))
         if victim is None:
             return False
         victim.preempted(self.holders.pop(victim).drop(victim))
         self.preemptions += 1
         self.wait.requeue(victim)
         return True
+
+    @staticmethod
+    def _free(e: ColocatedSim) -> int:
+        return e.pool.num_pages - e.pool.used
 
     def finished(self, req: SimRequest) -> None:
         """An engine finished `req` and freed its pages."""

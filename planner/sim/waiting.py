@@ -8,7 +8,8 @@ best priority waiting tries, oldest first, and a small one can get pages a large
 control/waiting_room.py, those of a worse priority hold off until each of the better ones is placed
 (all priorities equal, first come first served: everyone tries); a new request tries at once.
 A request refused for pages preempts one of a worse priority holding pages (`make_room`, the
-system's: the least urgent, the latest to arrive among equals), one per round as the waiting room
+system's: the least urgent, the latest to arrive among equals, on the worker that refused it if any
+there is worse, else on any: policies/preemption.py), one per round as the waiting room
 does: the round ends, and the freed pages are tried a round trip later, the most urgent first. The
 preempted request waits here and resumes (planner/sim/request.py). All priorities equal, nobody is
 preempted.
@@ -27,6 +28,7 @@ from collections.abc import Callable
 
 from planner.sim.events import EventLoop
 from planner.sim.request import SimRequest
+from policies.preemption import least_urgent
 
 RETRY_DELAY_S = 1e-3  # stats push + wake-up + Open over loopback gRPC: about a millisecond
 
@@ -104,10 +106,15 @@ class Holders:
         self.classes[req.priority] -= 1
         return held[1]
 
-    def least_urgent(self, priority: int) -> SimRequest | None:
-        """The holder a request of `priority` preempts: the least urgent of a worse priority, the latest to
-        arrive among equals (control/waiting_room.py `make_room`); None if none is worse."""
+    def least_urgent(self, priority: int, worker: object) -> SimRequest | None:
+        """The holder a request of `priority` refused by `worker` preempts (policies/preemption.py): the least
+        urgent of a worse priority on that worker, else on any; None if none is worse."""
         if not any(n and p > priority for p, n in self.classes.items()):
             return None
-        worse = [r for r, _ in self.where.values() if r.priority > priority]
-        return max(worse, key=lambda r: (r.priority, r.arrival, r.index))
+        held = list(self.where.values())
+        victim = least_urgent((r for r, w in held if w is worker), priority, _rank)
+        return victim if victim is not None else least_urgent((r for r, _ in held), priority, _rank)
+
+
+def _rank(req: SimRequest) -> tuple[int, float, int]:
+    return req.priority, req.arrival, req.index

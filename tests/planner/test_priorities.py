@@ -89,6 +89,23 @@ def test_a_request_refused_for_pages_preempts_a_less_urgent_one_which_resumes_wh
     assert fcfs.system.preemptions == 0 and b.reserved_at == pytest.approx(a.done_at + RETRY_DELAY_S)
 
 
+@pytest.mark.parametrize("layout", [Layout("disaggregated", 1, 2), Layout("colocated", 2)])
+def test_the_victim_is_taken_on_the_worker_that_refused_first(layout):
+    # Two workers of 10 pages. A (priority 2, 6 pages) opens on the first, C (priority 1, 5 pages) on the
+    # second. B (priority 0, 8 pages) fits nowhere; the worker asked is the one with the most free pages,
+    # C's (5 against 4), and B preempts C there although A, elsewhere, is less urgent: as the waiting room
+    # does (control/waiting_room.py make_room). C, refused in turn (4 pages free, 2 on B's worker),
+    # preempts A a round trip later: two preemptions, as the system makes them (the least urgent anywhere
+    # would have made one).
+    specs = [RequestSpec(80, 12, 0.0, 2), RequestSpec(70, 10, 0.01, 1), RequestSpec(110, 4, 0.55, 0)]
+    run = simulate(toy_profile(**PAGES), layout, specs)
+    a, c, b = run.requests
+    assert run.system.preemptions == 2 and (a.attempt, c.attempt, b.attempt) == (1, 1, 0)
+    assert b.reserved_at == pytest.approx(0.55 + RETRY_DELAY_S)
+    assert c.reserved_at == pytest.approx(0.55 + 2 * RETRY_DELAY_S)  # on A's pages
+    assert a.reserved_at == pytest.approx(b.done_at + RETRY_DELAY_S)  # on B's
+
+
 class StepCosts:
     def decode_time(self, batch, context_tokens):
         return 1.0

@@ -6,17 +6,21 @@ both, and here both run side by side on the same requests and must choose the sa
 - A prefill worker: the real PrefillWorker (real model, no destination) against
   planner/sim/sim_prefill.py, short and long prompts mixed; every pass is recorded as its chunks.
 Both first come, first served and with priorities (the requests' own, as `priority` in a request).
+- The victim of a preemption: the real WaitingRoom against planner/sim/waiting.py's Holders.
 - The policy functions' own contracts, over many generated queues (hypothesis).
 """
 
 from __future__ import annotations
 
+import random
+from contextlib import ExitStack
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import random
-
+from control.fleet import Fleet
+from control.waiting_room import WaitingRoom
 from engine.scheduler import Scheduler
 from engine.workers.prefill_worker import PrefillWorker
 from planner.sim.colocated import ColocatedSim
@@ -24,6 +28,7 @@ from planner.sim.events import EventLoop
 from planner.sim.pages import PagePool
 from planner.sim.request import SimRequest
 from planner.sim.sim_prefill import Link, PrefillSim
+from planner.sim.waiting import Holders
 from policies.batching import admit, chunk_split
 from policies.prefill_passes import PassTurn, chunk_tokens, in_turn, next_long, pack
 from tandem.sampling_params import SamplingParams
@@ -221,3 +226,21 @@ def test_pass_turn_alternates_only_while_both_wait():
     assert turn.take_long(True, False) and turn.take_long(True, False)  # only longs: always long
     assert not turn.take_long(False, True)
     assert chunk_tokens(100, 16) == 96 and chunk_tokens(10, 16) == 16
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 2)), max_size=12), st.integers(-1, 3),
+       st.integers(0, 2))
+def test_the_waiting_room_and_the_simulator_preempt_the_same_request(held, priority, refused_by):
+    """`held`: (priority, worker) of each request holding pages, in arrival order. A request of `priority`
+    refused by worker `refused_by`: the real WaitingRoom and the simulator's Holders pick one victim."""
+    room, holders, workers = WaitingRoom(Fleet()), Holders(), [object() for _ in range(3)]
+    with ExitStack() as stack:
+        seats = []
+        for i, (p, w) in enumerate(held):
+            seats.append(stack.enter_context(room.visit(str(i), p)))
+            seats[-1].take(f"decode-{w}", lambda: True)
+            holders.add(SimRequest(i, 10, 1, arrival=float(i), priority=p), workers[w])
+        victim = holders.least_urgent(priority, workers[refused_by])
+        assert room.make_room(priority, f"decode-{refused_by}") == (victim is not None)
+        assert [i for i, s in enumerate(seats) if s.preempted] == ([victim.index] if victim is not None else [])

@@ -48,6 +48,11 @@ def _rates(_ctx, _param, value: str | None) -> tuple[float, ...] | None:
 @click.option("--priorities", default=None,
               help=f"Priority classes of the requests (as `priority` with --scheduling-policy priority): "
                    f"{PRIORITIES_HELP}. Default: every request priority 0.")
+@click.option("--class-prompt-len", multiple=True, metavar="PRIORITY=LENGTH",
+              help="A priority class's own prompt tokens (a length as --prompt-len), e.g. 0=128; once per class. "
+                   "Default: --prompt-len.")
+@click.option("--class-output-len", multiple=True, metavar="PRIORITY=LENGTH",
+              help="A priority class's own output tokens, as --class-prompt-len. Default: --output-len.")
 @click.option("--slo-priority", type=int, default=None,
               help="The SLO holds for requests of this priority or a lower value; the others are served best "
                    "effort (default: for every request).")
@@ -55,7 +60,8 @@ def _rates(_ctx, _param, value: str | None) -> tuple[float, ...] | None:
               help="Prompt tokens per chunked-prefill step (default: the profile's serving.chunk_tokens).")
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="Folder for plan.json, plan.md, plan.png.")
 def plan_command(profile_path, devices, prompt_len, output_len, rate, concurrency, rates, requests, min_duration_s,
-                 seed, slo_ttft_ms, slo_tpot_ms, target, priorities, slo_priority, chunk_tokens, out):
+                 seed, slo_ttft_ms, slo_tpot_ms, target, priorities, class_prompt_len, class_output_len, slo_priority,
+                 chunk_tokens, out):
     """Simulate every serving layout on N devices and recommend one that meets the SLO.
 
     Layouts: every xPyD split (x prefill + y decode workers, x + y = N), N co-located replicas
@@ -68,7 +74,8 @@ def plan_command(profile_path, devices, prompt_len, output_len, rate, concurrenc
     Sizing (--rate or --concurrency): the fewest devices, and the layout on them, meeting the
       target at that load.
     Priority classes (--priorities, --slo-priority): the SLO for the urgent classes only, the
-      rest served best effort, as the serving code orders them (the simulator does not preempt).
+      rest served best effort, as the serving code orders and preempts them; a class may have
+      lengths of its own (--class-prompt-len, --class-output-len).
 
     \b
     Example:
@@ -78,7 +85,8 @@ def plan_command(profile_path, devices, prompt_len, output_len, rate, concurrenc
     from planner.plan import PlanRequest, plan
     from planner.profile import ProfileError, load_profile
     from planner.plan_report import write_report
-    from planner.plan_workload import ClosedLoop, Poisson, Workload, WorkloadError, parse_length, parse_priorities
+    from planner.plan_workload import (ClosedLoop, Poisson, Workload, WorkloadError, parse_length, parse_priorities,
+                                       with_class_lengths)
 
     given = [n for n, v in (("--rate", rate), ("--concurrency", concurrency), ("--rates", rates)) if v is not None]
     if len(given) > 1:
@@ -86,9 +94,10 @@ def plan_command(profile_path, devices, prompt_len, output_len, rate, concurrenc
     try:
         profile = load_profile(profile_path)
         arrivals = ClosedLoop(concurrency=concurrency) if concurrency else Poisson(rate=rate or 1.0)
+        classes = with_class_lengths(parse_priorities(priorities) if priorities is not None else (),
+                                     class_prompt_len, class_output_len)
         workload = Workload(prompt=parse_length(prompt_len), output=parse_length(output_len), arrivals=arrivals,
-                            requests=requests, seed=seed,
-                            priorities=parse_priorities(priorities) if priorities is not None else ())
+                            requests=requests, seed=seed, priorities=classes)
         req = PlanRequest(devices=devices, workload=workload, slo_ttft_s=slo_ttft_ms / 1e3,
                           slo_tpot_s=slo_tpot_ms / 1e3, target=target, rates=rates,
                           sizing=rate is not None or concurrency is not None, chunk_tokens=chunk_tokens,

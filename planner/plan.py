@@ -198,7 +198,7 @@ def _max_error(phase) -> float | None:
 
 
 def _document(profile: Profile, req: PlanRequest, mode: str, results: list, skipped: dict, extra: dict) -> dict:
-    workload = req.workload.model_dump()
+    workload = req.workload.model_dump(exclude_none=True)  # a class without lengths of its own: no keys
     if mode == "capacity":
         workload["arrivals"] = {"kind": "poisson", "rates": extra["rates"]}
     return {

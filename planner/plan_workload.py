@@ -6,12 +6,14 @@ Lengths (tokens, integers >= 1) are drawn from one of:
 Arrivals are either `poisson` (a rate in requests/s: an open loop, arrivals do not wait for answers)
 or `closed` (`concurrency` clients, each sending its next request the moment its last one finished).
 Priorities (optional): classes of requests, each a priority (lower is served first, as `priority` in a
-request with `--scheduling-policy priority`) and a weight; each request draws its class. None: every
+request with `--scheduling-policy priority`) and a weight; each request draws its class. A class may
+have prompt or output lengths of its own (short interactive turns beside long batch jobs). None: every
 request has priority 0 (first come, first served).
 
 On the command line a length is written `512`, `uniform:128:1024`, `normal:512:128` (clipped to
 1..), `normal:512:128:64:2048`, `list:100,200,300` or `file:PATH` (a JSON list of integers, or one
-integer per line). Priorities are written `PRIORITY:WEIGHT,...`, e.g. `0:1,1:4` (a fifth at priority 0).
+integer per line). Priorities are written `PRIORITY:WEIGHT,...`, e.g. `0:1,1:4` (a fifth at priority 0);
+a class's own lengths `PRIORITY=LENGTH`, e.g. `0=128` (see with_class_lengths).
 """
 
 from __future__ import annotations
@@ -100,9 +102,12 @@ Arrivals = Annotated[Union[Poisson, ClosedLoop], Field(discriminator="kind")]
 
 
 class Share(_Strict):
-    """One priority class: its priority (lower goes first) and its weight among the classes."""
+    """One priority class: its priority (lower goes first), its weight among the classes, and its own
+    prompt or output lengths (None: the workload's)."""
     priority: int = Field(ge=-MAX_PRIORITY, le=MAX_PRIORITY)
     weight: float = Field(gt=0, allow_inf_nan=False)
+    prompt: Length | None = None
+    output: Length | None = None
 
 
 class Workload(_Strict):
@@ -132,7 +137,8 @@ class RequestSpec:
 
 def draw(workload: Workload) -> list[RequestSpec]:
     """The workload's requests, the same for the same seed (whatever layout simulates them). Classes are
-    drawn last: a workload with priorities has the lengths and arrival times of the same one without."""
+    drawn last: a workload with priorities has the arrival times of the same one without, and the lengths
+    too, except where a class has its own (drawn after the classes, class by class in the given order)."""
     rng = np.random.default_rng(workload.seed)
     n = workload.requests
     prompts = workload.prompt.draw(rng, n)
@@ -140,11 +146,16 @@ def draw(workload: Workload) -> list[RequestSpec]:
     times = (np.cumsum(rng.exponential(1.0 / workload.arrivals.rate, size=n))
              if isinstance(workload.arrivals, Poisson) else [None] * n)
     shares = workload.priorities
+    classes = np.zeros(n, dtype=np.int64)
     if shares:
         weights = np.array([s.weight for s in shares], dtype=np.float64)
-        classes = [shares[i].priority for i in rng.choice(len(shares), size=n, p=weights / weights.sum())]
-    else:
-        classes = [0] * n
+        picked = rng.choice(len(shares), size=n, p=weights / weights.sum())  # [n] index into shares
+        classes = np.array([s.priority for s in shares], dtype=np.int64)[picked]
+        for i, share in enumerate(shares):
+            mine = picked == i  # [n] bool
+            for own, lengths in ((share.prompt, prompts), (share.output, outputs)):
+                if own is not None:
+                    lengths[mine] = own.draw(rng, int(mine.sum()))
     return [RequestSpec(int(p), int(o), None if t is None else float(t), int(c))
             for p, o, t, c in zip(prompts, outputs, times, classes)]
 
@@ -163,6 +174,32 @@ def _share(text: str) -> Share:
     if not sep:
         raise ValueError(f"{text!r} has no weight")
     return Share(priority=int(priority), weight=float(weight))
+
+
+def with_class_lengths(shares: tuple[Share, ...], prompts: tuple[str, ...] = (),
+                       outputs: tuple[str, ...] = ()) -> tuple[Share, ...]:
+    """`shares` with the lengths given for some classes, each `PRIORITY=LENGTH` (a length as
+    parse_length takes it), e.g. `0=128` or `1=uniform:512:2048`; a class given twice, or a priority that
+    is not a class, is refused."""
+    by_priority = {s.priority: s for s in shares}
+    for field, given in (("prompt", prompts), ("output", outputs)):
+        seen = set()
+        for text in given:
+            priority, sep, length = text.partition("=")
+            try:
+                p = int(priority)
+            except ValueError:
+                p = None
+            if not sep or p is None:
+                raise WorkloadError(f"bad class {field} length {text!r}: write PRIORITY=LENGTH, e.g. 0=128")
+            if p not in by_priority:
+                raise WorkloadError(f"bad class {field} length {text!r}: priority {p} is not one of the classes "
+                                    f"({', '.join(str(q) for q in sorted(by_priority)) or 'none given'})")
+            if p in seen:
+                raise WorkloadError(f"bad class {field} length {text!r}: priority {p} is given twice")
+            seen.add(p)
+            by_priority[p] = by_priority[p].model_copy(update={field: parse_length(length)})
+    return tuple(by_priority[s.priority] for s in shares)
 
 
 def _distinct(shares: tuple[Share, ...]) -> tuple[Share, ...]:
@@ -243,6 +280,13 @@ def describe_length(d: Fixed | Uniform | Normal | Empirical) -> str:
 
 
 def describe_priorities(shares: tuple[Share, ...]) -> str:
-    """The classes' shares of requests, for reports."""
+    """The classes' shares of requests (and lengths of their own), for reports."""
     total = sum(s.weight for s in shares)
-    return ", ".join(f"priority {s.priority}: {s.weight / total:.0%}" for s in sorted(shares, key=lambda s: s.priority))
+    return ", ".join(f"priority {s.priority}: {s.weight / total:.0%}{_own_lengths(s)}"
+                     for s in sorted(shares, key=lambda s: s.priority))
+
+
+def _own_lengths(share: Share) -> str:
+    own = [f"{name} {describe_length(d)}" for name, d in (("prompt", share.prompt), ("output", share.output))
+           if d is not None]
+    return f" ({', '.join(own)})" if own else ""

@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from cli.main import main
 from planner.plan_workload import (Fixed, Poisson, RequestSpec, Workload, WorkloadError, describe_priorities, draw,
-                                   parse_length, parse_priorities)
+                                   parse_length, parse_priorities, with_class_lengths)
 from planner.sim.events import EventLoop
 from planner.sim.pages import PagePool
 from planner.sim.request import SimRequest
@@ -35,6 +35,34 @@ def test_priority_classes_are_drawn_by_weight_after_the_lengths_and_arrivals():
     assert sum(s.priority == 0 for s in drawn) / len(drawn) == pytest.approx(0.25, abs=0.03)
     assert draw(classes) == drawn  # the same for the same seed
     assert describe_priorities(classes.priorities) == "priority 0: 25%, priority 5: 75%"
+
+
+def test_a_class_may_have_lengths_of_its_own_and_the_others_keep_the_workloads():
+    base = Workload(prompt=parse_length("uniform:500:1000"), output=Fixed(value=64), arrivals=Poisson(rate=4.0),
+                    requests=2000, seed=5, priorities=parse_priorities("0:1,1:3"))
+    own = base.model_copy(update={"priorities": with_class_lengths(base.priorities, ("0=list:20,30",),
+                                                                   ("0=8", "1=uniform:100:200"))})
+    plain, drawn = draw(base), draw(own)
+    assert [(s.arrival, s.priority) for s in plain] == [(s.arrival, s.priority) for s in drawn]
+    for was, now in zip(plain, drawn):
+        if now.priority == 0:
+            assert now.prompt_len in (20, 30) and now.output_len == 8
+        else:
+            assert now.prompt_len == was.prompt_len and 100 <= now.output_len <= 200
+    assert {s.prompt_len for s in drawn if s.priority == 0} == {20, 30} and draw(own) == drawn
+    assert describe_priorities(own.priorities) == ("priority 0: 25% (prompt empirical (2 values, mean 25), output 8), "
+                                                   "priority 1: 75% (output uniform 100..200)")
+
+
+@pytest.mark.parametrize("prompts,why", [(("2=64",), "priority 2 is not one of the classes (0, 1)"),
+                                         (("0=64", "0=32"), "priority 0 is given twice"),
+                                         (("64",), "write PRIORITY=LENGTH, e.g. 0=128"),
+                                         (("x=64",), "write PRIORITY=LENGTH"),
+                                         (("0=uniform:9:1",), "uniform needs low <= high")])
+def test_bad_class_lengths_say_what_is_allowed(prompts, why):
+    with pytest.raises(WorkloadError, match="bad (class prompt )?length") as e:
+        with_class_lengths(parse_priorities("0:1,1:1"), prompts)
+    assert why in str(e.value)
 
 
 @pytest.mark.parametrize("text,why", [("0", "'0' has no weight"), ("0:1,0:2", "each priority may be given once"),
@@ -160,6 +188,14 @@ def test_plan_holds_the_slo_for_the_urgent_class(tmp_path):
     assert r.exit_code == 1 and "the SLO's priority -1 covers no class of the workload (priorities 0, 1" in r.output
     r = CliRunner().invoke(main, [*args[:-4], "--priorities", "0:1,0:1", "--out", str(out)])
     assert r.exit_code == 1 and "bad priorities '0:1,0:1': each priority may be given once" in r.output
+    r = CliRunner().invoke(main, [*args, "--class-prompt-len", "0=32", "--class-output-len", "0=8"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads((out / "plan.json").read_text())
+    assert doc["workload"]["priorities"][0] == {"priority": 0, "weight": 1.0, "prompt": {"kind": "fixed", "value": 32},
+                                                "output": {"kind": "fixed", "value": 8}}
+    assert "priority 0: 50% (prompt 32, output 8), priority 1: 50%" in (out / "plan.md").read_text()
+    r = CliRunner().invoke(main, [*args[:-6], "--class-prompt-len", "0=32", "--out", str(out)])
+    assert r.exit_code == 1 and "priority 0 is not one of the classes (none given)" in r.output
 
 
 def test_closed_loop_clients_and_an_open_stream_run_side_by_side():

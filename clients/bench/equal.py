@@ -1,7 +1,8 @@
 """`tandem bench compare --suite equal-hardware`: the whole run, in order.
 
 1. a hardware profile: the one given, or `tandem profile` measured now on the suite's cores (with the
-   handoff GB/s given, e.g. scripts/bench_handoff.py's shm figure), written next to the report;
+   handoff GB/s given, e.g. scripts/bench_handoff.py's shm figure), written next to the report; a sweep
+   given `around` the predicted capacity gets its rates from it (equal_report.bracket);
 2. every layout of the suite's cores served in turn (suite.run_layout), the same scenarios on each;
    each layout's records are saved to runs.json as soon as it is done, and `resume` reuses the
    layouts found there (a long run that stopped, or a report rebuilt without serving anything);
@@ -19,7 +20,7 @@ import tempfile
 from dataclasses import dataclass
 
 from clients.bench.equal_markdown import write_report
-from clients.bench.equal_report import build
+from clients.bench.equal_report import bracket, build
 from clients.bench.bench_layouts import cores
 from clients.bench.bench_report import records_json, write_json
 from clients.bench.stats import RequestRecord
@@ -70,7 +71,11 @@ def run_equal_hardware(run: EqualRun, tokenizer, log=print) -> dict:
     if saved.get("profile_file") and not run.profile:  # the profile measured before the saved runs
         run = dataclasses.replace(run, profile=saved["profile_file"])
     profile, profile_path = obtain_profile(run, log)
-    scenarios = run.suite.scenarios()
+    suite, how = bracket(run.suite, run.layouts, profile, run.kv_pool_bytes, run.chunk_tokens, len(run.cpus))
+    if how:
+        log(f"sweep: {', '.join(f'{r:g}' for r in how['rates'])} req/s ({', '.join(f'{f:g}' for f in how['around'])}"
+            f" x {how['center']:.3g} req/s, the capacity the planner predicts on this profile)")
+    scenarios = suite.scenarios()
     settings = settings_for(scenarios, run.model, run.kv_pool_bytes, run.chunk_tokens)
     work = tempfile.mkdtemp(prefix="tandem-equal-")
     results = {name: _records_of(r) for name, r in saved.get("results", {}).items()}
@@ -84,9 +89,9 @@ def run_equal_hardware(run: EqualRun, tokenizer, log=print) -> dict:
     context = {"command": run.command, "cpus": run.cpus, "protocol": run.protocol, "profile_file": profile_path,
                "machine": {"load_before": load_before, "load_after": _load(), "note": run.note},
                "kv_pool_bytes": run.kv_pool_bytes, "chunk_tokens": run.chunk_tokens,
-               "kv_need_bytes": kv_need_bytes(run.suite, profile.model.kv_bytes_per_token),
+               "kv_need_bytes": kv_need_bytes(suite, profile.model.kv_bytes_per_token), "sweep_rates": how,
                "limits": {"max_in_flight": settings.max_in_flight, "max_queued_tokens": settings.max_queued_tokens}}
-    doc = build(run.suite, run.layouts, results, profile, run.kv_pool_bytes, run.chunk_tokens, context)
+    doc = build(suite, run.layouts, results, profile, run.kv_pool_bytes, run.chunk_tokens, context)
     write_report(doc, results, run.out)
     write_plan(doc["plan"], os.path.join(run.out, "plan"))
     return doc

@@ -101,8 +101,13 @@ def _sweep(doc: dict) -> list[str]:
     sw, plan = doc["sweep"], doc["plan"]
     rates = sw["rates"]
     plan_att = {(r["layout"], r["rate"]): r["metrics"]["slo_attainment"] for r in plan["results"]}
-    lines = ["", "## SLO attainment vs Poisson rate", "", "measured / predicted (same requests) / `tandem plan` "
-             "(own draws, >= 30 s of arrivals per point):", "",
+    how = doc.get("sweep_rates") or {}
+    chosen = ("" if not how else
+              f"Rates: {', '.join(f'{f:g}' for f in how['around'])} x {how['center']:.3g} req/s, the mean capacity "
+              f"`tandem plan` predicted on this profile before the runs ("
+              + ", ".join(f"{n} {r:.3g}" for n, r in how["predicted_capacity"].items()) + "). ")
+    lines = ["", "## SLO attainment vs Poisson rate", "", chosen + "measured / predicted (same requests) / "
+             "`tandem plan` (own draws, >= 30 s of arrivals per point):", "",
              "| layout | " + " | ".join(f"{r:g} req/s" for r in rates) + " | sustained at target: measured / "
              "predicted / plan |", "|---|" + "---|" * (len(rates) + 1)]
     for name in sw["measured"]:

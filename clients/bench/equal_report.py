@@ -11,6 +11,7 @@ planner/validate.py), and `tandem plan` itself at the sweep's rates (its own Poi
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import os
 import platform
@@ -116,10 +117,36 @@ def _sweep(suite: Suite, layouts: list[Layout], doc: dict) -> dict:
 
 def _plan(suite: Suite, profile: Profile, pool_bytes: int, chunk_tokens: int, devices: int) -> dict:
     """`tandem plan` at the sweep's rates (capacity question) on the suite's cores."""
+    return capacity(_with_pool(profile, pool_bytes), _capacity_request(suite, chunk_tokens, devices, suite.sweep.rates))
+
+
+def bracket(suite: Suite, layouts: list[Layout], profile: Profile, pool_bytes: int, chunk_tokens: int,
+            devices: int) -> tuple[Suite, dict]:
+    """(the suite with its sweep's rates, how they were chosen): a sweep given `around` gets those fractions
+    of the capacity `tandem plan` predicts on `profile` (the mean of the layouts' sustained rates, its own
+    rates chosen automatically), rounded to 0.05 req/s; a sweep with rates keeps them ({})."""
+    s = suite.sweep
+    if not s.around:
+        return suite, {}
+    doc = capacity(_with_pool(profile, pool_bytes), _capacity_request(suite, chunk_tokens, devices, None))
+    predicted = {x.name: doc["sustained"][x.name]["rate"] for x in layouts if x.name in doc["sustained"]}
+    if not predicted or not any(predicted.values()):
+        raise ValueError(f"the planner predicts no capacity for {', '.join(x.name for x in layouts)} on this profile "
+                         f"(SLO TTFT <= {suite.slo_ttft_s:g} s, TPOT <= {suite.slo_tpot_s:g} s): nothing to bracket")
+    center = sum(predicted.values()) / len(predicted)
+    rates = tuple(sorted({max(0.05, round(f * center / 0.05) * 0.05) for f in s.around}))
+    rates = tuple(float(f"{r:.2f}") for r in rates)
+    how = {"around": list(s.around), "predicted_capacity": predicted, "center": center, "rates": list(rates)}
+    return dataclasses.replace(suite, sweep=dataclasses.replace(s, rates=rates)), how
+
+
+def _capacity_request(suite: Suite, chunk_tokens: int, devices: int, rates) -> PlanRequest:
     s = suite.sweep
     workload = Workload(prompt=Fixed(value=s.prompt_len), output=Fixed(value=s.output_len),
-                        arrivals=Poisson(rate=s.rates[0]), requests=400)
-    req = PlanRequest(devices=devices, workload=workload, slo_ttft_s=suite.slo_ttft_s, slo_tpot_s=suite.slo_tpot_s,
-                      target=suite.target, rates=tuple(s.rates), chunk_tokens=chunk_tokens)
-    prof = profile.model_copy(update={"serving": profile.serving.model_copy(update={"kv_pool_bytes": pool_bytes})})
-    return capacity(prof, req)
+                        arrivals=Poisson(rate=1.0), requests=400)
+    return PlanRequest(devices=devices, workload=workload, slo_ttft_s=suite.slo_ttft_s, slo_tpot_s=suite.slo_tpot_s,
+                       target=suite.target, rates=tuple(rates) if rates else None, chunk_tokens=chunk_tokens)
+
+
+def _with_pool(profile: Profile, pool_bytes: int) -> Profile:
+    return profile.model_copy(update={"serving": profile.serving.model_copy(update={"kv_pool_bytes": pool_bytes})})

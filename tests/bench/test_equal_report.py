@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
 
 from clients.bench.equal_markdown import write_report
-from clients.bench.equal_report import build
+from clients.bench.equal_report import bracket, build
 from clients.bench.slo import claim_change
 from clients.bench.stats import RequestRecord
 from clients.bench.suite import Suite, Sweep
 from clients.bench.bench_workload import seed_scenario
+from planner.plan import PlanRequest, capacity
+from planner.plan_workload import Fixed, Poisson, Workload
 from planner.sim.sim_layouts import Layout
 from tests.planner.toy import toy_profile
 
@@ -62,3 +65,21 @@ def test_report_from_hand_made_runs(tmp_path):
     assert "| 1P1D | colocated 2x1 | -25% | -25% |" in md
     assert "| 1P1D | prefill-0: [0], decode-0: [1] |" not in md and "| 1P1D | 2 | prefill-0: [0], decode-0: [1] |" in md
     assert all(open(p, "rb").read(4) == b"\x89PNG" for p in paths if p.endswith(".png"))
+
+
+def test_a_sweep_around_the_predicted_capacity_gets_its_rates_before_anything_runs():
+    profile = toy_profile(prefill={"intercept_s": 0.1, "per_token_s": 0.01}, decode={"intercept_s": 0.1})
+    fixed, how = bracket(SUITE, LAYOUTS, profile, 1 << 30, 256, 2)
+    assert fixed is SUITE and how == {}
+    around = dataclasses.replace(SUITE, sweep=Sweep(32, 8, (), duration_s=2.0, min_requests=2, around=(0.5, 1.0, 2.0)))
+    suite, how = bracket(around, LAYOUTS, profile, 1 << 30, 256, 2)
+    plan = capacity(profile, PlanRequest(devices=2, workload=Workload(prompt=Fixed(value=32), output=Fixed(value=8),
+                                                                      arrivals=Poisson(rate=1.0), requests=400),
+                                         slo_ttft_s=1.0, slo_tpot_s=0.2, target=0.9))
+    predicted = {x.name: plan["sustained"][x.name]["rate"] for x in LAYOUTS}
+    center = sum(predicted.values()) / 2
+    assert how["predicted_capacity"] == predicted and how["center"] == pytest.approx(center) and center > 0
+    assert suite.sweep.rates == tuple(how["rates"]) and len(suite.sweep.rates) == 3
+    for f, r in zip((0.5, 1.0, 2.0), suite.sweep.rates):
+        assert r == pytest.approx(f * center, abs=0.025)  # rounded to 0.05 req/s
+    assert [sc.name for sc in suite.scenarios()][1:] == [f"rate-{r:g}" for r in suite.sweep.rates]

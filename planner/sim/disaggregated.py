@@ -66,7 +66,7 @@ class Disaggregated:
         """Reserve pages on the least-loaded decode worker that has them and queue the prompt on the
         prefill worker with the fewest prompt tokens; False when no decode worker has the pages."""
         d = least_loaded_decode(self.decode, fits=lambda d: d.can_reserve(req), running=lambda d: d.holding,
-                                pages_free=self._free)
+                                pages_free=lambda d: d.pool.pages_free)
         if d is None:
             return False
         d.reserve(req)
@@ -77,7 +77,7 @@ class Disaggregated:
     def _make_room(self, priority: int) -> bool:
         """Preempt the holder of pages `least_urgent` names: its prefill dropped (if under way), its
         pages freed; it waits and resumes. False if none is worse."""
-        refused_by = most_free(self.decode, self._free)  # the worker the router asks when none has room
+        refused_by = most_free(self.decode, lambda d: d.pool.pages_free)  # whom the router asks when none has room
         victim = self.holders.least_urgent(priority, refused_by)
         if victim is None:
             return False
@@ -87,10 +87,6 @@ class Disaggregated:
         self.preemptions += 1
         self.wait.requeue(victim)
         return True
-
-    @staticmethod
-    def _free(d: DecodeSim) -> int:
-        return d.pool.num_pages - d.pool.used
 
     def _ready(self, req: SimRequest) -> None:
         req.first_token = self.loop.now

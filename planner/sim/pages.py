@@ -14,6 +14,10 @@ class PagePool:
         self.peak = 0
         self.trace: list[tuple[float, int]] | None = [] if trace else None
 
+    @property
+    def pages_free(self) -> int:
+        return self.num_pages - self.used
+
     def pages_for(self, tokens: int) -> int:
         return -(-tokens // self.tokens_per_page)
 
@@ -24,7 +28,7 @@ class PagePool:
         """Reserve pages for `tokens`; returns the page count. A scheduler checks can_reserve first."""
         n = self.pages_for(tokens)
         if self.used + n > self.num_pages:
-            raise RuntimeError(f"simulator bug: reserving {n} pages with {self.num_pages - self.used} free")
+            raise RuntimeError(f"simulator bug: reserving {n} pages with {self.pages_free} free")
         self.used += n
         self.peak = max(self.peak, self.used)
         if self.trace is not None:

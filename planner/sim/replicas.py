@@ -44,7 +44,7 @@ class Replicas:
 
     def _try_open(self, req: SimRequest) -> bool:
         e = least_loaded_decode(self.engines, fits=lambda e: e.can_open(req), running=lambda e: e.load,
-                                pages_free=self._free)
+                                pages_free=lambda e: e.pool.pages_free)
         if e is None:
             return False
         e.open(req)
@@ -53,17 +53,13 @@ class Replicas:
 
     def _make_room(self, priority: int) -> bool:
         """As Disaggregated._make_room, over the replicas."""
-        victim = self.holders.least_urgent(priority, most_free(self.engines, self._free))
+        victim = self.holders.least_urgent(priority, most_free(self.engines, lambda e: e.pool.pages_free))
         if victim is None:
             return False
         victim.preempted(self.holders.pop(victim).drop(victim))
         self.preemptions += 1
         self.wait.requeue(victim)
         return True
-
-    @staticmethod
-    def _free(e: ColocatedSim) -> int:
-        return e.pool.num_pages - e.pool.used
 
     def finished(self, req: SimRequest) -> None:
         """An engine finished `req` and freed its pages."""

@@ -134,25 +134,52 @@ def plan_command(profile_path, devices, prompt_len, output_len, rate, concurrenc
               help="Front-door overhead on the first token (ms), as scripts/bench_frontdoor.py measured.")
 @click.option("--frontdoor-per-token-ms", default=0.1, show_default=True, type=click.FloatRange(0),
               help="Front-door overhead per output token (ms).")
+@click.option("--served", is_flag=True,
+              help="Also measure what serving adds to a step: serve each worker shape of this process's cores "
+                   "with tandem serve and time bursts of streams (about 1 minute per shape; planner/served.py).")
+@click.option("--served-onto", default=None, type=click.Path(exists=True, dir_okay=False),
+              help="Measure only the served part and add it to this profile (written to --out); implies --served.")
 def profile_command(out, model, name, threads, scaling_devices, quick, kv_bytes, handoff_gbps, handoff_latency_ms,
-                    frontdoor_ttft_ms, frontdoor_per_token_ms):
+                    frontdoor_ttft_ms, frontdoor_per_token_ms, served, served_onto):
     """Measure a hardware profile of this machine and the PyTorch engine (about 1-3 minutes; --quick less).
 
     Times prefill passes over several token counts and batch shapes and decode steps over several
     batch sizes and contexts, fits the profile's models, and records the handoff and front-door
-    figures. The result is the input of `tandem plan --profile`.
+    figures. The result is the input of `tandem plan --profile`. With --served it then serves the
+    model on this process's cores and records what serving adds to each step.
     """
     from planner.measure import MeasureOptions, measure_profile
-    from planner.profile import dump_profile
+    from planner.profile import dump_profile, load_profile
 
+    def log(message: str) -> None:
+        click.echo(message, err=True)
+
+    if (served or served_onto) and threads != 1:
+        raise click.ClickException(f"--served serves one core per device; got --threads {threads}")
     try:
-        opts = MeasureOptions(model=model, name=name, threads=threads, scaling=scaling_devices,
-                              quick=quick, kv_bytes=kv_bytes, handoff_gbps=handoff_gbps,
-                              handoff_latency_s=handoff_latency_ms / 1e3, frontdoor_ttft_s=frontdoor_ttft_ms / 1e3,
-                              frontdoor_per_token_s=frontdoor_per_token_ms / 1e3)
-        profile = measure_profile(opts, log=lambda m: click.echo(m, err=True))
-    except ValueError as e:
+        if served_onto:
+            profile = load_profile(served_onto)
+        else:
+            opts = MeasureOptions(model=model, name=name, threads=threads, scaling=scaling_devices,
+                                  quick=quick, kv_bytes=kv_bytes, handoff_gbps=handoff_gbps,
+                                  handoff_latency_s=handoff_latency_ms / 1e3, frontdoor_ttft_s=frontdoor_ttft_ms / 1e3,
+                                  frontdoor_per_token_s=frontdoor_per_token_ms / 1e3)
+            profile = measure_profile(opts, log=log)
+        if served or served_onto:
+            profile = _with_served(profile, model, log)
+    except (ValueError, RuntimeError) as e:
         raise click.ClickException(str(e)) from None
     with open(out, "w", encoding="utf-8") as f:
         f.write(dump_profile(profile))
     click.echo(f"wrote {out}")
+
+
+def _with_served(profile, model: str, log):
+    """The profile with its `served` part measured on this process's cores (one core per device)."""
+    import os
+
+    from cli.bench_cmd import _tokenizer
+    from clients.bench.served_steps import ServedOptions, measure_served
+
+    opts = ServedOptions(model=model, cpus=tuple(sorted(os.sched_getaffinity(0))))
+    return profile.model_copy(update={"served": measure_served(profile, opts, _tokenizer(None), log)})

@@ -42,7 +42,7 @@ def _header(doc: dict) -> list[str]:
         f"{'up to ' if doc['mode'] == 'sizing' else ''}{doc['devices']} devices", "",
         f"- Hardware: {prof['hardware'].get('device')}; model: {prof['model']}; handoff "
         f"{prof['handoff_gbytes_per_s']:.3g} GB/s; front door +{prof['frontdoor']['ttft_s'] * 1e3:g} ms TTFT, "
-        f"+{prof['frontdoor']['per_token_s'] * 1e3:g} ms per token"
+        f"+{prof['frontdoor']['per_token_s'] * 1e3:g} ms per token; {_served(prof.get('served', []))}"
         + (f"; largest fit error on the profile's points: {fits}" if fits else ""),
         f"- Workload: prompts {describe_length(wl.prompt)} tokens, outputs {describe_length(wl.output)} tokens, "
         f"{w['requests']} requests per simulation"
@@ -154,3 +154,12 @@ def _classes_table(doc: dict) -> list[str]:
                      f"{_ms(m['ttft_s']['p90'])} | {_ms(m['tpot_s']['p50'])} / {_ms(m['tpot_s']['p90'])} | "
                      f"{_ms(m['queue_s']['p90'])} |")
     return lines
+
+
+def _served(fits: list[dict]) -> str:
+    """What serving adds to a step, per worker shape (planner/served.py), or that the profile has none."""
+    if not fits:
+        return "no served step overhead measured (steps as the engine runs them alone)"
+    return "served step overhead " + ", ".join(
+        f"{f['role']} on {f['devices']} device(s) +{f['per_step_s'] * 1e3:.3g} ms per step "
+        f"+{f['per_sequence_s'] * 1e3:.3g} ms per sequence" for f in fits)

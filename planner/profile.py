@@ -26,6 +26,7 @@ published figures. Its parts:
   the profile does not give (by value, or by interpolating between given N) is skipped.
 - `handoff`: KV transfer throughput (GB/s = 10^9 bytes/s, bytes, not bits) and latency.
 - `frontdoor`: latency the orchestrator's front door adds to the first token and to every token.
+- `served` (optional): what serving adds to a token-streaming worker's step (planner/served.py).
 - `sources`: where each input came from; `measured`: the command and date of a measured profile.
 """
 
@@ -38,6 +39,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from planner.fit import nonnegative_fit
+from planner.served import Served
 
 FORMAT = "tandem-profile/1"
 
@@ -178,6 +180,7 @@ class Profile(_Strict):
     scaling: Scaling = Field(default_factory=Scaling)
     handoff: Handoff
     frontdoor: FrontDoor
+    served: Served | None = None
     sources: tuple[Source, ...] = ()
     measured: Measured | None = None
     notes: str = ""

@@ -1,8 +1,10 @@
 """`tandem bench compare --suite equal-hardware`: the whole run, in order.
 
-1. a hardware profile: the one given, or `tandem profile` measured now on the suite's cores (with the
-   handoff GB/s given, e.g. scripts/bench_handoff.py's shm figure), written next to the report; a sweep
-   given `around` the predicted capacity gets its rates from it (equal_report.bracket);
+1. a hardware profile: the one given, or `tandem profile --served` measured now on the suite's cores
+   (with the handoff GB/s given, e.g. scripts/bench_handoff.py's shm figure), written next to the
+   report; a sweep given `around` the predicted capacity gets its rates from it (equal_report.bracket),
+   unless resumed runs were served at rates of their own (runs.json keeps them: a report rebuilt with
+   another profile compares the same runs);
 2. every layout of the suite's cores served in turn (suite.run_layout), the same scenarios on each;
    each layout's records are saved to runs.json as soon as it is done, and `resume` reuses the
    layouts found there (a long run that stopped, or a report rebuilt without serving anything);
@@ -52,7 +54,7 @@ def obtain_profile(run: EqualRun, log=print) -> tuple[Profile, str]:
     if run.profile:
         return load_profile(run.profile), run.profile
     path = os.path.join(run.out, "profile.json")
-    cmd = [sys.executable, "-m", "cli.main", "profile", "--out", path, "--model", run.model]
+    cmd = [sys.executable, "-m", "cli.main", "profile", "--served", "--out", path, "--model", run.model]
     if run.handoff_gbps:
         cmd += ["--handoff-gbps", f"{run.handoff_gbps:g}"]
     log(f"measuring a profile on cores {run.cpus}: {' '.join(cmd[1:])}")
@@ -71,10 +73,10 @@ def run_equal_hardware(run: EqualRun, tokenizer, log=print) -> dict:
     if saved.get("profile_file") and not run.profile:  # the profile measured before the saved runs
         run = dataclasses.replace(run, profile=saved["profile_file"])
     profile, profile_path = obtain_profile(run, log)
-    suite, how = bracket(run.suite, run.layouts, profile, run.kv_pool_bytes, run.chunk_tokens, len(run.cpus))
+    suite, how = _with_rates(run, saved, profile, profile_path)
     if how:
         log(f"sweep: {', '.join(f'{r:g}' for r in how['rates'])} req/s ({', '.join(f'{f:g}' for f in how['around'])}"
-            f" x {how['center']:.3g} req/s, the capacity the planner predicts on this profile)")
+            f" x {how['center']:.3g} req/s, the capacity the planner predicted on {how['profile_file']})")
     scenarios = suite.scenarios()
     settings = settings_for(scenarios, run.model, run.kv_pool_bytes, run.chunk_tokens)
     work = tempfile.mkdtemp(prefix="tandem-equal-")
@@ -84,7 +86,7 @@ def run_equal_hardware(run: EqualRun, tokenizer, log=print) -> dict:
             log(f"[{x.name}] reusing the runs in {os.path.join(run.out, 'runs.json')}")
             continue
         results[x.name] = run_layout(scenarios, x, run.cpus, settings, run.protocol, tokenizer, work, log)
-        _save(run, results, load_before, profile_path)
+        _save(run, results, load_before, profile_path, how)
     results = {x.name: results[x.name] for x in run.layouts}
     context = {"command": run.command, "cpus": run.cpus, "protocol": run.protocol, "profile_file": profile_path,
                "machine": {"load_before": load_before, "load_after": _load(), "note": run.note},
@@ -101,9 +103,21 @@ def _load() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
-def _save(run: EqualRun, results: dict, load_before: str, profile_path: str) -> None:
+def _with_rates(run: EqualRun, saved: dict, profile: Profile, profile_path: str) -> tuple[Suite, dict]:
+    """(the suite with its sweep's rates, how they were chosen and on which profile file): the saved runs'
+    rates, or bracketed now on `profile`."""
+    how = saved.get("sweep_rates")
+    if how:
+        sweep = dataclasses.replace(run.suite.sweep, rates=tuple(how["rates"]))
+        return dataclasses.replace(run.suite, sweep=sweep), how
+    suite, how = bracket(run.suite, run.layouts, profile, run.kv_pool_bytes, run.chunk_tokens, len(run.cpus))
+    return suite, {**how, "profile_file": profile_path} if how else how
+
+
+def _save(run: EqualRun, results: dict, load_before: str, profile_path: str, how: dict) -> None:
     write_json(os.path.join(run.out, "runs.json"), {
         "suite": run.suite.name, "cpus": run.cpus, "load_before": load_before, "profile_file": profile_path,
+        "sweep_rates": how,
         "results": {name: {**r, "runs": {n: records_json(rs) for n, rs in r["runs"].items()}}
                     for name, r in results.items()}})
 

@@ -104,7 +104,7 @@ def _sweep(doc: dict) -> list[str]:
     how = doc.get("sweep_rates") or {}
     chosen = ("" if not how else
               f"Rates: {', '.join(f'{f:g}' for f in how['around'])} x {how['center']:.3g} req/s, the mean capacity "
-              f"`tandem plan` predicted on this profile before the runs ("
+              f"`tandem plan` predicted on {_chosen_on(how, doc)} before the runs ("
               + ", ".join(f"{n} {r:.3g}" for n, r in how["predicted_capacity"].items()) + "). ")
     lines = ["", "## SLO attainment vs Poisson rate", "", chosen + "measured / predicted (same requests) / "
              "`tandem plan` (own draws, >= 30 s of arrivals per point):", "",
@@ -154,3 +154,9 @@ def _ms(v: float | None) -> str:
 
 def _err(rel: float | None, ok: bool) -> str:
     return "-" if rel is None else f"{rel:+.0%}" + ("" if ok else " (miss)")
+
+
+def _chosen_on(how: dict, doc: dict) -> str:
+    """The profile the rates were chosen on: this report's, or (a report rebuilt with another) that file."""
+    chosen = how.get("profile_file")
+    return "this profile" if chosen in (None, doc["profile_file"]) else f"`{chosen}`"

@@ -34,14 +34,15 @@ def pool_pages(profile: Profile, devices: int = 1) -> int:
 
 
 class Disaggregated:
-    def __init__(self, loop: EventLoop, profile: Profile, costs: PassCosts, prefill_workers: int,
-                 decode_workers: int, on_done: Callable[[SimRequest], None], trace_pages: bool = False):
+    def __init__(self, loop: EventLoop, profile: Profile, prefill_costs: PassCosts, decode_costs: PassCosts,
+                 prefill_workers: int, decode_workers: int, on_done: Callable[[SimRequest], None],
+                 trace_pages: bool = False):
         s = profile.serving
         self.loop = loop
         self.on_done = on_done
-        self.decode = [DecodeSim(loop, costs, PagePool(pool_pages(profile), s.tokens_per_page, trace_pages),
+        self.decode = [DecodeSim(loop, decode_costs, PagePool(pool_pages(profile), s.tokens_per_page, trace_pages),
                                  max_batch=s.decode_max_batch, on_done=self._done) for _ in range(decode_workers)]
-        self.prefill = [PrefillSim(loop, costs, Link(profile.handoff.gbytes_per_s, profile.handoff.latency_s),
+        self.prefill = [PrefillSim(loop, prefill_costs, Link(profile.handoff.gbytes_per_s, profile.handoff.latency_s),
                                    pass_tokens=s.pass_tokens, tokens_per_page=s.tokens_per_page,
                                    kv_bytes_per_token=profile.model.kv_bytes_per_token, on_ready=self._ready)
                         for _ in range(prefill_workers)]

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from planner.costs import PassCosts
 from planner.profile import Profile
+from planner.served import overhead
 from planner.sim.colocated import ColocatedSim
 from planner.sim.disaggregated import Disaggregated, pool_pages
 from planner.sim.events import EventLoop
@@ -35,15 +36,16 @@ def build_system(profile: Profile, layout: Layout, loop: EventLoop, on_done, *, 
                  trace_pages: bool = False):
     """The simulated workers of `layout`. `chunk_tokens` overrides the profile's (chunked layouts)."""
     if layout.kind == "disaggregated":
-        return Disaggregated(loop, profile, PassCosts.of(profile), layout.workers, layout.decode_workers, on_done,
-                             trace_pages)
+        decode = PassCosts.of(profile, served=overhead(profile.served, "decode", 1))
+        return Disaggregated(loop, profile, PassCosts.of(profile), decode, layout.workers, layout.decode_workers,
+                             on_done, trace_pages)
     n = layout.devices_per_worker
     sp, sd = speedup(profile, "prefill", n), speedup(profile, "decode", n)
     if sp is None or sd is None:
         raise ValueError(f"layout {layout.name}: the profile gives no speedup for {n} devices")
     s = profile.serving
     chunk = (chunk_tokens or s.chunk_tokens) if layout.kind == "chunked" else None
-    costs = PassCosts.of(profile, sp, sd)
+    costs = PassCosts.of(profile, sp, sd, overhead(profile.served, "colocated", n))
     replicas = Replicas(loop, [], on_done)
     replicas.engines += [ColocatedSim(loop, costs, PagePool(pool_pages(profile, n), s.tokens_per_page, trace_pages),
                                       pass_tokens=s.pass_tokens, max_batch=s.colocated_max_batch, chunk_tokens=chunk,

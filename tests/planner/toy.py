@@ -7,7 +7,7 @@ from planner.profile import Profile, parse_profile
 
 def toy_profile(*, prefill: dict | None = None, decode: dict | None = None, serving: dict | None = None,
                 handoff: dict | None = None, frontdoor: dict | None = None, model: dict | None = None,
-                scaling: dict | None = None) -> Profile:
+                scaling: dict | None = None, served: dict | None = None) -> Profile:
     """A valid profile; each argument replaces (is merged into) one section."""
     doc = {
         "format": "tandem-profile/1", "name": "toy", "hardware": {"device": "toy device"},
@@ -20,4 +20,6 @@ def toy_profile(*, prefill: dict | None = None, decode: dict | None = None, serv
     }
     if scaling is not None:
         doc["scaling"] = scaling
+    if served is not None:
+        doc["served"] = served
     return parse_profile(doc)

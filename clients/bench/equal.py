@@ -75,8 +75,9 @@ def run_equal_hardware(run: EqualRun, tokenizer, log=print) -> dict:
     profile, profile_path = obtain_profile(run, log)
     suite, how = _with_rates(run, saved, profile, profile_path)
     if how:
+        chosen_on = how.get("profile_file", "the saved profile")
         log(f"sweep: {', '.join(f'{r:g}' for r in how['rates'])} req/s ({', '.join(f'{f:g}' for f in how['around'])}"
-            f" x {how['center']:.3g} req/s, the capacity the planner predicted on {how['profile_file']})")
+            f" x {how['center']:.3g} req/s, the capacity the planner predicted on {chosen_on})")
     scenarios = suite.scenarios()
     settings = settings_for(scenarios, run.model, run.kv_pool_bytes, run.chunk_tokens)
     work = tempfile.mkdtemp(prefix="tandem-equal-")

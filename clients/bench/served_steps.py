@@ -36,7 +36,7 @@ class ServedOptions:
     batches: tuple[int, ...] = (1, 4, 16)  # sequences per worker in each burst
     prompt_len: int = 32
     output_len: int = 64  # > 2 * EDGE
-    kv_pool_bytes: int = 1 << 30  # per KV-owning worker
+    kv_pool_bytes: int = 256 << 20  # per KV-owning worker; the largest burst holds 16 x 96 tokens per worker
     protocol: str = "grpc"
 
     def __post_init__(self):

@@ -4,7 +4,8 @@ For each worker shape the machine's cores allow, the layout that fills the cores
 (suite.run_layout: pinned workers, a warm-up first):
 - `colocated` on 1 device: `colocated Nx1`;
 - `colocated` on N devices: `colocated 1xN` (when N > 1 and the profile gives its speedup);
-- `decode` on 1 device: `1P(N-1)D` (when N > 1): every core but one streams tokens.
+- `decode` on 1 device: `1P(N-1)D` (when N > 1): every core but one streams tokens (the prefill core
+  is idle while the bursts stream, so this is the overhead beside an idle prefill worker).
 Each is sent bursts of B equal requests per token-streaming worker (every request at once, a short
 prompt, a fixed answer), so each step holds B sequences. A point is the median gap between a stream's
 tokens away from its first and last `EDGE` tokens (prefill passes and the burst's ragged end), with the
